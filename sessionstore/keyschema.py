@@ -1,0 +1,132 @@
+"""The on-disk byte layout of session records: the one module that touches key bytes.
+
+Every segment holds two layouts of the same session, distinguished by a one-byte tag:
+
+* key-first ``K | len(key) | key | end | start`` holds the value; it serves ``fetch`` and
+  ``find_sessions_to_merge`` with one seek per segment;
+* time-first ``T | end | len(key) | key | start`` holds nothing; it serves the cross-key
+  ``find_sessions(end range)`` that emit-on-close needs, and the value is read back from the
+  key-first record.
+
+The record key is msgpack, prefixed by its 4-byte big-endian length so that no key is a prefix of
+another. Times are 8 bytes big-endian with the sign bit flipped, so that byte order is numeric
+order for negative times too.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from .timeutil import INT64_MAX, INT64_MIN
+
+KEY_FIRST = b"K"
+TIME_FIRST = b"T"
+MAX_KEY_BYTES = 1 << 20
+
+_SIGN = 1 << 63
+_TIME = struct.Struct(">Q")
+_TIMES = struct.Struct(">QQ")
+_LEN = struct.Struct(">I")
+_MAX_NESTING = 32
+_MIN_TIMES = _TIMES.pack(0, 0)
+_MAX_TIMES = _TIMES.pack(2**64 - 1, 2**64 - 1)
+
+
+def _check_key_part(part: Any, depth: int) -> None:
+    kind = type(part)
+    if kind is str or kind is bytes:
+        return
+    if kind is int:
+        if not INT64_MIN <= part <= INT64_MAX:
+            raise ValueError(f"key integer {part} does not fit in int64")
+        return
+    if kind is tuple:
+        if depth >= _MAX_NESTING:
+            raise ValueError(f"key tuples may nest at most {_MAX_NESTING} deep")
+        for item in part:
+            _check_key_part(item, depth + 1)
+        return
+    if part is None:
+        raise ValueError("key must not be None (nor contain None)")
+    raise TypeError(
+        f"key must be str, bytes, int or a tuple of them, got {type(part).__name__}: {part!r:.80}"
+    )
+
+
+def encode_key(key: Any) -> bytes:
+    """Return the length-prefixed msgpack encoding of a record key.
+
+    Raises:
+        ValueError: the key is None, holds an out-of-range int, or encodes to over 1 MiB.
+        TypeError: the key is not a str, bytes, int or tuple of them.
+    """
+    if type(key) is not str:
+        _check_key_part(key, 0)
+    try:
+        packed: bytes = msgpack.packb(key, use_bin_type=True)
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"key holds a string that is not valid UTF-8: {exc}") from None
+    if len(packed) > MAX_KEY_BYTES:
+        raise ValueError(f"key encodes to {len(packed)} bytes; the limit is {MAX_KEY_BYTES}")
+    return _LEN.pack(len(packed)) + packed
+
+
+def decode_key(encoded: bytes) -> Any:
+    """Invert :func:`encode_key` (tuples come back as tuples)."""
+    return msgpack.unpackb(encoded[4:], raw=False, use_list=False)
+
+
+def encode_time(time_ms: int) -> bytes:
+    """8-byte big-endian encoding with the sign bit flipped (order-preserving for int64)."""
+    return _TIME.pack(time_ms + _SIGN)
+
+
+def key_first(encoded_key: bytes, end_ms: int, start_ms: int) -> bytes:
+    """The key-first record key for a session."""
+    return KEY_FIRST + encoded_key + _TIMES.pack(end_ms + _SIGN, start_ms + _SIGN)
+
+
+def time_first(encoded_key: bytes, end_ms: int, start_ms: int) -> bytes:
+    """The time-first index key for a session."""
+    return TIME_FIRST + _TIME.pack(end_ms + _SIGN) + encoded_key + _TIME.pack(start_ms + _SIGN)
+
+
+def key_first_seek(encoded_key: bytes, earliest_end_ms: int) -> bytes:
+    """Lowest key-first record of ``encoded_key`` whose end is ``>= earliest_end_ms``."""
+    return KEY_FIRST + encoded_key + _TIME.pack(earliest_end_ms + _SIGN)
+
+
+def key_first_prefix(encoded_key: bytes) -> bytes:
+    """The prefix shared by every key-first record of ``encoded_key``."""
+    return KEY_FIRST + encoded_key
+
+
+def time_first_seek(earliest_end_ms: int) -> bytes:
+    """Lowest time-first index key whose end is ``>= earliest_end_ms``."""
+    return TIME_FIRST + _TIME.pack(earliest_end_ms + _SIGN)
+
+
+def split_key_first(record: bytes, prefix_len: int) -> tuple[int, int]:
+    """Return ``(end_ms, start_ms)`` of a key-first record whose tag and key take ``prefix_len``."""
+    end, start = _TIMES.unpack_from(record, prefix_len)
+    return end - _SIGN, start - _SIGN
+
+
+def split_time_first(record: bytes) -> tuple[int, bytes, int]:
+    """Return ``(end_ms, encoded_key, start_ms)`` of a time-first index key."""
+    end = _TIME.unpack_from(record, 1)[0] - _SIGN
+    start = _TIME.unpack_from(record, len(record) - 8)[0] - _SIGN
+    return end, record[9:-8], start
+
+
+def time_first_to_key_first(record: bytes) -> bytes:
+    """The key-first record that a time-first index key points to."""
+    return KEY_FIRST + record[9:-8] + record[1:9] + record[-8:]
+
+
+def session_sort_key(encoded_key: bytes, end_ms: int, start_ms: int) -> tuple[int, bytes, int]:
+    """The order of ``find_sessions`` results: end, then encoded key bytes, then start."""
+    return end_ms, encoded_key, start_ms

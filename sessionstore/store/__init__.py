@@ -1,0 +1,12 @@
+"""Session store backends: RocksDB (durable) and in-memory (the reference model)."""
+
+from .base import SegmentedSessionStore, default_segment_interval_ms
+from .memory import InMemorySessionStore
+from .rocksdb import SessionStore
+
+__all__ = [
+    "InMemorySessionStore",
+    "SegmentedSessionStore",
+    "SessionStore",
+    "default_segment_interval_ms",
+]

@@ -1,0 +1,369 @@
+"""What every session store shares: argument checks, segment arithmetic, stream time and expiry.
+
+Backends implement a handful of byte-level hooks; the contract (DESIGN.md section 3) lives here
+once, so the RocksDB store and the in-memory model cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .. import keyschema
+from ..serde import DEFAULT_SERDE
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64
+from ..types import Session, ValueSerde
+
+log = logging.getLogger(__name__)
+
+MIN_SEGMENT_INTERVAL_MS = 60_000
+STORE_FORMAT_VERSION = 1
+
+
+def default_segment_interval_ms(retention_ms: int) -> int:
+    """Kafka's current default: half the retention, and at least one minute."""
+    return max(retention_ms // 2, MIN_SEGMENT_INTERVAL_MS)
+
+
+class CommittedState:
+    """What one commit records besides the sessions themselves."""
+
+    __slots__ = ("version", "metadata", "stream_time_ms", "expired_below", "segment_interval_ms")
+
+    def __init__(
+        self,
+        version: int = 0,
+        metadata: Any = None,
+        stream_time_ms: int | None = None,
+        expired_below: int | None = None,
+        segment_interval_ms: int | None = None,
+    ) -> None:
+        self.version = version
+        self.metadata = metadata
+        self.stream_time_ms = stream_time_ms
+        self.expired_below = expired_below
+        self.segment_interval_ms = segment_interval_ms
+
+    def to_manifest(self, segment_interval_ms: int) -> dict[str, Any]:
+        return {
+            "format": STORE_FORMAT_VERSION,
+            "version": self.version,
+            "metadata": self.metadata,
+            "stream_time_ms": self.stream_time_ms,
+            "expired_below": self.expired_below,
+            "segment_interval_ms": segment_interval_ms,
+        }
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, source: str) -> CommittedState:
+        """Validate a decoded manifest. Raises ValueError naming ``source`` when it is wrong."""
+        if not isinstance(manifest, dict):
+            raise ValueError(f"corrupted store manifest {source}: not a map")
+        fmt = manifest.get("format")
+        if fmt != STORE_FORMAT_VERSION:
+            raise ValueError(
+                f"store manifest {source} has format version {fmt!r}; this sessionstore reads "
+                f"format {STORE_FORMAT_VERSION} (was it written by a newer release?)"
+            )
+        try:
+            version = check_int64(manifest["version"], "version")
+            stream_time = manifest["stream_time_ms"]
+            expired_below = manifest["expired_below"]
+            if stream_time is not None:
+                check_int64(stream_time, "stream_time_ms")
+            if expired_below is not None:
+                check_int64(expired_below, "expired_below")
+            interval = check_int64(manifest["segment_interval_ms"], "segment_interval_ms")
+            if interval <= 0:
+                raise ValueError(f"segment_interval_ms must be > 0, got {interval}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"corrupted store manifest {source}: {exc}") from None
+        return cls(version, manifest.get("metadata"), stream_time, expired_below, interval)
+
+
+def check_session(session: Any) -> tuple[bytes, int, int]:
+    """Validate a session argument; return ``(encoded_key, start_ms, end_ms)``."""
+    if not isinstance(session, tuple) or len(session) != 3:
+        raise TypeError(f"session must be a Session(key, start, end), got {session!r:.80}")
+    key, start, end = session
+    start = check_int64(start, "session.start")
+    end = check_int64(end, "session.end")
+    if start > end:
+        raise ValueError(f"session.start must be <= session.end, got start={start} end={end}")
+    return keyschema.encode_key(key), start, end
+
+
+class SegmentedSessionStore(ABC):
+    """Base of the KIP-94 segmented session store. See :class:`~sessionstore.SessionStore`."""
+
+    def __init__(
+        self,
+        *,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        value_serde: ValueSerde | None = None,
+    ) -> None:
+        retention_ms = check_int64(retention_ms, "retention_ms")
+        if retention_ms < 0:
+            raise ValueError(f"retention_ms must be >= 0, got {retention_ms}")
+        if segment_interval_ms is None:
+            segment_interval_ms = default_segment_interval_ms(retention_ms)
+        segment_interval_ms = check_int64(segment_interval_ms, "segment_interval_ms")
+        if segment_interval_ms <= 0:
+            raise ValueError(f"segment_interval_ms must be > 0, got {segment_interval_ms}")
+        if value_serde is None:
+            value_serde = DEFAULT_SERDE
+        elif not (callable(getattr(value_serde, "dumps", None))
+                  and callable(getattr(value_serde, "loads", None))):
+            raise TypeError(
+                f"value_serde must have dumps() and loads(), got {type(value_serde).__name__}"
+            )
+        self._retention_ms = retention_ms
+        self._interval = segment_interval_ms
+        self._serde = value_serde
+        self._committed = CommittedState()
+        self._stream_time: int | None = None
+        self._expired_below: int | None = None
+        self._metrics: dict[str, float] = {
+            "dropped-records": 0,
+            "expired-segments": 0,
+            "put-records": 0,
+            "remove-records": 0,
+            "commits": 0,
+        }
+        self._closed = False
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def retention_ms(self) -> int:
+        return self._retention_ms
+
+    @property
+    def segment_interval_ms(self) -> int:
+        return self._interval
+
+    @property
+    def observed_stream_time(self) -> int | None:
+        """The largest session end seen by ``put`` (None before the first put)."""
+        return self._stream_time
+
+    @property
+    def committed_version(self) -> int:
+        """The version of the last commit; 0 for a store that was never committed."""
+        return self._committed.version
+
+    @property
+    def committed_metadata(self) -> Any:
+        """The metadata passed to the last ``commit`` (None at version 0)."""
+        return self._committed.metadata
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        """Counters: ``dropped-records``, ``expired-segments``, ``put-records``, ..."""
+        return dict(self._metrics)
+
+    # -- segment arithmetic -----------------------------------------------------------------
+
+    def segment_id(self, timestamp_ms: int) -> int:
+        """The segment that holds sessions ending at ``timestamp_ms``: ``floor(t / interval)``."""
+        return check_int64(timestamp_ms, "timestamp_ms") // self._interval
+
+    def _min_live_segment(self, stream_time_ms: int | None) -> int | None:
+        if stream_time_ms is None:
+            return None
+        return (stream_time_ms - self._retention_ms) // self._interval
+
+    def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
+        """The smallest session end that stays live if stream time reached ``stream_time_ms``.
+
+        Sessions ending before it would be expired. The engine uses this to emit closed sessions
+        before a ``put`` lets their segment go.
+        """
+        current = self._stream_time
+        target = stream_time_ms if current is None else max(current, stream_time_ms)
+        segment = self._min_live_segment(target)
+        return None if segment is None else segment * self._interval
+
+    def is_expired(self, end_ms: int) -> bool:
+        """True when a session ending at ``end_ms`` lies in a segment that expiry removed."""
+        segment = self._min_live_segment(self._stream_time)
+        return segment is not None and end_ms // self._interval < segment
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def put(self, session: Session, value: Any) -> bool:
+        """Store ``value`` for ``session``, replacing any previous value.
+
+        Advances the observed stream time to ``session.end`` and expires every segment older
+        than ``segment_id(stream_time - retention_ms)``, whole.
+
+        Returns:
+            False when the session's segment had already expired: the put is dropped and
+            counted in ``metrics["dropped-records"]``. True otherwise.
+
+        Raises:
+            TypeError / ValueError: a malformed session or key, or a value the serde refuses.
+        """
+        self._check_open()
+        encoded, start, end = check_session(session)
+        data = self._serde.dumps(value)
+        if self._stream_time is None or end > self._stream_time:
+            self._stream_time = end
+        min_live = self._min_live_segment(self._stream_time)
+        assert min_live is not None
+        if end // self._interval < min_live:
+            self._metrics["dropped-records"] += 1
+            return False
+        self._write(encoded, end, start, data)
+        self._metrics["put-records"] += 1
+        if self._expired_below is None or min_live > self._expired_below:
+            dropped = self._drop_segments_below(min_live)
+            self._metrics["expired-segments"] += dropped
+            self._expired_below = min_live
+        return True
+
+    def remove(self, session: Session) -> None:
+        """Delete ``session`` if present."""
+        self._check_open()
+        encoded, start, end = check_session(session)
+        self._delete(encoded, end, start)
+        self._metrics["remove-records"] += 1
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
+        """All sessions of ``key``, ordered by end, then start."""
+        return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX)
+
+    def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
+        """The value of the session ``(key, start_ms, end_ms)``, or None if there is none."""
+        self._check_open()
+        encoded, start, end = check_session((key, start_ms, end_ms))
+        data = self._get(encoded, end, start)
+        return None if data is None else self._serde.loads(data)
+
+    def find_sessions_to_merge(
+        self, key: Any, earliest_end_ms: int, latest_start_ms: int
+    ) -> Iterator[tuple[Session, Any]]:
+        """Sessions of ``key`` with ``end >= earliest_end_ms and start <= latest_start_ms``.
+
+        Both bounds are inclusive; results are ordered by end, then start.
+        """
+        self._check_open()
+        encoded = keyschema.encode_key(key)
+        earliest = check_int64(earliest_end_ms, "earliest_end_ms")
+        latest = check_int64(latest_start_ms, "latest_start_ms")
+        return self._iter_key(key, encoded, earliest, latest)
+
+    def _iter_key(
+        self, key: Any, encoded: bytes, earliest: int, latest: int
+    ) -> Iterator[tuple[Session, Any]]:
+        loads = self._serde.loads
+        for end, start, data in self._scan_key(encoded, earliest, latest):
+            yield Session(key, start, end), loads(data)
+
+    def find_sessions(
+        self, earliest_end_ms: int, latest_end_ms: int
+    ) -> Iterator[tuple[Session, Any]]:
+        """Sessions of every key with ``earliest_end_ms <= end <= latest_end_ms`` (KIP-825).
+
+        Ordered by end, then by the key's encoded bytes, then start.
+        """
+        self._check_open()
+        earliest = check_int64(earliest_end_ms, "earliest_end_ms")
+        latest = check_int64(latest_end_ms, "latest_end_ms")
+        return self._iter_time(earliest, latest)
+
+    def _iter_time(self, earliest: int, latest: int) -> Iterator[tuple[Session, Any]]:
+        loads = self._serde.loads
+        decode = keyschema.decode_key
+        for end, encoded, start, data in self._scan_time(earliest, latest):
+            yield Session(decode(encoded), start, end), loads(data)
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def commit(self, metadata: Any = None) -> int:
+        """Make every write since the last commit durable as the next version, atomically.
+
+        ``metadata`` (any msgpack value: input offsets, the last emitted close time, ...) is
+        stored in the same atomic step and returned by ``committed_metadata``.
+
+        Returns:
+            The new version number.
+        """
+        self._check_open()
+        DEFAULT_SERDE.dumps(metadata)  # refuse unserialisable metadata before touching disk
+        state = CommittedState(
+            self._committed.version + 1, metadata, self._stream_time, self._expired_below
+        )
+        self._commit_state(state)
+        self._committed = state
+        self._metrics["commits"] += 1
+        return state.version
+
+    def abort(self) -> None:
+        """Discard every write since the last commit."""
+        self._check_open()
+        self._restore_committed()
+        self._stream_time = self._committed.stream_time_ms
+        self._expired_below = self._committed.expired_below
+
+    def close(self) -> None:
+        """Release the store. Writes not committed are discarded."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> SegmentedSessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the session store is closed")
+
+    def _apply_committed(self, state: CommittedState) -> None:
+        self._committed = state
+        self._stream_time = state.stream_time_ms
+        self._expired_below = state.expired_below
+
+    # -- backend hooks ----------------------------------------------------------------------
+
+    @abstractmethod
+    def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _delete(self, encoded_key: bytes, end: int, start: int) -> None: ...
+
+    @abstractmethod
+    def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None: ...
+
+    @abstractmethod
+    def _scan_key(
+        self, encoded_key: bytes, earliest_end: int, latest_start: int
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """Yield ``(end, start, data)`` ordered by end then start."""
+
+    @abstractmethod
+    def _scan_time(
+        self, earliest_end: int, latest_end: int
+    ) -> Iterator[tuple[int, bytes, int, bytes]]:
+        """Yield ``(end, encoded_key, start, data)`` ordered by end, key bytes, start."""
+
+    @abstractmethod
+    def _drop_segments_below(self, segment: int) -> int:
+        """Remove every segment with a smaller id, whole; return how many were removed."""
+
+    @abstractmethod
+    def _commit_state(self, state: CommittedState) -> None: ...
+
+    @abstractmethod
+    def _restore_committed(self) -> None: ...
+
+    @abstractmethod
+    def _release(self) -> None: ...

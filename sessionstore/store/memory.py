@@ -1,0 +1,104 @@
+"""The in-memory session store: the model other implementations are tested against."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..types import ValueSerde
+from .base import CommittedState, SegmentedSessionStore
+
+_Segment = dict[bytes, dict[tuple[int, int], bytes]]
+
+
+def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
+    return {
+        seg: {key: dict(sessions) for key, sessions in by_key.items()}
+        for seg, by_key in segments.items()
+    }
+
+
+class InMemorySessionStore(SegmentedSessionStore):
+    """A session store held in Python dicts, with the same API and semantics as
+    :class:`~sessionstore.SessionStore`: segments, expiry, versions, commit and abort.
+
+    Values go through the serde exactly as on disk, so round-trips match (tuples become lists).
+    Nothing survives the process.
+    """
+
+    def __init__(
+        self,
+        *,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        value_serde: ValueSerde | None = None,
+    ) -> None:
+        super().__init__(
+            retention_ms=retention_ms,
+            segment_interval_ms=segment_interval_ms,
+            value_serde=value_serde,
+        )
+        self._segments: dict[int, _Segment] = {}
+        self._snapshot: dict[int, _Segment] = {}
+
+    def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
+        segment = self._segments.setdefault(end // self._interval, {})
+        segment.setdefault(encoded_key, {})[(end, start)] = data
+
+    def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
+        segment = self._segments.get(end // self._interval)
+        if segment is None:
+            return
+        sessions = segment.get(encoded_key)
+        if sessions is not None:
+            sessions.pop((end, start), None)
+            if not sessions:
+                del segment[encoded_key]
+
+    def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None:
+        segment = self._segments.get(end // self._interval)
+        if segment is None:
+            return None
+        return segment.get(encoded_key, {}).get((end, start))
+
+    def _scan_key(
+        self, encoded_key: bytes, earliest_end: int, latest_start: int
+    ) -> Iterator[tuple[int, int, bytes]]:
+        first = earliest_end // self._interval
+        for seg in sorted(s for s in self._segments if s >= first):
+            sessions = self._segments[seg].get(encoded_key)
+            if not sessions:
+                continue
+            for end, start in sorted(sessions):
+                if end >= earliest_end and start <= latest_start:
+                    yield end, start, sessions[(end, start)]
+
+    def _scan_time(
+        self, earliest_end: int, latest_end: int
+    ) -> Iterator[tuple[int, bytes, int, bytes]]:
+        if earliest_end > latest_end:
+            return
+        first, last = earliest_end // self._interval, latest_end // self._interval
+        for seg in sorted(s for s in self._segments if first <= s <= last):
+            rows = [
+                (end, key, start, data)
+                for key, sessions in self._segments[seg].items()
+                for (end, start), data in sessions.items()
+                if earliest_end <= end <= latest_end
+            ]
+            rows.sort(key=lambda row: (row[0], row[1], row[2]))
+            yield from rows
+
+    def _drop_segments_below(self, segment: int) -> int:
+        doomed = [s for s in self._segments if s < segment]
+        for s in doomed:
+            del self._segments[s]
+        return len(doomed)
+
+    def _commit_state(self, state: CommittedState) -> None:
+        self._snapshot = _copy(self._segments)
+
+    def _restore_committed(self) -> None:
+        self._segments = _copy(self._snapshot)
+
+    def _release(self) -> None:
+        self._segments = {}

@@ -1,0 +1,1 @@
+"""PySpark integration for sessionstore (see the Spark adapter issue)."""
