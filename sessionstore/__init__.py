@@ -3,12 +3,39 @@
 The store (KIP-94 / KIP-825), the aggregation engine and its triggers are importable from here.
 """
 
+from . import aggregations, triggers
+from .engine import BatchAggregator, Emit, EmitStrategy, SessionAggregator
 from .store import InMemorySessionStore, SegmentedSessionStore, SessionStore
+from .triggers import (
+    AccumulationMode,
+    AfterCount,
+    AfterProcessingTime,
+    AfterWatermark,
+    ManualClock,
+    Pane,
+    PaneTiming,
+)
 from .types import ReadOnlySessionStore, Session, SessionStoreProtocol, ValueSerde
+from .windows import BatchWindows, SessionWindows
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccumulationMode",
+    "AfterCount",
+    "AfterProcessingTime",
+    "AfterWatermark",
+    "BatchAggregator",
+    "BatchWindows",
+    "Emit",
+    "EmitStrategy",
+    "ManualClock",
+    "Pane",
+    "PaneTiming",
+    "SessionAggregator",
+    "SessionWindows",
+    "aggregations",
+    "triggers",
     "InMemorySessionStore",
     "ReadOnlySessionStore",
     "SegmentedSessionStore",

@@ -31,8 +31,7 @@ _TIME = struct.Struct(">Q")
 _TIMES = struct.Struct(">QQ")
 _LEN = struct.Struct(">I")
 _MAX_NESTING = 32
-_MIN_TIMES = _TIMES.pack(0, 0)
-_MAX_TIMES = _TIMES.pack(2**64 - 1, 2**64 - 1)
+_PACK = msgpack.Packer(use_bin_type=True).pack
 
 
 def _check_key_part(part: Any, depth: int) -> None:
@@ -56,6 +55,10 @@ def _check_key_part(part: Any, depth: int) -> None:
     )
 
 
+_STR_CACHE: dict[str, bytes] = {}
+_STR_CACHE_LIMIT = 1 << 16
+
+
 def encode_key(key: Any) -> bytes:
     """Return the length-prefixed msgpack encoding of a record key.
 
@@ -63,10 +66,22 @@ def encode_key(key: Any) -> bytes:
         ValueError: the key is None, holds an out-of-range int, or encodes to over 1 MiB.
         TypeError: the key is not a str, bytes, int or tuple of them.
     """
-    if type(key) is not str:
-        _check_key_part(key, 0)
+    if type(key) is str:
+        cached = _STR_CACHE.get(key)
+        if cached is not None:
+            return cached
+        encoded = _encode_checked(key)
+        if len(_STR_CACHE) >= _STR_CACHE_LIMIT:
+            _STR_CACHE.clear()
+        _STR_CACHE[key] = encoded
+        return encoded
+    _check_key_part(key, 0)
+    return _encode_checked(key)
+
+
+def _encode_checked(key: Any) -> bytes:
     try:
-        packed: bytes = msgpack.packb(key, use_bin_type=True)
+        packed: bytes = _PACK(key)
     except UnicodeEncodeError as exc:
         raise ValueError(f"key holds a string that is not valid UTF-8: {exc}") from None
     if len(packed) > MAX_KEY_BYTES:

@@ -22,7 +22,10 @@ class MsgpackSerde:
     Tuples come back as lists, as in JSON. Maps may have non-string keys.
     """
 
-    __slots__ = ()
+    __slots__ = ("_pack",)
+
+    def __init__(self) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
 
     def dumps(self, value: Any) -> bytes:
         """Encode ``value``.
@@ -33,7 +36,7 @@ class MsgpackSerde:
             ValueError: ``value`` is nested too deeply or holds an int outside 64 bits.
         """
         try:
-            data: bytes = msgpack.packb(value, use_bin_type=True)
+            data: bytes = self._pack(value)
         except TypeError as exc:
             raise TypeError(f"value is not msgpack-serialisable: {exc}") from None
         except (OverflowError, ValueError) as exc:

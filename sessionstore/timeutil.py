@@ -53,6 +53,8 @@ def check_int64(value: Any, name: str) -> int:
         TypeError: ``value`` is not an integer (bools, floats and strings are refused).
         ValueError: ``value`` is outside the int64 range.
     """
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer number of milliseconds, got {value!r} "
                         f"({type(value).__name__})")

@@ -88,8 +88,10 @@ def check_session(session: Any) -> tuple[bytes, int, int]:
     if not isinstance(session, tuple) or len(session) != 3:
         raise TypeError(f"session must be a Session(key, start, end), got {session!r:.80}")
     key, start, end = session
-    start = check_int64(start, "session.start")
-    end = check_int64(end, "session.end")
+    if type(start) is not int or not INT64_MIN <= start <= INT64_MAX:
+        start = check_int64(start, "session.start")
+    if type(end) is not int or not INT64_MIN <= end <= INT64_MAX:
+        end = check_int64(end, "session.end")
     if start > end:
         raise ValueError(f"session.start must be <= session.end, got start={start} end={end}")
     return keyschema.encode_key(key), start, end
@@ -129,8 +131,6 @@ class SegmentedSessionStore(ABC):
         self._metrics: dict[str, float] = {
             "dropped-records": 0,
             "expired-segments": 0,
-            "put-records": 0,
-            "remove-records": 0,
             "commits": 0,
         }
         self._closed = False
@@ -207,18 +207,19 @@ class SegmentedSessionStore(ABC):
         Raises:
             TypeError / ValueError: a malformed session or key, or a value the serde refuses.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         encoded, start, end = check_session(session)
         data = self._serde.dumps(value)
-        if self._stream_time is None or end > self._stream_time:
-            self._stream_time = end
-        min_live = self._min_live_segment(self._stream_time)
-        assert min_live is not None
-        if end // self._interval < min_live:
+        stream_time = self._stream_time
+        if stream_time is None or end > stream_time:
+            self._stream_time = stream_time = end
+        interval = self._interval
+        min_live = (stream_time - self._retention_ms) // interval
+        if end // interval < min_live:
             self._metrics["dropped-records"] += 1
             return False
         self._write(encoded, end, start, data)
-        self._metrics["put-records"] += 1
         if self._expired_below is None or min_live > self._expired_below:
             dropped = self._drop_segments_below(min_live)
             self._metrics["expired-segments"] += dropped
@@ -230,7 +231,6 @@ class SegmentedSessionStore(ABC):
         self._check_open()
         encoded, start, end = check_session(session)
         self._delete(encoded, end, start)
-        self._metrics["remove-records"] += 1
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ class StoreComparison(RuleBasedStateMachine):
         assert self.disk.committed_version == self.model.committed_version
         assert self.disk.committed_metadata == self.model.committed_metadata
         assert self.disk.observed_stream_time == self.model.observed_stream_time
-        assert self.disk.metrics["dropped-records"] == self.model.metrics["dropped-records"]
+        # dropped puts are compared through put()'s return value: metrics are per process
 
     def teardown(self):
         self.disk.close()

@@ -1,0 +1,325 @@
+"""Aggregations: initializer / aggregator / merger, and the presets built on them.
+
+An aggregation keeps an *accumulator* per session. The accumulator is stored in the session store,
+so it must be msgpack-serialisable (numbers, strings, lists, dicts). ``result`` turns it into what
+is emitted.
+
+The KIP-94 signatures are ``aggregator(key, value, agg)`` and ``merger(key, agg1, agg2)``; the
+engine also passes the event time and an arrival sequence number to :meth:`Aggregation.add`, which
+:func:`collect` uses to order values by event time, ties by arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class Aggregation:
+    """Base class of aggregations. Subclasses override the four methods."""
+
+    name = "aggregation"
+
+    def initial(self) -> Any:
+        """The accumulator of an empty session."""
+        raise NotImplementedError
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        """Fold one event into ``acc`` and return the new accumulator."""
+        raise NotImplementedError
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        """Combine the accumulators of two sessions that merge."""
+        raise NotImplementedError
+
+    def result(self, acc: Any) -> Any:
+        """What is emitted for a session with accumulator ``acc``."""
+        return acc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class _Count(Aggregation):
+    name = "count"
+
+    def initial(self) -> int:
+        return 0
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: int) -> int:
+        return acc + 1
+
+    def merge(self, key: Any, acc1: int, acc2: int) -> int:
+        return acc1 + acc2
+
+
+class _Sum(Aggregation):
+    name = "sum"
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def initial(self) -> Any:
+        return 0
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        return acc + self.fn(value)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        return acc1 + acc2
+
+
+class _Extreme(Aggregation):
+    def __init__(self, fn: Callable[[Any], Any], pick: Callable[[Any, Any], Any], name: str):
+        self.fn = fn
+        self.pick = pick
+        self.name = name
+
+    def initial(self) -> Any:
+        return None
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        item = self.fn(value)
+        return item if acc is None else self.pick(acc, item)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        if acc1 is None:
+            return acc2
+        if acc2 is None:
+            return acc1
+        return self.pick(acc1, acc2)
+
+
+class _Collect(Aggregation):
+    """Accumulator: ``[[t, seq, value], ...]`` sorted by (t, seq)."""
+
+    name = "collect"
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def initial(self) -> list[Any]:
+        return []
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: list[Any]) -> list[Any]:
+        item = [timestamp_ms, seq, self.fn(value)]
+        if not acc or (acc[-1][0], acc[-1][1]) <= (timestamp_ms, seq):
+            acc.append(item)
+        else:
+            acc.append(item)
+            acc.sort(key=lambda entry: (entry[0], entry[1]))
+        return acc
+
+    def merge(self, key: Any, acc1: list[Any], acc2: list[Any]) -> list[Any]:
+        return list(heapq.merge(acc1, acc2, key=lambda entry: (entry[0], entry[1])))
+
+    def result(self, acc: list[Any]) -> list[Any]:
+        return [entry[2] for entry in acc]
+
+
+class _First(Aggregation):
+    """Keeps ``[t, seq, value]`` of the earliest (``last=False``) or latest event."""
+
+    def __init__(self, fn: Callable[[Any], Any], last: bool) -> None:
+        self.fn = fn
+        self.last = last
+        self.name = "last" if last else "first"
+
+    def initial(self) -> Any:
+        return None
+
+    def _better(self, a: list[Any], b: list[Any]) -> list[Any]:
+        if self.last:
+            return a if (a[0], a[1]) >= (b[0], b[1]) else b
+        return a if (a[0], a[1]) <= (b[0], b[1]) else b
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        item = [timestamp_ms, seq, self.fn(value)]
+        return item if acc is None else self._better(acc, item)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        if acc1 is None:
+            return acc2
+        if acc2 is None:
+            return acc1
+        return self._better(acc1, acc2)
+
+    def result(self, acc: Any) -> Any:
+        return None if acc is None else acc[2]
+
+
+class _Reduce(Aggregation):
+    name = "reduce"
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def initial(self) -> Any:
+        return None
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        return value if acc is None else self.fn(acc, value)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        if acc1 is None:
+            return acc2
+        if acc2 is None:
+            return acc1
+        return self.fn(acc1, acc2)
+
+
+class _Custom(Aggregation):
+    name = "aggregate"
+
+    def __init__(
+        self,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+        merger: Callable[[Any, Any, Any], Any],
+    ) -> None:
+        self.initializer = initializer
+        self.aggregator = aggregator
+        self.merger = merger
+
+    def initial(self) -> Any:
+        return self.initializer()
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        return self.aggregator(key, value, acc)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        return self.merger(key, acc1, acc2)
+
+
+class Combined(Aggregation):
+    """Several named aggregations over the same events; emits a dict of their results."""
+
+    name = "combined"
+
+    def __init__(self, parts: Mapping[str, Aggregation]) -> None:
+        if not parts:
+            raise ValueError("aggregations must name at least one aggregation")
+        for label, part in parts.items():
+            if not isinstance(part, Aggregation):
+                raise TypeError(
+                    f"aggregation {label!r} must be a sessionstore.aggregations object, "
+                    f"got {type(part).__name__}"
+                )
+        self.names = list(parts)
+        self.parts = list(parts.values())
+
+    def initial(self) -> list[Any]:
+        return [part.initial() for part in self.parts]
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: list[Any]) -> list[Any]:
+        return [
+            part.add(key, value, timestamp_ms, seq, item)
+            for part, item in zip(self.parts, acc, strict=True)
+        ]
+
+    def merge(self, key: Any, acc1: list[Any], acc2: list[Any]) -> list[Any]:
+        return [
+            part.merge(key, a, b) for part, a, b in zip(self.parts, acc1, acc2, strict=True)
+        ]
+
+    def result(self, acc: list[Any]) -> dict[str, Any]:
+        return {
+            label: part.result(item)
+            for label, part, item in zip(self.names, self.parts, acc, strict=True)
+        }
+
+
+def _check_callable(fn: Any, name: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+
+
+def count() -> Aggregation:
+    """The number of events in the session."""
+    return _Count()
+
+
+def sum_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """The sum of ``fn(value)`` (of the values themselves by default)."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _Sum(fn or _identity)
+
+
+def min_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """The smallest ``fn(value)``; None for an empty pane."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _Extreme(fn or _identity, min, "min")
+
+
+def max_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """The largest ``fn(value)``; None for an empty pane."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _Extreme(fn or _identity, max, "max")
+
+
+def first_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """``fn(value)`` of the earliest event (ties: the first to arrive)."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _First(fn or _identity, last=False)
+
+
+def last_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """``fn(value)`` of the latest event (ties: the last to arrive)."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _First(fn or _identity, last=True)
+
+
+def collect(fn: Callable[[Any], Any] | None = None) -> Aggregation:
+    """The values (or ``fn(value)``) in event-time order, ties by arrival."""
+    if fn is not None:
+        _check_callable(fn, "fn")
+    return _Collect(fn or _identity)
+
+
+def reduce(fn: Callable[[Any, Any], Any]) -> Aggregation:
+    """Fold values with ``fn(agg, value)``; merging uses the same function."""
+    _check_callable(fn, "fn")
+    return _Reduce(fn)
+
+
+def aggregate(
+    initializer: Callable[[], Any],
+    aggregator: Callable[[Any, Any, Any], Any],
+    merger: Callable[[Any, Any, Any], Any],
+) -> Aggregation:
+    """KIP-94's ``aggregate``: ``aggregator(key, value, agg)`` and ``merger(key, agg1, agg2)``."""
+    _check_callable(initializer, "initializer")
+    _check_callable(aggregator, "aggregator")
+    _check_callable(merger, "merger")
+    return _Custom(initializer, aggregator, merger)
+
+
+def combine(parts: Mapping[str, Aggregation]) -> Aggregation:
+    """Run several aggregations at once; the result is ``{name: result}``."""
+    return Combined(parts)
+
+
+__all__ = [
+    "Aggregation",
+    "Combined",
+    "aggregate",
+    "collect",
+    "combine",
+    "count",
+    "first_of",
+    "last_of",
+    "max_of",
+    "min_of",
+    "reduce",
+    "sum_of",
+]

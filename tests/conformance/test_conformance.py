@@ -1,0 +1,82 @@
+"""Every transcript, on both stores, through ``process`` and through ``process_batch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionstore import InMemorySessionStore, Session, SessionStore
+from tests.conformance.player import (
+    EngineHarness,
+    describe,
+    engine_options,
+    expected,
+    fill_pane_wildcards,
+    load,
+)
+
+ENGINE_FILES = ["blog_sessions.yaml", "engine_sessions.yaml", "blog_triggers.yaml"]
+SCENARIOS = [
+    pytest.param(scenario, id=f"{name.split('.')[0]}:{scenario['name']}")
+    for name in ENGINE_FILES
+    if (Path(__file__).parent / name).exists()
+    for scenario in load(name)
+]
+
+
+def store_opener(backend: str, tmp_path: Path, retention_ms: int):
+    state: dict[str, Any] = {}
+
+    def open_store(reopen: bool) -> Any:
+        if backend == "memory":
+            if reopen:
+                state["store"].abort()  # the model: back to the last commit
+                return state["store"]
+            state["store"] = InMemorySessionStore(retention_ms=retention_ms)
+            return state["store"]
+        if reopen:
+            state["store"].close()
+        state["store"] = SessionStore(tmp_path / "state", retention_ms=retention_ms)
+        return state["store"]
+
+    return open_store, state
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["process", "process_batch"])
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_transcript(scenario, backend, batched, tmp_path):
+    retention = engine_options(scenario)["windows"].retention_ms
+    open_store, state = store_opener(backend, tmp_path, retention)
+    harness = EngineHarness(scenario, open_store, batched)
+    try:
+        emits = harness.run()
+    finally:
+        state["store"].close()
+    want = expected(scenario)
+    got = describe(emits, with_pane=any("pane" in row for row in want))
+    fill_pane_wildcards(got, want)
+    assert got == want
+    assert harness.dropped == scenario.get("dropped", 0)
+
+
+@pytest.mark.parametrize("scenario", load("kip94_store.yaml"), ids=lambda s: s["name"])
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+def test_store_transcript(scenario, backend, tmp_path):
+    kwargs = scenario["store"]
+    store = (SessionStore(tmp_path / "s", **kwargs) if backend == "rocksdb"
+             else InMemorySessionStore(**kwargs))
+    with store:
+        for step in scenario["steps"]:
+            if "put" in step:
+                store.put(Session(*step["put"]), None)
+            elif "find_sessions_to_merge" in step:
+                got = [list(s) for s, _ in store.find_sessions_to_merge(*step["find_sessions_to_merge"])]
+                assert got == step["expect"]
+            elif "find_sessions" in step:
+                got = [list(s) for s, _ in store.find_sessions(*step["find_sessions"])]
+                assert got == step["expect"]
+            elif "segment_id" in step:
+                assert [store.segment_id(t) for t in step["segment_id"]] == step["expect"]
