@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 from ..types import ValueSerde
 from .base import CommittedState, SegmentedSessionStore
 
-_Segment = dict[bytes, dict[tuple[int, int], bytes]]
+
+class _Segment:
+    """One segment: sessions by key (the key-first layout) and a sorted time-first index."""
+
+    __slots__ = ("by_key", "by_time")
+
+    def __init__(self) -> None:
+        self.by_key: dict[bytes, dict[tuple[int, int], bytes]] = {}
+        self.by_time: list[tuple[int, bytes, int]] = []
+
+    def copy(self) -> _Segment:
+        other = _Segment()
+        other.by_key = {key: dict(sessions) for key, sessions in self.by_key.items()}
+        other.by_time = list(self.by_time)
+        return other
 
 
 def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
-    return {
-        seg: {key: dict(sessions) for key, sessions in by_key.items()}
-        for seg, by_key in segments.items()
-    }
+    return {seg: segment.copy() for seg, segment in segments.items()}
 
 
 class InMemorySessionStore(SegmentedSessionStore):
@@ -41,31 +53,37 @@ class InMemorySessionStore(SegmentedSessionStore):
         self._snapshot: dict[int, _Segment] = {}
 
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
-        segment = self._segments.setdefault(end // self._interval, {})
-        segment.setdefault(encoded_key, {})[(end, start)] = data
+        segment = self._segments.get(end // self._interval)
+        if segment is None:
+            segment = self._segments[end // self._interval] = _Segment()
+        sessions = segment.by_key.setdefault(encoded_key, {})
+        if (end, start) not in sessions:
+            bisect.insort(segment.by_time, (end, encoded_key, start))
+        sessions[(end, start)] = data
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return
-        sessions = segment.get(encoded_key)
-        if sessions is not None:
-            sessions.pop((end, start), None)
+        sessions = segment.by_key.get(encoded_key)
+        if sessions is not None and sessions.pop((end, start), None) is not None:
+            index = bisect.bisect_left(segment.by_time, (end, encoded_key, start))
+            del segment.by_time[index]
             if not sessions:
-                del segment[encoded_key]
+                del segment.by_key[encoded_key]
 
     def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return None
-        return segment.get(encoded_key, {}).get((end, start))
+        return segment.by_key.get(encoded_key, {}).get((end, start))
 
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int
     ) -> Iterator[tuple[int, int, bytes]]:
         first = earliest_end // self._interval
         for seg in sorted(s for s in self._segments if s >= first):
-            sessions = self._segments[seg].get(encoded_key)
+            sessions = self._segments[seg].by_key.get(encoded_key)
             if not sessions:
                 continue
             for end, start in sorted(sessions):
@@ -79,13 +97,13 @@ class InMemorySessionStore(SegmentedSessionStore):
             return
         first, last = earliest_end // self._interval, latest_end // self._interval
         for seg in sorted(s for s in self._segments if first <= s <= last):
-            rows = [
-                (end, key, start, data)
-                for key, sessions in self._segments[seg].items()
-                for (end, start), data in sessions.items()
-                if earliest_end <= end <= latest_end
-            ]
-            rows.sort(key=lambda row: (row[0], row[1], row[2]))
+            segment = self._segments[seg]
+            index = bisect.bisect_left(segment.by_time, (earliest_end,))
+            rows = []
+            for end, key, start in segment.by_time[index:]:
+                if end > latest_end:
+                    break
+                rows.append((end, key, start, segment.by_key[key][(end, start)]))
             yield from rows
 
     def _drop_segments_below(self, segment: int) -> int:

@@ -104,7 +104,7 @@ def test_process_rejects_bad_events_without_changing_state(key, t, exc, match):
     e.process("k", 1, 0)
     with pytest.raises(exc, match=match):
         e.process(key, 1, t)
-    assert [tuple(s) for s, _ in e.store.fetch("k")] == [("k", 0, 10)]
+    assert e.sessions("k") == [(Session("k", 0, 10), 1)]
     assert e.metrics["records-in"] == 1
 
 
@@ -112,7 +112,7 @@ def test_process_accepts_datetimes():
     e = engine(gap=1000)
     e.process("k", 1, dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc))
     e.process("k", 1, dt.datetime(1970, 1, 1, 0, 0, 1, 500_000))
-    assert [tuple(s) for s, _ in e.store.fetch("k")] == [("k", 1000, 2500)]
+    assert [tuple(s) for s, _ in e.sessions("k")] == [("k", 1000, 2500)]
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_late_events_are_dropped_counted_and_reported():
     e.process("k", "c", 86)  # within grace: allowed
     assert late == [("k", "b", 85)]
     assert e.metrics["dropped-records"] == 1
-    assert [tuple(s) for s, _ in e.store.fetch("k")] == [("k", 86, 96), ("k", 100, 110)]
+    assert [tuple(s) for s, _ in e.sessions("k")] == [("k", 86, 96), ("k", 100, 110)]
 
 
 def test_emit_final_metrics():
