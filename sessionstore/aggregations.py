@@ -33,6 +33,19 @@ class Aggregation:
         """Combine the accumulators of two sessions that merge."""
         raise NotImplementedError
 
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
+    ) -> Any:
+        """Fold several events of one key, given in (time, arrival) order, into ``acc``.
+
+        The batch path calls this once per run of events; overriding it with a vectorised
+        version is optional and must give the same result as folding with :meth:`add`.
+        """
+        add = self.add
+        for value, t, seq in zip(values, times_ms, seqs, strict=True):
+            acc = add(key, value, t, seq, acc)
+        return acc
+
     def result(self, acc: Any) -> Any:
         """What is emitted for a session with accumulator ``acc``."""
         return acc
@@ -56,6 +69,11 @@ class _Count(Aggregation):
 
     def merge(self, key: Any, acc1: int, acc2: int) -> int:
         return acc1 + acc2
+
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: int
+    ) -> int:
+        return acc + len(values)
 
 
 class _Sum(Aggregation):
@@ -117,6 +135,13 @@ class _Collect(Aggregation):
 
     def merge(self, key: Any, acc1: list[Any], acc2: list[Any]) -> list[Any]:
         return list(heapq.merge(acc1, acc2, key=lambda entry: (entry[0], entry[1])))
+
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: list[Any]
+    ) -> list[Any]:
+        fn = self.fn
+        items = [[t, seq, fn(value)] for value, t, seq in zip(values, times_ms, seqs, strict=True)]
+        return self.merge(key, acc, items) if acc else items
 
     def result(self, acc: list[Any]) -> list[Any]:
         return [entry[2] for entry in acc]
@@ -225,6 +250,14 @@ class Combined(Aggregation):
     def merge(self, key: Any, acc1: list[Any], acc2: list[Any]) -> list[Any]:
         return [
             part.merge(key, a, b) for part, a, b in zip(self.parts, acc1, acc2, strict=True)
+        ]
+
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: list[Any]
+    ) -> list[Any]:
+        return [
+            part.add_run(key, values, times_ms, seqs, item)
+            for part, item in zip(self.parts, acc, strict=True)
         ]
 
     def result(self, acc: list[Any]) -> dict[str, Any]:

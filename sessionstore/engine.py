@@ -20,11 +20,12 @@ import enum
 import heapq
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import batch as columns
 from . import keyschema
 from .aggregations import Aggregation
 from .timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
@@ -48,6 +49,7 @@ NO_WATERMARK = INT64_MIN
 ENGINE_METADATA_KEY = "sessionstore.engine"
 USER_METADATA_KEY = "user"
 _EARLY, _LATE_PHASE = 0, 1
+_MIN_RUN_BATCH = 64  # shorter stretches are cheaper event by event
 _ACC, _NEW, _INDEX, _PHASE, _TARGET = range(5)
 
 
@@ -120,54 +122,6 @@ def _check_store(store: Any) -> None:
             raise TypeError(f"store must be a session store, got {type(store).__name__}")
 
 
-def _as_array(values: Any, name: str) -> Any:
-    """Accept a sequence, numpy array, pandas Series or Arrow array."""
-    if hasattr(values, "to_numpy") and not isinstance(values, np.ndarray):
-        try:
-            return values.to_numpy(zero_copy_only=False)
-        except TypeError:
-            return values.to_numpy()
-    if isinstance(values, np.ndarray):
-        return values
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise TypeError(f"{name} must be a sequence or array, got {type(values).__name__}")
-    return list(values)
-
-
-def batch_timestamps(timestamps_ms: Any, n: int | None = None) -> list[int]:
-    """Validate a column of event times vectorially; return them as Python ints.
-
-    Raises:
-        TypeError: a float, string, bool or other non-integer column (NaN and inf included).
-        ValueError: a null, a length mismatch, or a value outside int64.
-    """
-    arr = _as_array(timestamps_ms, "timestamps_ms")
-    if isinstance(arr, np.ndarray):
-        if arr.dtype.kind == "M":
-            arr = arr.astype("datetime64[ms]").astype(np.int64)
-        if arr.dtype.kind in "iu" and arr.dtype != np.uint64:
-            out: list[int] = arr.astype(np.int64).tolist()
-        elif arr.dtype.kind == "f":
-            bad = arr[~np.isfinite(arr) | (arr != np.floor(arr))] if arr.size else arr
-            sample = bad[0] if bad.size else (arr[0] if arr.size else None)
-            raise TypeError(
-                f"timestamps_ms must be integers (int64 milliseconds), got a float column "
-                f"(e.g. {sample!r})"
-            )
-        else:
-            out = [to_timestamp_ms(v, "timestamps_ms") for v in arr.tolist()]
-    else:
-        out = [to_timestamp_ms(v, "timestamps_ms") if v is not None else _null_time() for v in arr]
-    if n is not None and len(out) != n:
-        raise ValueError(f"timestamps_ms has {len(out)} rows, keys has {n}")
-    return out
-
-
-def _null_time() -> int:
-    raise ValueError("timestamps_ms must not contain nulls")
-
-
-
 class _OpenSessions:
     """A write-back cache of the sessions of recently seen keys (the state side of KIP-63).
 
@@ -187,6 +141,7 @@ class _OpenSessions:
         self.dirty: dict[Session, list[Any]] = {}
         self.deleted: set[Session] = set()
         self.pending: list[tuple[int, int, Session]] = []  # (end, seq, session) of changes
+        self.held: list[Session] = []
         self.seq = 0
 
     def sessions_of(self, key: Any, closed_before: int) -> dict[tuple[int, int], list[Any]]:
@@ -267,6 +222,38 @@ class _OpenSessions:
         cached = entry.get((session.start, session.end)) if entry is not None else None
         if cached is not None:
             cached[1] = True
+
+    def find_sessions(self, earliest_end: int, latest_end: int) -> list[tuple[Session, Any]]:
+        """``store.find_sessions`` as it would be with every change written, without writing
+        the changes in the range yet: writing them first could let the store expire segments
+        whose closed sessions have not been emitted. Call :meth:`flush` after using the rows.
+        """
+        self.flush(earliest_end - 1)
+        held: dict[Session, list[Any] | None] = {}
+        pending = self.pending
+        while pending and pending[0][0] <= latest_end:
+            session = heapq.heappop(pending)[2]
+            if session in self.deleted:
+                held[session] = None
+            elif session in self.dirty:
+                held[session] = self.dirty[session]
+        self.held = list(held)
+        rows = [
+            (s, record) for s, record in self.store.find_sessions(earliest_end, latest_end)
+            if s not in held
+        ]
+        extra = [(s, record) for s, record in held.items() if record is not None]
+        if extra:
+            rows.extend(extra)
+            encode = keyschema.encode_key
+            rows.sort(key=lambda row: (row[0].end, encode(row[0].key), row[0].start))
+        return rows
+
+    def flush_held(self) -> None:
+        """Write the changes that :meth:`find_sessions` held back."""
+        for session in self.held:
+            self._write(session)
+        self.held = []
 
     def flush(self, upto: int | None = None) -> None:
         """Write the changes of sessions ending at or before ``upto`` (all, by default)."""
@@ -433,29 +420,145 @@ class SessionAggregator:
         ``keys``, ``values`` and ``timestamps_ms`` may be lists, numpy arrays, pandas Series or
         Arrow arrays of the same length. The whole batch is validated before any event is
         processed, so a bad row changes nothing.
+
+        With ``ON_WINDOW_CLOSE``, the batch is processed by runs rather than event by event:
+        lateness is computed for all events at once, events are sorted by key and time, and each
+        run of a key's events is merged with that key's open sessions in one step. That equals the
+        loop whenever no accepted event lands behind ``W - grace`` (it could then meet a session
+        that closed earlier in the batch); such events, and every other mode, go through the
+        event-at-a-time path in their place in the stream. (Only the ``emit-final-latency``
+        metrics differ: runs close at the end of their segment.)
         """
-        key_list = _as_array(keys, "keys")
-        key_list = key_list.tolist() if isinstance(key_list, np.ndarray) else key_list
-        times = batch_timestamps(timestamps_ms, len(key_list))
-        value_list = _as_array(values, "values")
-        value_list = value_list.tolist() if isinstance(value_list, np.ndarray) else value_list
-        if len(value_list) != len(key_list):
-            raise ValueError(f"values has {len(value_list)} rows, keys has {len(key_list)}")
-        if times and max(times) > self._max_timestamp:
+        key_list = columns.as_list(keys, "keys")
+        n = len(key_list)
+        times = columns.timestamps(timestamps_ms, n)
+        value_list = columns.as_list(values, "values")
+        if len(value_list) != n:
+            raise ValueError(f"values has {len(value_list)} rows, keys has {n}")
+        if n and int(times.max()) > self._max_timestamp:
             raise ValueError(
-                f"timestamps_ms value {max(times)} + gap_ms + grace_ms overflows int64"
+                f"timestamps_ms value {int(times.max())} + gap_ms + grace_ms overflows int64"
             )
-        encode = keyschema.encode_key
-        for row, key in enumerate(key_list):
-            try:
-                encode(key)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{row}]: {exc}") from None
+        codes, uniques = columns.factorize_keys(key_list)
         out: list[Emit] = []
-        step = self._process_one
-        for key, value, t in zip(key_list, value_list, times, strict=True):
-            step(key, value, t, out)
+        if self.emit_strategy is not EmitStrategy.ON_WINDOW_CLOSE or n < _MIN_RUN_BATCH \
+                or int(times.min()) < INT64_MIN + self._gap + self._grace + \
+                self.max_out_of_orderness_ms:
+            self._loop(key_list, value_list, times.tolist(), 0, n, out)
+            return out
+        before = self._watermarks_before(times)
+        late = before >= times + (self._gap + self._grace)
+        closed_before = np.maximum(before - self._grace, self._last_close)
+        behind = np.flatnonzero(~late & (times <= closed_before))
+        if self.watermark_mode == "external":
+            boundary = self.store.expiry_boundary_ms(int(times.max()) + self._gap)
+            if boundary is not None and boundary - 1 > int(closed_before[0]):
+                behind = np.arange(n)  # force-closing may happen: keep the exact loop
+        time_list = times.tolist()
+        start = 0
+        for stop in [*behind.tolist(), n]:
+            if stop - start >= _MIN_RUN_BATCH:
+                self._process_runs(uniques, codes, value_list, times, late, start, stop, out)
+            else:
+                self._loop(key_list, value_list, time_list, start, stop, out)
+            if stop < n:
+                self._process_one(key_list[stop], value_list[stop], time_list[stop], out)
+            start = stop + 1
         return out
+
+    def _loop(self, keys: list[Any], values: list[Any], times: list[int], start: int, stop: int,
+              out: list[Emit]) -> None:
+        step = self._process_one
+        for i in range(start, stop):
+            step(keys[i], values[i], times[i], out)
+
+    def _watermarks_before(self, times: np.ndarray) -> np.ndarray:
+        """The watermark each event of the batch sees on arrival, as the loop would."""
+        w0 = self._watermark
+        if self.watermark_mode == "external" or len(times) == 0:
+            return np.full(len(times), w0, dtype=np.int64)
+        after = np.maximum(np.maximum.accumulate(times) - self.max_out_of_orderness_ms, w0)
+        return np.concatenate(([w0], after[:-1])).astype(np.int64)
+
+    def _process_runs(self, uniques: list[Any], codes: np.ndarray, values: list[Any],
+                      times: np.ndarray, late: np.ndarray, start: int, stop: int,
+                      out: list[Emit]) -> None:
+        """ON_WINDOW_CLOSE on events ``[start, stop)``, none of which lands behind ``W - grace``."""
+        metrics = self._metrics
+        metrics.records_in += stop - start
+        seg_late = late[start:stop]
+        if seg_late.any():
+            for i in (np.flatnonzero(seg_late) + start).tolist():
+                self._drop(uniques[codes[i]], values[i], int(times[i]))
+        accepted = np.flatnonzero(~seg_late) + start
+        if len(accepted) == 0:
+            return
+        seqs = self._seq + 1 + np.arange(len(accepted), dtype=np.int64)
+        self._seq += len(accepted)
+        acc_times = times[accepted]
+        found = columns.runs(codes[accepted], acc_times, seqs, self._gap,
+                             self.windows.inclusive_gap)
+        order = found.order
+        rows = accepted[order].tolist()
+        run_times = acc_times[order].tolist()
+        run_seqs = seqs[order].tolist()
+        bounds = found.bounds.tolist()
+        run_codes = found.codes.tolist()
+        firsts = found.first_ms.tolist()
+        lasts = found.last_ms.tolist()
+        closed_before = max(self._watermark - self._grace, self._last_close)
+        gap, inclusive = self._gap, self.windows.inclusive_gap
+        agg, cache, heap = self.aggregation, self._open, self._close_heap
+        r, n_runs = 0, len(run_codes)
+        while r < n_runs:
+            code = run_codes[r]
+            key = uniques[code]
+            group_end = r
+            while group_end < n_runs and run_codes[group_end] == code:
+                group_end += 1
+            # the key's open sessions and its runs, as intervals sorted by start
+            items: list[tuple[int, int, int, Any]] = [
+                (st, en, -1, cached[0])
+                for (st, en), cached in cache.sessions_of(key, closed_before).items()
+                if en > closed_before
+            ]
+            items.extend((firsts[j], lasts[j] + gap, j, None) for j in range(r, group_end))
+            items.sort(key=lambda item: (item[0], item[1]))
+            i = 0
+            while i < len(items):
+                lo, hi = items[i][0], items[i][1]
+                members = [items[i]]
+                i += 1
+                while i < len(items) and (items[i][0] <= hi if inclusive else items[i][0] < hi):
+                    members.append(items[i])
+                    hi = max(hi, items[i][1])
+                    i += 1
+                if all(m[2] < 0 for m in members):
+                    continue  # an open session no run touches
+                new = Session(key, lo, hi)
+                acc = agg.initial()
+                for m in sorted((m for m in members if m[2] < 0), key=lambda m: (m[1], m[0])):
+                    acc = agg.merge(key, acc, m[3][_ACC])
+                    if m[0] != lo or m[1] != hi:
+                        cache.remove(Session(key, m[0], m[1]))
+                for m in members:
+                    j = m[2]
+                    if j >= 0:
+                        a, b = bounds[j], bounds[j + 1]
+                        run_acc = agg.add_run(key, [values[row] for row in rows[a:b]],
+                                              run_times[a:b], run_seqs[a:b], agg.initial())
+                        acc = agg.merge(key, acc, run_acc)
+                cache.put(new, [acc, 0, 0, _EARLY, None])
+                heapq.heappush(heap, hi)
+            r = group_end
+        if self.watermark_mode == "event_time":
+            top = int(acc_times.max())
+            if self._max_event_time is None or top > self._max_event_time:
+                self._max_event_time = top
+            candidate = int(times[start:stop].max()) - self.max_out_of_orderness_ms
+            if candidate > self._watermark:
+                self._watermark = candidate
+                self._on_watermark(out)
 
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
@@ -695,8 +798,8 @@ class SessionAggregator:
             heapq.heappop(heap)
         w = self._watermark
         result = self.aggregation.result
-        self._open.flush(upto)
-        for session, record in list(self.store.find_sessions(self._last_close + 1, upto)):
+        rows = self._open.find_sessions(self._last_close + 1, upto)
+        for session, record in rows:
             if session.end > forced_above:
                 self._metrics.force_closed += 1
                 log.warning("emitting %s before the watermark closes it: its segment expires",
@@ -707,6 +810,7 @@ class SessionAggregator:
                 self._metrics.record_final(max(0, w - (session.end + self._grace)))
             else:
                 self._fire_closing(session, record, out)
+        self._open.flush_held()
         self._last_close = upto
 
     # -- triggers ---------------------------------------------------------------------------
@@ -811,10 +915,10 @@ class SessionAggregator:
         if heap and heap[0] <= w:
             while heap and heap[0] <= w:
                 heapq.heappop(heap)
-            self._open.flush(w)
-            for session, record in list(self.store.find_sessions(low, w)):
+            for session, record in self._open.find_sessions(low, w):
                 if record[_PHASE] == _EARLY:
                     self._fire(session, record, PaneTiming.ON_TIME, False, out)
+            self._open.flush_held()
         self._last_on_time = w
 
     def _fire_late_pending(self, out: list[Emit]) -> None:
@@ -904,19 +1008,13 @@ class BatchAggregator:
         return out
 
     def process_batch(self, keys: Any, values: Any, timestamps_ms: Any) -> list[Emit]:
-        """A batch of events, equal to a loop of :meth:`process`."""
-        key_list = _as_array(keys, "keys")
-        key_list = key_list.tolist() if isinstance(key_list, np.ndarray) else key_list
-        times = batch_timestamps(timestamps_ms, len(key_list))
-        value_list = _as_array(values, "values")
-        value_list = value_list.tolist() if isinstance(value_list, np.ndarray) else value_list
+        """A batch of events, equal to a loop of :meth:`process`; validated as a whole first."""
+        key_list = columns.as_list(keys, "keys")
+        times = columns.timestamps(timestamps_ms, len(key_list)).tolist()
+        value_list = columns.as_list(values, "values")
         if len(value_list) != len(key_list):
             raise ValueError(f"values has {len(value_list)} rows, keys has {len(key_list)}")
-        for row, key in enumerate(key_list):
-            try:
-                keyschema.encode_key(key)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{row}]: {exc}") from None
+        columns.factorize_keys(key_list)
         out: list[Emit] = []
         for key, value, t in zip(key_list, value_list, times, strict=True):
             self._process_one(key, value, t, out)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from sessionstore import InMemorySessionStore, Session, SessionStore
+from sessionstore import engine as engine_module
 from tests.conformance.player import (
     EngineHarness,
     describe,
@@ -44,15 +46,17 @@ def store_opener(backend: str, tmp_path: Path, retention_ms: int):
     return open_store, state
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["process", "process_batch"])
+@pytest.mark.parametrize("batched", [False, True, "runs"],
+                         ids=["process", "process_batch", "process_batch-runs"])
 @pytest.mark.parametrize("backend", ["rocksdb", "memory"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_transcript(scenario, backend, batched, tmp_path):
     retention = engine_options(scenario)["windows"].retention_ms
     open_store, state = store_opener(backend, tmp_path, retention)
-    harness = EngineHarness(scenario, open_store, batched)
+    harness = EngineHarness(scenario, open_store, bool(batched))
     try:
-        emits = harness.run()
+        with mock.patch.object(engine_module, "_MIN_RUN_BATCH", 1 if batched == "runs" else 64):
+            emits = harness.run()
     finally:
         state["store"].close()
     want = expected(scenario)

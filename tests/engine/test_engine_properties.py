@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
+from sessionstore import engine as engine_module
 from sessionstore.timeutil import INT64_MAX
 
 KEYS = st.sampled_from(["a", "b", "c"])
@@ -139,11 +141,43 @@ def run_live(params, events, batched, on_late=None):
     return out
 
 
-@settings(max_examples=150)
+@settings(max_examples=300)
 @given(live_streams())
 def test_process_batch_equals_a_loop_of_process(params):
     events = params[-1]
-    assert run_live(params, events, batched=True) == run_live(params, events, batched=False)
+    loop = run_live(params, events, batched=False)
+    assert run_live(params, events, batched=True) == loop
+    with mock.patch.object(engine_module, "_MIN_RUN_BATCH", 1):  # runs even for tiny batches
+        assert run_live(params, events, batched=True) == loop
+
+
+@settings(max_examples=150)
+@given(streams(), st.booleans())
+def test_runs_path_equals_the_loop_with_external_watermark(stream, advance):
+    gap, inclusive, events = stream
+    agg = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect()})
+    windows = SessionWindows(gap, 3, inclusive)
+
+    def run(batched: bool) -> list[Any]:
+        store = InMemorySessionStore(retention_ms=windows.retention_ms,
+                                     segment_interval_ms=max(1, gap))
+        engine = SessionAggregator(store, windows, agg, emit=EmitStrategy.ON_WINDOW_CLOSE,
+                                   watermark="external")
+        out = engine.advance_watermark(50) if advance else []
+        half = len(events) // 2
+        for part in (events[:half], events[half:]):
+            if batched and part:
+                keys, values, times = zip(*part, strict=True)
+                out += engine.process_batch(list(keys), list(values), list(times))
+            else:
+                for key, value, t in part:
+                    out += engine.process(key, value, t)
+            out += engine.advance_watermark(engine.watermark + 40)
+        return out + engine.advance_watermark(INT64_MAX)
+
+    loop = run(False)
+    with mock.patch.object(engine_module, "_MIN_RUN_BATCH", 1):
+        assert run(True) == loop
 
 
 @settings(max_examples=150)
