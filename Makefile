@@ -25,7 +25,9 @@ run: install
 	$(PY) -m sessionstore.demo
 
 bench: install
-	$(PY) -m benchmarks.harness
+	$(PY) -m benchmarks.store_bench
+	$(PY) -m benchmarks.engine_bench
+	$(PY) -m benchmarks.report
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .benchmarks

@@ -394,6 +394,17 @@ class SessionAggregator:
         """The current watermark W (``INT64_MIN`` before any progress)."""
         return self._watermark
 
+    def next_close_ms(self) -> int | None:
+        """The watermark at or after which the next tracked session may close, or None.
+
+        A lower bound: a session merged away since leaves a stale entry, which only makes the
+        caller look again early. None in ON_WINDOW_UPDATE mode, which does not track closing.
+        """
+        heap = self._close_heap
+        while heap and heap[0] <= self._last_close:
+            heapq.heappop(heap)
+        return heap[0] + self._grace if heap else None
+
     @property
     def metrics(self) -> dict[str, float]:
         """``dropped-records``, ``emit-final-*`` (KIP-825) and store counters."""
@@ -566,8 +577,22 @@ class SessionAggregator:
         out: list[Emit] = []
         if to > self._watermark:
             self._watermark = to
+            self._cap_store_expiry()
             self._on_watermark(out)
         return out
+
+    def _cap_store_expiry(self) -> None:
+        """With an external watermark, keep the store from expiring sessions W has not closed.
+
+        Expired then means ``end < W - grace``: closed, and emitted before the expiry can run.
+        """
+        if self.watermark_mode != "external":
+            return
+        cap = getattr(self.store, "cap_expiry_time", None)
+        if cap is not None:
+            w = self._watermark
+            cap(min(INT64_MAX, w - self._grace + self.store.retention_ms)
+                if w > NO_WATERMARK else NO_WATERMARK)
 
     def advance_processing_time(self, to_ms: Any) -> list[Emit]:
         """Set the :class:`ManualClock` to ``to_ms`` and fire what is due."""
@@ -641,6 +666,7 @@ class SessionAggregator:
                 self._seq = check_int64(state["seq"], "seq")
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"corrupted engine metadata in the store: {exc}") from None
+        self._cap_store_expiry()
         if not self._tracks_close:
             return
         start = self._last_close + 1 if self._last_close < INT64_MAX else INT64_MAX

@@ -127,6 +127,7 @@ class SegmentedSessionStore(ABC):
         self._serde = value_serde
         self._committed = CommittedState()
         self._stream_time: int | None = None
+        self._expiry_cap: int | None = None
         self._expired_below: int | None = None
         self._metrics: dict[str, float] = {
             "dropped-records": 0,
@@ -171,10 +172,27 @@ class SegmentedSessionStore(ABC):
         """The segment that holds sessions ending at ``timestamp_ms``: ``floor(t / interval)``."""
         return check_int64(timestamp_ms, "timestamp_ms") // self._interval
 
+    def cap_expiry_time(self, cap_ms: int | None) -> None:
+        """Let expiry run on ``min(observed stream time, cap_ms)`` instead of stream time alone.
+
+        KIP-94 expires by stream time, the largest session end. An owner whose notion of time
+        lags the data (an engine driven by an external watermark) caps it, so that no segment
+        expires while it may still hold sessions the owner has not finished with. None removes
+        the cap. Not persisted: the owner sets it again after reopening.
+        """
+        self._expiry_cap = None if cap_ms is None else check_int64(cap_ms, "cap_ms")
+
+    def _expiry_time(self, stream_time_ms: int | None) -> int | None:
+        cap = self._expiry_cap
+        if stream_time_ms is None or cap is None:
+            return stream_time_ms
+        return min(stream_time_ms, cap)
+
     def _min_live_segment(self, stream_time_ms: int | None) -> int | None:
-        if stream_time_ms is None:
+        reference = self._expiry_time(stream_time_ms)
+        if reference is None:
             return None
-        return (stream_time_ms - self._retention_ms) // self._interval
+        return (reference - self._retention_ms) // self._interval
 
     def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
         """The smallest session end that stays live if stream time reached ``stream_time_ms``.
@@ -215,7 +233,9 @@ class SegmentedSessionStore(ABC):
         if stream_time is None or end > stream_time:
             self._stream_time = stream_time = end
         interval = self._interval
-        min_live = (stream_time - self._retention_ms) // interval
+        cap = self._expiry_cap
+        reference = stream_time if cap is None or cap > stream_time else cap
+        min_live = (reference - self._retention_ms) // interval
         if end // interval < min_live:
             self._metrics["dropped-records"] += 1
             return False

@@ -219,19 +219,23 @@ def test_emit_on_close_restarts_from_rocksdb(tmp_path: Path):
     e.store.close()
 
 
-def test_external_watermark_far_behind_data_force_closes_before_expiry(caplog):
+def test_external_watermark_far_behind_data_keeps_sessions_open(tmp_path: Path):
     windows = SessionWindows(10)
-    store = InMemorySessionStore(retention_ms=10, segment_interval_ms=10)
+    store = SessionStore(tmp_path / "s", retention_ms=10, segment_interval_ms=10)
     e = SessionAggregator(store, windows, aggregations.count(),
                           emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="external")
     e.process("a", 1, 0)
-    out = e.process("b", 1, 1000)  # would expire [0, 10) while W has not moved
-    assert triples(out) == [("a", 0, 10, 1, False)]
-    assert e.metrics["force-closed-records"] == 1
-    assert "before the watermark closes it" in caplog.text
-    # an event older than the store's retention is dropped, not silently lost
-    assert e.process("c", 1, 5) == []
-    assert e.metrics["dropped-records"] == 1
+    assert e.process("b", 1, 1000) == []  # store time runs far ahead of W: nothing expires
+    e.commit()
+    assert e.process("a", 1, 5) == []  # still open: W has not closed it
+    assert e.metrics["force-closed-records"] == 0 and e.metrics["dropped-records"] == 0
+    out = e.advance_watermark(100)  # closes a; expiry may now drop its segment
+    assert triples(out) == [("a", 0, 15, 2, False)]
+    out = e.advance_watermark(2000)
+    assert triples(out) == [("b", 1000, 1010, 1, False)]
+    e.commit()
+    assert list(store.fetch("a")) == []  # expired after it was emitted
+    store.close()
 
 
 def test_trigger_needs_manual_clock_for_advance_processing_time():

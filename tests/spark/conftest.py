@@ -1,0 +1,35 @@
+"""One real local SparkSession for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    # local[2, 3]: two threads, and a failed task is retried (up to 3 attempts), which the
+    # task-failure test relies on; everything else runs as under local[2].
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("sessionstore-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,28 @@
+"""Every ``python`` code block in README.md and docs/*.md runs, in a scratch directory."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+SKIP_MARK = "# docs-test: skip"  # for blocks that need Spark; tests/spark runs those
+
+
+def blocks() -> list:
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, match in enumerate(BLOCK.finditer(doc.read_text())):
+            code = match.group(1)
+            if SKIP_MARK not in code:
+                found.append(pytest.param(code, id=f"{doc.name}#{i}"))
+    return found
+
+
+@pytest.mark.parametrize("code", blocks())
+def test_doc_example_runs(code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_example__"})
