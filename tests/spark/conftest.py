@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
+    root = str(Path(__file__).resolve().parents[2])
+    # workers import this project's modules (and test helpers) by reference
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -1,0 +1,219 @@
+"""sessionize() on a real local SparkSession: oracle, streaming, restarts and failures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from pathlib import Path
+
+import pytest
+from pyspark import TaskContext
+from pyspark.sql import functions as F
+
+from sessionstore import aggregations
+from spark_adapter import read_state_metrics, sessionize
+from tests.spark.streams import EPOCH, SPAN_S, StreamRun, make_files
+
+AGGS = {"n": "count", "total": ("sum", "amount"), "low": ("min", "amount"),
+        "high": ("max", "amount")}
+
+
+def as_rows(frame) -> list[tuple]:
+    return sorted(tuple(r) for r in frame.collect())
+
+
+def static_frame(spark, rows):
+    data = [(u, EPOCH + dt.timedelta(seconds=s), a) for u, s, a in rows]
+    return spark.createDataFrame(data, "user string, ts timestamp, amount long")
+
+
+def test_static_equals_native_session_window(spark):
+    rng = random.Random(3)
+    rows = [(f"k{rng.randrange(5)}", rng.randrange(600), rng.randrange(50)) for _ in range(400)]
+    rows += [("edge", 0, 1), ("edge", 10, 2), ("edge", 20, 3), ("edge", 31, 4)]
+    df = static_frame(spark, rows)
+    ours = as_rows(sessionize(df, key="user", timestamp="ts", gap="10 seconds",
+                              aggregations=AGGS))
+    native = as_rows(
+        df.groupBy("user", F.session_window("ts", "10 seconds").alias("w"))
+        .agg(F.count("*"), F.sum("amount"), F.min("amount"), F.max("amount"))
+        .select("user", "w.start", "w.end", "count(1)", "sum(amount)", "min(amount)",
+                "max(amount)")
+    )
+    assert ours == native
+    edge = [r for r in ours if r[0] == "edge"]
+    assert [(r[1].second, r[2].second, r[3]) for r in edge] == [(0, 30, 3), (31, 41, 1)]
+
+
+def test_static_collect_first_last_and_custom(spark):
+    rows = [("a", 5, 2), ("a", 1, 1), ("a", 9, 3), ("b", 0, 7)]
+    longest = aggregations.aggregate(lambda: 0, lambda key, row, acc: max(acc, row["amount"]),
+                                     lambda key, a, b: max(a, b))
+    out = sessionize(static_frame(spark, rows), key=["user"], timestamp="ts", gap=10_000,
+                     aggregations={"items": ("collect", "amount"), "first": ("first", "amount"),
+                                   "last": ("last", "amount"), "custom": longest})
+    got = {r["user"]: (r["items"], r["first"], r["last"], r["custom"]) for r in out.collect()}
+    assert got == {"a": ([1, 2, 3], 1, 3, "3"), "b": ([7], 7, 7, "7")}
+
+
+def streaming_query(state: Path, local: Path, aggs=None, delay: str = "60 seconds"):
+    def build(stream):
+        return sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
+                          aggregations=aggs or AGGS, watermark_delay=delay,
+                          state_location=str(state), local_dir=str(local))
+
+    return build
+
+
+FILES = make_files(6, 40)
+FINAL_WATERMARK_S = max(s for rows in FILES for _, s, _ in rows) - 60
+
+
+def closed_static(spark) -> list[tuple]:
+    """The static result, restricted to sessions the final watermark has closed."""
+    df = static_frame(spark, [row for rows in FILES for row in rows])
+    limit = EPOCH + dt.timedelta(seconds=FINAL_WATERMARK_S)
+    return as_rows(sessionize(df, key="user", timestamp="ts", gap="10 seconds",
+                              aggregations=AGGS).filter(F.col("session_end") <= F.lit(limit)))
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory) -> list[tuple]:
+    root = tmp_path_factory.mktemp("reference")
+    run = StreamRun(spark, root, streaming_query(root / "state", root / "local"))
+    run.start()
+    for i, rows in enumerate(FILES):
+        run.feed(i, rows)
+    run.stop()
+    return run.rows()
+
+
+def test_streaming_final_equals_static_without_duplicates(spark, reference):
+    assert len(reference) == len(set(reference))
+    assert sorted(reference) == closed_static(spark)
+    assert len(reference) > 20
+
+
+def test_restart_from_checkpoint_equals_uninterrupted(spark, reference, tmp_path):
+    build = streaming_query(tmp_path / "state", tmp_path / "local")
+    first = StreamRun(spark, tmp_path, build)
+    first.start()
+    for i in range(3):
+        first.feed(i, FILES[i])
+    first.stop()
+    second = StreamRun(spark, tmp_path, build)
+    second.batches = first.batches  # same sink table, keyed by batch id
+    second.start()
+    for i in range(3, len(FILES)):
+        second.feed(i, FILES[i])
+    second.stop()
+    assert sorted(second.rows()) == sorted(reference)
+
+
+def test_executor_move_restores_from_snapshots(spark, reference, tmp_path):
+    local = tmp_path / "local"
+    run = StreamRun(spark, tmp_path, streaming_query(tmp_path / "state", local))
+    run.start()
+    for i, rows in enumerate(FILES):
+        run.feed(i, rows, between=lambda: __import__("shutil").rmtree(local, ignore_errors=True))
+    run.stop()
+    assert sorted(run.rows()) == sorted(reference)
+
+
+def _fail_first_attempt(key, row, acc):
+    context = TaskContext.get()
+    if (context is not None and context.attemptNumber() == 0 and context.partitionId() == 0
+            and context.getLocalProperty("streaming.sql.batchId") == "4"):
+        raise RuntimeError("injected failure on attempt 0")
+    return acc + 1
+
+
+def test_task_failure_is_retried_without_double_counting(spark, reference, tmp_path):
+    flaky = aggregations.aggregate(lambda: 0, _fail_first_attempt, lambda key, a, b: a + b)
+    run = StreamRun(spark, tmp_path, streaming_query(tmp_path / "state", tmp_path / "local",
+                                                     aggs={**AGGS, "flaky": flaky}))
+    run.start()
+    for i, rows in enumerate(FILES):
+        run.feed(i, rows)
+    run.stop()
+    rows = run.rows()
+    assert sorted(r[:-1] for r in rows) == sorted(reference)
+    assert all(int(r[-1]) == r[3] for r in rows)  # the flaky count equals the count
+    totals = read_state_metrics(str(tmp_path / "state"))
+    assert totals["records_in"] == sum(len(f) for f in FILES)
+
+
+def test_late_rows_are_dropped_and_counted(spark, tmp_path):
+    state = tmp_path / "state"
+    run = StreamRun(spark, tmp_path, streaming_query(state, tmp_path / "local",
+                                                     delay="5 seconds"))
+    run.start()
+    run.feed(0, [("a", 0, 1), ("a", 100, 1)])            # W becomes 95 s
+    run.feed(1, [("a", 5, 1), ("a", 50, 1), ("a", 101, 1)])  # 5 s and 50 s: windows closed
+    run.feed(2, [("a", 300, 1)])
+    run.stop()
+    got = sorted((r[1].second + 60 * r[1].minute, r[3]) for r in run.rows())
+    assert got == [(0, 1), (100, 2)]
+    # Spark drops rows older than its watermark before the processor sees them, and counts them
+    assert run.dropped_by_watermark() == 2
+    totals = read_state_metrics(str(state))
+    assert totals["records_in"] == 4 and totals["dropped_records"] == 0
+
+
+def test_update_mode_emits_changes_and_retractions(spark, tmp_path):
+    def build(stream):
+        return sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
+                          aggregations={"n": "count"}, emit="update",
+                          watermark_delay="1 minute", state_location=str(tmp_path / "state"),
+                          local_dir=str(tmp_path / "local"))
+
+    run = StreamRun(spark, tmp_path, build)
+    run.query = (build(spark.readStream.schema(
+        "user string, ts timestamp, amount long").json(str(run.source)))
+        .writeStream.foreachBatch(lambda frame, b: run.batches.__setitem__(
+            b, [tuple(r) for r in frame.collect()]))
+        .option("checkpointLocation", str(run.checkpoint)).outputMode("update").start())
+    run.feed(0, [("a", 0, 1), ("a", 20, 1)])
+    run.feed(1, [("a", 10, 1)])
+    run.stop()
+    got = [(r[1].second, r[2].second, r[3], r[4]) for r in run.rows()]
+    assert got[:2] == [(0, 10, 1, False), (20, 30, 1, False)] or \
+        sorted(got[:2]) == [(0, 10, 1, False), (20, 30, 1, False)]
+    assert sorted(got[2:]) == [(0, 10, 1, True), (0, 30, 3, False), (20, 30, 1, True)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"key": "nope"}, "column 'nope' is not in the DataFrame"),
+        ({"timestamp": "amount"}, "timestamp column 'amount' must be a timestamp"),
+        ({"gap": "0 seconds"}, "gap must be > 0"),
+        ({"gap": "soon"}, "gap is not a duration"),
+        ({"aggregations": {"x": ("sum", "missing")}}, "names column 'missing'"),
+        ({"aggregations": {"x": ("sum", "user")}}, "sum needs a numeric column"),
+        ({"emit": "sometimes"}, "emit must be"),
+    ],
+)
+def test_bad_arguments_fail_before_the_query_starts(spark, kwargs, match):
+    df = static_frame(spark, [("a", 0, 1)])
+    args = {"key": "user", "timestamp": "ts", "gap": "10 seconds", "aggregations": {"n": "count"},
+            **kwargs}
+    with pytest.raises(ValueError, match=match):
+        sessionize(df, **args)
+
+
+def test_null_keys_and_missing_watermark_delay(spark, tmp_path):
+    df = spark.createDataFrame([(None, EPOCH, 1)], "user string, ts timestamp, amount long")
+    with pytest.raises(ValueError, match="hold nulls"):
+        sessionize(df, key="user", timestamp="ts", gap="10 seconds", aggregations={"n": "count"})
+    stream = spark.readStream.schema("user string, ts timestamp, amount long").json(str(tmp_path))
+    with pytest.raises(ValueError, match="watermark_delay is required"):
+        sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
+                   aggregations={"n": "count"}, state_location=str(tmp_path / "s"))
+    with pytest.raises(ValueError, match="state_location is required"):
+        sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
+                   aggregations={"n": "count"}, watermark_delay="1 minute")
+
+
+def test_span_constant_matches_files():
+    assert SPAN_S == 60 and FINAL_WATERMARK_S > 0
