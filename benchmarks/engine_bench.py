@@ -31,10 +31,10 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
+from sessionstore.sample import bid_stream
 from sessionstore.timeutil import INT64_MAX
 
 from .common import write_results
-from .nexmark import bid_stream
 
 log = logging.getLogger("benchmarks.engine")
 GAP_MS = 10_000

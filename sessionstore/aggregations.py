@@ -91,9 +91,14 @@ class _Sum(Aggregation):
     def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
         return acc1 + acc2
 
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
+    ) -> Any:
+        return sum(map(self.fn, values), acc)  # the same left-to-right additions as add()
+
 
 class _Extreme(Aggregation):
-    def __init__(self, fn: Callable[[Any], Any], pick: Callable[[Any, Any], Any], name: str):
+    def __init__(self, fn: Callable[[Any], Any], pick: Callable[..., Any], name: str):
         self.fn = fn
         self.pick = pick
         self.name = name
@@ -111,6 +116,12 @@ class _Extreme(Aggregation):
         if acc2 is None:
             return acc1
         return self.pick(acc1, acc2)
+
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
+    ) -> Any:
+        best = self.pick(map(self.fn, values))
+        return best if acc is None else self.pick(acc, best)
 
 
 class _Collect(Aggregation):
@@ -173,6 +184,14 @@ class _First(Aggregation):
         if acc2 is None:
             return acc1
         return self._better(acc1, acc2)
+
+    def add_run(
+        self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
+    ) -> Any:
+        # runs arrive in (time, arrival) order: the first or last element is the candidate
+        i = -1 if self.last else 0
+        item = [times_ms[i], seqs[i], self.fn(values[i])]
+        return item if acc is None else self._better(acc, item)
 
     def result(self, acc: Any) -> Any:
         return None if acc is None else acc[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import keyschema
 from ..serde import DEFAULT_SERDE
@@ -17,6 +17,7 @@ from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
 
 log = logging.getLogger(__name__)
+_StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
 STORE_FORMAT_VERSION = 1
@@ -337,7 +338,7 @@ class SegmentedSessionStore(ABC):
             self._closed = True
             self._release()
 
-    def __enter__(self) -> SegmentedSessionStore:
+    def __enter__(self: _StoreT) -> _StoreT:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -128,7 +128,12 @@ def run_live(params, events, batched, on_late=None):
     windows = SessionWindows(gap, grace, inclusive)
     store = InMemorySessionStore(retention_ms=windows.retention_ms + ooo,
                                  segment_interval_ms=max(1, gap))
-    engine = SessionAggregator(store, windows, aggregations.collect(), emit=emit,
+    agg = aggregations.combine({
+        "values": aggregations.collect(), "sum": aggregations.sum_of(),
+        "min": aggregations.min_of(), "max": aggregations.max_of(),
+        "first": aggregations.first_of(), "last": aggregations.last_of(),
+    })
+    engine = SessionAggregator(store, windows, agg, emit=emit,
                                max_out_of_orderness_ms=ooo, on_late=on_late)
     out = []
     if batched and events:
