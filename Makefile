@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: test run install lint typecheck bench clean
+.PHONY: test run install lint typecheck bench bench-peers spark-run clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,20 @@ run: install
 bench: install
 	$(PY) -m benchmarks.store_bench
 	$(PY) -m benchmarks.engine_bench
+	$(PY) -m benchmarks.spark_bench
 	$(PY) -m benchmarks.report
 
+# PyFlink cannot share the dev environment (see pyproject.toml), so it gets its own.
+.venv-bench/bin/python:
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -e '.[bench]'
+
+bench-peers: install .venv-bench/bin/python
+	$(PY) -m benchmarks.peers
+	$(PY) -m benchmarks.report
+
+spark-run: install
+	$(PY) -m spark_adapter.example
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .benchmarks
+	rm -rf $(VENV) .venv-bench build *.egg-info .pytest_cache .mypy_cache .ruff_cache .benchmarks out

@@ -123,6 +123,107 @@ def engine_section() -> list[str]:
     return lines
 
 
+def spark_section() -> list[str]:
+    data = _load("spark")
+    if data is None:
+        return []
+    runs = data["throughput"]
+    ours = runs["sessionize"]["steady_rows_per_s"]
+    native = runs["native session_window"]["steady_rows_per_s"]
+    lines = [
+        "## Spark: sessionize against native session_window and applyInPandasWithState",
+        "",
+        f"`python -m benchmarks.spark_bench`: the sample clickstream ({data['events']:,} events, "
+        f"30 min gap, 10 min watermark delay) streamed from Parquet, one file per micro-batch, "
+        f"`local[2]`, 2 shuffle partitions, a `noop` sink ({_machine(data)}). *Steady* leaves "
+        "out the first batch, which pays for starting Python workers.",
+        "",
+        "| peer | input rows | rows/s | steady rows/s |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, run in runs.items():
+        lines.append(f"| {name} | {run['rows']:,} | {_fmt(run['rows_per_s'])} | "
+                     f"{_fmt(run['steady_rows_per_s'])} |")
+    small_ours = runs["sessionize, same small stream"]["steady_rows_per_s"]
+    hand = runs["applyInPandasWithState (hand-written)"]["steady_rows_per_s"]
+    lines += [
+        "",
+        f"Steady throughput: sessionize is **{ours / native:.2f}x** native `session_window` "
+        f"(which can only run built-in aggregates) and **{small_ours / hand:.1f}x** the "
+        "hand-written `applyInPandasWithState` sessionizer on the same small stream (that one "
+        "calls Python once per user, so it is measured on fewer events).",
+        "",
+    ]
+    growth = data["state_growth"]
+    per_batch = growth["sessions_per_batch"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, batches in growth["runs"].items():
+        sessions = [per_batch * (i + 1) for i in range(len(batches))]
+        ax.plot(sessions, [b["ms"] / 1000 for b in batches], marker="o", label=name)
+    ax.set_xlabel("sessions retained in state")
+    ax.set_ylabel("batch latency (s)")
+    ax.set_title(f"Batch latency as state grows ({per_batch:,} new sessions per batch)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "bench" / "spark_state_growth.png", dpi=110)
+    plt.close(fig)
+    lines += [
+        "### Batch latency as retained state grows",
+        "",
+        f"Each batch brings {per_batch:,} new users with two events each; a one-day watermark "
+        "delay keeps every session in state.",
+        "",
+        "| batch | sessions retained | " + " | ".join(f"{n} (s)" for n in growth["runs"]) + " |",
+        "|---:|---:|" + "---:|" * len(growth["runs"]),
+    ]
+    n_batches = min(len(b) for b in growth["runs"].values())
+    for i in range(n_batches):
+        cells = " | ".join(f"{growth['runs'][n][i]['ms'] / 1000:.2f}" for n in growth["runs"])
+        lines.append(f"| {i} | {per_batch * (i + 1):,} | {cells} |")
+    lines += ["", "![state growth](bench/spark_state_growth.png)", ""]
+    return lines
+
+
+def peers_section() -> list[str]:
+    data = _load("peers")
+    if data is None:
+        return []
+    rows = [r for r in data["rows"] if "error" not in r]
+    lines = [
+        "## Peers, side by side",
+        "",
+        f"`python -m benchmarks.peers` ({data['events']:,} events per workload; "
+        f"{_machine(data)}): every peer in its own process, so peak RSS is its own (Spark's "
+        "and Flink's JVMs included). *q11*: Nexmark bids, count per bidder, 10 s gap. "
+        "*clicks*: the sample clickstream, count per user, 30 min gap. Ratios are against this "
+        "engine's batch path on RocksDB.",
+        "",
+        "| workload | peer | events/s | x engine | peak RSS (MB) | x engine | sessions |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        base = next((r for r in rows if r["workload"] == workload
+                     and r["peer"] == "engine-batch"), None)
+        for r in (r for r in rows if r["workload"] == workload):
+            ratio = r["events_per_s"] / base["events_per_s"] if base else float("nan")
+            mem = r["peak_rss_mb"] / base["peak_rss_mb"] if base else float("nan")
+            lines.append(f"| {workload} | {r['peer']} | {_fmt(r['events_per_s'])} | "
+                         f"{ratio:.2f} | {r['peak_rss_mb']:.0f} | {mem:.2f} | "
+                         f"{r['sessions']:,} |")
+    for r in data["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['peer']} | failed: {r['error']} | | | | |")
+    labels = [f"{r['workload']}: {r['peer']}" for r in rows]
+    if rows:
+        _bar_plot(DOCS / "bench" / "peers.png", labels, [r["events_per_s"] for r in rows],
+                  "Peers: events/s", "events/s")
+        lines += ["", "![peers](bench/peers.png)", ""]
+    if data.get("flink_note"):
+        lines += [f"Note: {data['flink_note']}", ""]
+    return lines
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     lines = [
@@ -133,7 +234,7 @@ def main() -> None:
         "asserted by the test suite. Re-run them with `make bench`.",
         "",
     ]
-    for section in (store_section, engine_section):
+    for section in (store_section, engine_section, spark_section, peers_section):
         lines += section()
     extra = DOCS / "bench" / "notes.md"
     if extra.exists():

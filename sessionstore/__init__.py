@@ -5,7 +5,7 @@ The store (KIP-94 / KIP-825), the aggregation engine and its triggers are import
 
 from . import aggregations, triggers
 from .engine import BatchAggregator, Emit, EmitStrategy, SessionAggregator
-from .store import InMemorySessionStore, SegmentedSessionStore, SessionStore
+from .store import InMemorySessionStore, ReadOnlySessionStore, SegmentedSessionStore, SessionStore
 from .triggers import (
     AccumulationMode,
     AfterCount,
@@ -15,7 +15,7 @@ from .triggers import (
     Pane,
     PaneTiming,
 )
-from .types import ReadOnlySessionStore, Session, SessionStoreProtocol, ValueSerde
+from .types import Session, SessionStoreProtocol, SessionStoreReader, ValueSerde
 from .windows import BatchWindows, SessionWindows
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "Session",
     "SessionStore",
     "SessionStoreProtocol",
+    "SessionStoreReader",
     "ValueSerde",
     "__version__",
 ]

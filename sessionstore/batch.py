@@ -47,6 +47,10 @@ def timestamps(values: Any, n: int) -> np.ndarray:
     if isinstance(values, pa.Array | pa.ChunkedArray) and values.null_count:
         raise ValueError("timestamps_ms must not contain nulls")
     column = as_column(values, "timestamps_ms")
+    if len(column) == 0:
+        if n:
+            raise ValueError(f"timestamps_ms has 0 rows, keys has {n}")
+        return np.empty(0, dtype=np.int64)
     if isinstance(column, list):
         try:
             inferred = np.array(column)

@@ -159,7 +159,19 @@ class _OpenSessions:
             }
             self.by_key[key] = entry
             self.size += len(entry)
+        elif len(entry) > 2:
+            self._forget_closed(key, entry, closed_before)
         return entry
+
+    def _forget_closed(self, key: Any, entry: dict[tuple[int, int], list[Any]],
+                       closed_before: int) -> None:
+        """Drop a key's closed sessions from memory (writing them first): they never change."""
+        for bounds in [b for b in entry if b[1] <= closed_before]:
+            session = Session(key, bounds[0], bounds[1])
+            if session in self.dirty:
+                self._write(session)
+            del entry[bounds]
+            self.size -= 1
 
     def get(self, session: Session) -> list[Any] | None:
         entry = self.by_key.get(session.key)
@@ -381,6 +393,9 @@ class SessionAggregator:
         self._seq = 0
         # in-memory indexes, rebuilt from the store on start: they only save store queries
         self._close_heap: list[int] = []
+        self._close_heap_complete = True
+        self._unindexed_until = INT64_MIN  # sessions ending up to here may be missing from it
+        self._new_close_times: list[int] = []
         self._on_time_heap: list[int] = []
         self._timers: list[tuple[int, int, Any, int, int]] = []
         self._timer_seq = 0
@@ -394,11 +409,23 @@ class SessionAggregator:
         """The current watermark W (``INT64_MIN`` before any progress)."""
         return self._watermark
 
+    def drain_close_times(self) -> list[int]:
+        """Watermarks at which sessions changed since the last call will close (ON_WINDOW_CLOSE).
+
+        A driver that wakes the engine on timers (the Spark adapter) registers these, so that
+        every session gets a timer at or after its close time.
+        """
+        grace = self._grace
+        times = [end + grace for end in self._new_close_times]
+        self._new_close_times = []
+        return times
+
     def next_close_ms(self) -> int | None:
         """The watermark at or after which the next tracked session may close, or None.
 
         A lower bound: a session merged away since leaves a stale entry, which only makes the
-        caller look again early. None in ON_WINDOW_UPDATE mode, which does not track closing.
+        caller look again early. After a restart in ON_WINDOW_CLOSE mode it only knows the
+        sessions changed since. None in ON_WINDOW_UPDATE mode, which does not track closing.
         """
         heap = self._close_heap
         while heap and heap[0] <= self._last_close:
@@ -561,6 +588,7 @@ class SessionAggregator:
                         acc = agg.merge(key, acc, run_acc)
                 cache.put(new, [acc, 0, 0, _EARLY, None])
                 heapq.heappush(heap, hi)
+                self._new_close_times.append(hi)
             r = group_end
         if self.watermark_mode == "event_time":
             top = int(acc_times.max())
@@ -667,7 +695,13 @@ class SessionAggregator:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"corrupted engine metadata in the store: {exc}") from None
         self._cap_store_expiry()
-        if not self._tracks_close:
+        if not self._tracks_close or state is None:
+            return
+        if self.trigger is None:
+            # ON_WINDOW_CLOSE needs no scan: until the heap knows every open session again,
+            # each watermark advance asks the store (one range query) instead of the heap
+            self._close_heap_complete = False
+            self._unindexed_until = self.store.observed_stream_time or INT64_MIN
             return
         start = self._last_close + 1 if self._last_close < INT64_MAX else INT64_MAX
         for session, record in self.store.find_sessions(start, INT64_MAX):
@@ -767,6 +801,7 @@ class SessionAggregator:
             self._after_trigger_update(new, record, merged, same, out)
         else:
             heapq.heappush(self._close_heap, end)
+            self._new_close_times.append(end)
         if self.watermark_mode == "event_time":
             if self._max_event_time is None or t > self._max_event_time:
                 self._max_event_time = t
@@ -805,10 +840,12 @@ class SessionAggregator:
         close_upto = w - self._grace
         if close_upto > self._last_close:
             heap = self._close_heap
-            if heap and heap[0] <= close_upto:
+            if (heap and heap[0] <= close_upto) or not self._close_heap_complete:
                 self._close_up_to(close_upto, out, forced_above=close_upto)
             else:
                 self._last_close = close_upto
+            if not self._close_heap_complete and self._last_close >= self._unindexed_until:
+                self._close_heap_complete = True  # every session from before the restart closed
         if self.trigger is not None:
             self._fire_on_time(w, out)
             self._fire_late_pending(out)

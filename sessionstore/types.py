@@ -28,7 +28,7 @@ class ValueSerde(Protocol):
 
 
 @runtime_checkable
-class ReadOnlySessionStore(Protocol):
+class SessionStoreReader(Protocol):
     """The queries of a session store (KIP-94's interactive-query view)."""
 
     def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
@@ -53,7 +53,7 @@ class ReadOnlySessionStore(Protocol):
 
 
 @runtime_checkable
-class SessionStoreProtocol(ReadOnlySessionStore, Protocol):
+class SessionStoreProtocol(SessionStoreReader, Protocol):
     """The full, writable, versioned session store contract (DESIGN.md section 3)."""
 
     @property

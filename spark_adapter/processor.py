@@ -36,6 +36,7 @@ BUCKET_COLUMN = "sessionstore_bucket"
 TIME_MS = "sessionstore_time_ms"
 START_MS = "sessionstore_start_ms"
 END_MS = "sessionstore_end_ms"
+TIMER_STEPS_PER_GAP = 4  # timers round session close times up to a quarter of the gap
 
 
 @dataclass
@@ -148,12 +149,18 @@ class SessionizeProcessor(StatefulProcessor):
         if watermark > 0:
             out.extend(self.engine.advance_watermark(watermark))
 
-    def _arm_timer(self) -> None:
+    def _arm_timers(self) -> None:
+        """Register timers at or after the close time of every session changed in this call,
+        rounded up to a granularity so that a bucket holds few timers. A timer fires once
+        Spark's watermark passes it, even if this partition gets no more rows, and the engine
+        then closes everything the watermark has passed, in every bucket of the partition."""
         assert self.engine is not None
-        upcoming = self.engine.next_close_ms()
-        if upcoming is not None and self.config.emit == "final":
-            # fires once Spark's watermark passes it, even if this partition gets no more rows
-            self.handle.registerTimer(upcoming)
+        times = self.engine.drain_close_times()
+        if not times or self.config.emit != "final":
+            return
+        step = max(1, self.config.gap_ms // TIMER_STEPS_PER_GAP)
+        for moment in sorted({-(-t // step) * step for t in times}):
+            self.handle.registerTimer(moment)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
@@ -163,7 +170,7 @@ class SessionizeProcessor(StatefulProcessor):
         for frame in rows:
             keys, values, millis = frame_columns(self.config, frame)
             out.extend(self.engine.process_batch(keys, values, millis))
-        self._arm_timer()
+        self._arm_timers()
         if out:
             yield emits_frame(self.config, out)
 
@@ -172,7 +179,7 @@ class SessionizeProcessor(StatefulProcessor):
         assert self.engine is not None, "handleExpiredTimer before init"
         out: list[Emit] = []
         self._advance(timerValues, out)
-        self._arm_timer()
+        self._arm_timers()
         if out:
             yield emits_frame(self.config, out)
 

@@ -254,9 +254,7 @@ class SessionStoreProvider:
                 if remote is None:
                     stem, dot, ext = entry.name.rpartition(".")
                     remote = f"{stem}-{uuid.uuid4().hex[:12]}{dot}{ext}"
-                    with open(entry.path, "rb") as src, \
-                            self.fs.open_output_stream(f"{self.base}/sst/{remote}") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
+                    self._put_immutable(entry.path, f"{self.base}/sst/{remote}")
                     sst_map[entry.name] = remote
                 listed[entry.name] = remote
             else:
@@ -271,6 +269,17 @@ class SessionStoreProvider:
         }
         self._publish(self._manifest_path(version), json.dumps(manifest).encode())
         self._write_sst_map({k: v for k, v in sst_map.items() if k in listed})
+
+    def _put_immutable(self, source: str, target: str) -> None:
+        """Copy an immutable file to the state location; a hard link when both are local."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            try:
+                os.link(source, target)
+                return
+            except OSError:
+                pass  # another file system, or links not allowed: copy
+        with open(source, "rb") as src, self.fs.open_output_stream(target) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
     def _publish(self, path: str, data: bytes) -> None:
         """Write ``data`` so that readers see all of it or nothing."""

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-SKIP_MARK = "# docs-test: skip"  # for blocks that need Spark; tests/spark runs those
+SKIP_MARKS = ("# docs-test: skip", "# docs-test: spark")  # tests/spark runs the Spark ones
 
 
 def blocks() -> list:
@@ -17,7 +17,7 @@ def blocks() -> list:
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for i, match in enumerate(BLOCK.finditer(doc.read_text())):
             code = match.group(1)
-            if SKIP_MARK not in code:
+            if not any(mark in code for mark in SKIP_MARKS):
                 found.append(pytest.param(code, id=f"{doc.name}#{i}"))
     return found
 

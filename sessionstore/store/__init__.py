@@ -2,10 +2,12 @@
 
 from .base import SegmentedSessionStore, default_segment_interval_ms
 from .memory import InMemorySessionStore
+from .readonly import ReadOnlySessionStore
 from .rocksdb import SessionStore
 
 __all__ = [
     "InMemorySessionStore",
+    "ReadOnlySessionStore",
     "SegmentedSessionStore",
     "SessionStore",
     "default_segment_interval_ms",

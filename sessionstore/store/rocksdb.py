@@ -109,6 +109,59 @@ def copy_checkpoint(source: Path, target: Path) -> None:
             shutil.copy2(entry.path, destination)
 
 
+def scan_key(
+    cfs: dict[int, Any], interval: int, encoded_key: bytes, earliest_end: int, latest_start: int
+) -> Iterator[tuple[int, int, bytes]]:
+    """Key-first scan over segment column families: ``(end, start, value)`` by end, start."""
+    first = earliest_end // interval
+    prefix = keyschema.key_first_prefix(encoded_key)
+    prefix_len = len(prefix)
+    seek = keyschema.key_first_seek(encoded_key, earliest_end)
+    split = keyschema.split_key_first
+    for _, cf in sorted(((s, cf) for s, cf in list(cfs.items()) if s >= first),
+                        key=lambda item: item[0]):
+        it = cf.iter()
+        it.seek(seek)
+        while it.valid():
+            record = it.key()
+            if not record.startswith(prefix):
+                break
+            end, start = split(record, prefix_len)
+            if start <= latest_start:
+                yield end, start, it.value()
+            it.next()
+        del it
+
+
+def scan_time(
+    cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int
+) -> Iterator[tuple[int, bytes, int, bytes]]:
+    """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start."""
+    if earliest_end > latest_end:
+        return
+    first, last = earliest_end // interval, latest_end // interval
+    seek = keyschema.time_first_seek(earliest_end)
+    split = keyschema.split_time_first
+    to_key_first = keyschema.time_first_to_key_first
+    tag = keyschema.TIME_FIRST
+    for _, cf in sorted(((s, cf) for s, cf in list(cfs.items()) if first <= s <= last),
+                        key=lambda item: item[0]):
+        it = cf.iter()
+        it.seek(seek)
+        while it.valid():
+            record = it.key()
+            if not record.startswith(tag):
+                break
+            end, encoded, start = split(record)
+            if end > latest_end:
+                break
+            data = cf.get(to_key_first(record))
+            if data is not None:
+                yield end, encoded, start, data
+            it.next()
+        del it
+
+
 class SessionStore(SegmentedSessionStore):
     """A KIP-94 segmented session store on RocksDB (through rocksdict, raw mode).
 
@@ -293,50 +346,12 @@ class SessionStore(SegmentedSessionStore):
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int
     ) -> Iterator[tuple[int, int, bytes]]:
-        first = earliest_end // self._interval
-        prefix = keyschema.key_first_prefix(encoded_key)
-        prefix_len = len(prefix)
-        seek = keyschema.key_first_seek(encoded_key, earliest_end)
-        split = keyschema.split_key_first
-        for segment in sorted(s for s in self._cfs if s >= first):
-            it = self._cfs[segment].iter()
-            it.seek(seek)
-            while it.valid():
-                record = it.key()
-                if not record.startswith(prefix):
-                    break
-                end, start = split(record, prefix_len)
-                if start <= latest_start:
-                    yield end, start, it.value()
-                it.next()
-            del it
+        return scan_key(self._cfs, self._interval, encoded_key, earliest_end, latest_start)
 
     def _scan_time(
         self, earliest_end: int, latest_end: int
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
-        if earliest_end > latest_end:
-            return
-        first, last = earliest_end // self._interval, latest_end // self._interval
-        seek = keyschema.time_first_seek(earliest_end)
-        split = keyschema.split_time_first
-        to_key_first = keyschema.time_first_to_key_first
-        tag = keyschema.TIME_FIRST
-        for segment in sorted(s for s in self._cfs if first <= s <= last):
-            cf = self._cfs[segment]
-            it = cf.iter()
-            it.seek(seek)
-            while it.valid():
-                record = it.key()
-                if not record.startswith(tag):
-                    break
-                end, encoded, start = split(record)
-                if end > latest_end:
-                    break
-                data = cf.get(to_key_first(record))
-                if data is not None:
-                    yield end, encoded, start, data
-                it.next()
-            del it
+        return scan_time(self._cfs, self._interval, earliest_end, latest_end)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]

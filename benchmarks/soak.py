@@ -1,0 +1,172 @@
+"""Crash loops: SIGKILL real processes at random moments and check that nothing is lost or
+duplicated. The test suite runs them at a moderate count; run a soak here::
+
+    python -m benchmarks.soak --kills 1000
+
+Two loops:
+
+* ``engine``: ``sessionstore sessionize --state`` (emit-on-close, offsets committed with the
+  state) over a generated Parquet stream with frequent commits and frequent segment expiry. After
+  the kills, one last uninterrupted run finishes the input; its output must equal a crash-free
+  run's output exactly.
+* ``snapshots``: the Spark provider's batch loop (load ``b - 1``, process, commit ``b`` and
+  upload its snapshot). After each kill, a fresh executor restores the newest published
+  snapshot, and its sessions must hold exactly the events of the batches it claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger("benchmarks.soak")
+ROOT = Path(__file__).resolve().parents[1]
+EVENTS = 60_000
+
+
+def make_input(path: Path, n: int = EVENTS, seed: int = 3) -> Path:
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.integers(0, n * 20, size=n))
+    table = pa.table({"user": rng.integers(0, 500, size=n), "ts": times,
+                      "amount": rng.integers(0, 100, size=n)})
+    pq.write_table(table, path, row_group_size=1_000)
+    return path
+
+
+def _cli(args: list[str]) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "sessionstore.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _lines(path: Path) -> list[str]:
+    return sorted(path.read_text().splitlines()) if path.exists() else []
+
+
+def engine_crash_loop(work: Path, kills: int, seed: int = 7) -> dict[str, Any]:
+    """Kill ``sessionstore sessionize --state`` ``kills`` times; compare with a clean run."""
+    rng = random.Random(seed)
+    source = make_input(work / "events.parquet")
+    common = ["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "300ms",
+              "--grace", "100ms", "--agg", "n=count", "--agg", "total=sum:amount",
+              "--commit-every", "1000", "--batch-rows", "1000", "--no-progress"]
+    clean = _cli([*common, "--out", str(work / "clean.jsonl")])
+    if clean.wait(timeout=600) != 0:
+        raise RuntimeError(clean.stderr.read().decode() if clean.stderr else "clean run failed")
+    state, out = work / "state", work / "crashy.jsonl"
+    done = killed = 0
+    while killed < kills:
+        child = _cli([*common, "--state", str(state), "--out", str(out)])
+        time.sleep(rng.uniform(0.35, 1.2))
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            killed += 1
+        else:
+            done += 1  # finished before the kill: start over on a fresh state
+            if child.returncode != 0:
+                raise RuntimeError(child.stderr.read().decode() if child.stderr else "failed")
+            if _lines(out) != _lines(work / "clean.jsonl"):
+                raise AssertionError("a completed resumed run differs from the clean run")
+            shutil.rmtree(state, ignore_errors=True)
+            out.unlink(missing_ok=True)
+        child.wait(timeout=60)
+    final = _cli([*common, "--state", str(state), "--out", str(out)])
+    if final.wait(timeout=600) != 0:
+        raise RuntimeError(final.stderr.read().decode() if final.stderr else "final run failed")
+    crashy, expected = _lines(out), _lines(work / "clean.jsonl")
+    lost = len(set(expected) - set(crashy))
+    duplicated = len(crashy) - len(set(crashy))
+    return {"kills": killed, "completed_runs": done, "sessions": len(expected),
+            "identical": crashy == expected, "lost": lost, "duplicated": duplicated,
+            "events_counted": sum(json.loads(line)["n"] for line in crashy)}
+
+
+SNAPSHOT_CHILD = """
+import sys
+from spark_adapter.provider import SessionStoreProvider, batch_of
+from sessionstore import EmitStrategy, SessionAggregator, SessionWindows, aggregations
+state, local = sys.argv[1], sys.argv[2]
+windows = SessionWindows(50)
+batch = 0
+while True:
+    provider = SessionStoreProvider(state, "soak", 0, local_root=local, retention_ms=10_000)
+    versions = provider.versions()
+    batch = versions[-1] + 1 if versions else 0
+    store = provider.load(batch - 1)
+    engine = SessionAggregator(store, windows, aggregations.count(),
+                               emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="external")
+    for i in range(200):
+        engine.process(f"k{i % 37}", None, batch * 1_000 + i * 5)
+    provider.commit(engine.commit, batch)
+    provider.close()
+"""
+
+
+def snapshot_crash_loop(work: Path, kills: int, seed: int = 11) -> dict[str, Any]:
+    """Kill the provider's batch loop ``kills`` times; each restore must be exact."""
+    from spark_adapter.provider import SessionStoreProvider
+
+    rng = random.Random(seed)
+    script = work / "snapshot_child.py"
+    script.write_text(SNAPSHOT_CHILD)
+    state, local = work / "state", work / "local"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    restored = 0
+    for _ in range(kills):
+        child = subprocess.Popen([sys.executable, str(script), str(state), str(local)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.3, 0.9))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+        checker = SessionStoreProvider(str(state), "soak", 0, local_root=work / "checker",
+                                       retention_ms=10_000)
+        versions = checker.versions()
+        if not versions:
+            continue
+        newest = versions[-1]
+        store = checker.load(newest)
+        total = sum(record[0] for _, record in store.find_sessions(-(2**63), 2**63 - 1))
+        checker.close()
+        if total != 200 * (newest + 1):
+            raise AssertionError(f"batch {newest} restored {total} events, "
+                                 f"expected {200 * (newest + 1)}")
+        restored += 1
+    return {"kills": kills, "exact_restores": restored}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=1000)
+    parser.add_argument("--snapshot-kills", type=int, default=200)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("engine", "snap"):
+            (Path(tmp) / name).mkdir()
+        engine = engine_crash_loop(Path(tmp) / "engine", args.kills)
+        log.info("engine crash loop: %s", engine)
+        snapshots = snapshot_crash_loop(Path(tmp) / "snap", args.snapshot_kills)
+        log.info("snapshot crash loop: %s", snapshots)
+    from .common import write_results
+
+    log.info("wrote %s", write_results("soak", {"engine": engine, "snapshots": snapshots}))
+
+
+if __name__ == "__main__":
+    main()
