@@ -376,6 +376,7 @@ class SessionAggregator:
         self._gap = windows.gap_ms
         self._grace = windows.grace_ms
         self._max_timestamp = INT64_MAX - windows.gap_ms - windows.grace_ms
+        self._inclusive = windows.inclusive_gap
         self._updates = self.emit_strategy is EmitStrategy.ON_WINDOW_UPDATE
         self._discarding = trigger is not None and self.accumulation is AccumulationMode.DISCARDING
         self._early = trigger.early if trigger is not None else None
@@ -393,9 +394,12 @@ class SessionAggregator:
         self._seq = 0
         # in-memory indexes, rebuilt from the store on start: they only save store queries
         self._close_heap: list[int] = []
+        self._expiry_checked_to = INT64_MIN  # the largest session end the boundary was checked for
+        self._live_from = INT64_MIN  # the expiry boundary computed then
         self._close_heap_complete = True
         self._unindexed_until = INT64_MIN  # sessions ending up to here may be missing from it
-        self._new_close_times: list[int] = []
+        self._new_close_times: list[int] = []  # only kept once drain_close_times() is used
+        self._record_close_times = False
         self._on_time_heap: list[int] = []
         self._timers: list[tuple[int, int, Any, int, int]] = []
         self._timer_seq = 0
@@ -415,6 +419,7 @@ class SessionAggregator:
         A driver that wakes the engine on timers (the Spark adapter) registers these, so that
         every session gets a timer at or after its close time.
         """
+        self._record_close_times = True
         grace = self._grace
         times = [end + grace for end in self._new_close_times]
         self._new_close_times = []
@@ -588,7 +593,8 @@ class SessionAggregator:
                         acc = agg.merge(key, acc, run_acc)
                 cache.put(new, [acc, 0, 0, _EARLY, None])
                 heapq.heappush(heap, hi)
-                self._new_close_times.append(hi)
+                if self._record_close_times:
+                    self._new_close_times.append(hi)
             r = group_end
         if self.watermark_mode == "event_time":
             top = int(acc_times.max())
@@ -616,6 +622,7 @@ class SessionAggregator:
         """
         if self.watermark_mode != "external":
             return
+        self._expiry_checked_to = INT64_MIN  # a new cap moves the expiry boundary
         cap = getattr(self.store, "cap_expiry_time", None)
         if cap is not None:
             w = self._watermark
@@ -749,23 +756,30 @@ class SessionAggregator:
             return
         store = self.store
         own_end = t + gap
-        if self._tracks_close:
-            # the put below may expire segments: emit what they hold first (docs/semantics.md)
+        if own_end > self._expiry_checked_to:
+            # the write may let the store expire segments: emit what they hold first
+            # (docs/semantics.md); the boundary only moves when stream time or W does
+            self._expiry_checked_to = own_end
             boundary = store.expiry_boundary_ms(own_end)
-            if boundary is not None and boundary - 1 > self._last_close:
+            self._live_from = INT64_MIN if boundary is None else boundary
+            if self._tracks_close and boundary is not None and boundary - 1 > self._last_close:
                 w_after = w
                 if self.watermark_mode == "event_time":
                     w_after = max(w, t - self.max_out_of_orderness_ms)
                 self._close_up_to(boundary - 1, out, forced_above=w_after - grace)
-        earliest_end, latest_start = self.windows.merge_bounds(t)
+        if self._inclusive:
+            earliest_end, latest_start = t, own_end
+        else:
+            earliest_end, latest_start = t + 1, own_end - 1
         closed_before = w - grace  # sessions ending at or before this are final
         if self._last_close > closed_before:
             closed_before = self._last_close  # emitted (or force-closed) sessions are final too
+        entry = self._open.sessions_of(key, closed_before)
         merged = [
             (Session(key, start, end), cached[0])
-            for (start, end), cached in self._open.sessions_of(key, closed_before).items()
+            for (start, end), cached in entry.items()
             if end >= earliest_end and start <= latest_start and end > closed_before
-        ]
+        ] if entry else []
         if len(merged) > 1:
             merged.sort(key=lambda item: (item[0].end, item[0].start))
         start, end = t, own_end
@@ -776,7 +790,7 @@ class SessionAggregator:
                 end = s.end
         # Only with an external watermark far behind the data: the session would land in an
         # expired segment, or behind sessions already force-closed and emitted.
-        if end <= self._last_close or store.is_expired(end):
+        if end <= self._last_close or (end < self._live_from and store.is_expired(end)):
             self._drop(key, value, t)
             return
         new = Session(key, start, end)
@@ -801,7 +815,8 @@ class SessionAggregator:
             self._after_trigger_update(new, record, merged, same, out)
         else:
             heapq.heappush(self._close_heap, end)
-            self._new_close_times.append(end)
+            if self._record_close_times:
+                self._new_close_times.append(end)
         if self.watermark_mode == "event_time":
             if self._max_event_time is None or t > self._max_event_time:
                 self._max_event_time = t

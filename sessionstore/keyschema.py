@@ -56,6 +56,7 @@ def _check_key_part(part: Any, depth: int) -> None:
 
 
 _STR_CACHE: dict[str, bytes] = {}
+_INT_CACHE: dict[int, bytes] = {}  # separate from str keys, and never holding a bool
 _STR_CACHE_LIMIT = 1 << 16
 
 
@@ -66,14 +67,18 @@ def encode_key(key: Any) -> bytes:
         ValueError: the key is None, holds an out-of-range int, or encodes to over 1 MiB.
         TypeError: the key is not a str, bytes, int or tuple of them.
     """
-    if type(key) is str:
-        cached = _STR_CACHE.get(key)
+    kind = type(key)
+    if kind is str or kind is int:  # bool is excluded: type(True) is bool
+        cached = _STR_CACHE.get(key) if kind is str else _INT_CACHE.get(key)
         if cached is not None:
             return cached
+        if kind is int:
+            _check_key_part(key, 0)
         encoded = _encode_checked(key)
-        if len(_STR_CACHE) >= _STR_CACHE_LIMIT:
-            _STR_CACHE.clear()
-        _STR_CACHE[key] = encoded
+        cache = _STR_CACHE if kind is str else _INT_CACHE
+        if len(cache) >= _STR_CACHE_LIMIT:
+            cache.clear()
+        cache[key] = encoded
         return encoded
     _check_key_part(key, 0)
     return _encode_checked(key)

@@ -142,6 +142,7 @@ class SessionizeProcessor(StatefulProcessor):
             store, cfg.windows(), cfg.aggregation, emit=cfg.emit_strategy(),
             watermark="external",
         )
+        self.engine.drain_close_times()  # from now on the engine records close times for timers
 
     def _advance(self, timer_values: TimerValues, out: list[Emit]) -> None:
         assert self.engine is not None
