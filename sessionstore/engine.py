@@ -414,7 +414,8 @@ class SessionAggregator:
         return self._watermark
 
     def drain_close_times(self) -> list[int]:
-        """Watermarks at which sessions changed since the last call will close (ON_WINDOW_CLOSE).
+        """Watermarks at which sessions changed since the last call close (and, with a trigger
+        and no grace, fire their ON_TIME pane).
 
         A driver that wakes the engine on timers (the Spark adapter) registers these, so that
         every session gets a timer at or after its close time.
@@ -943,6 +944,8 @@ class SessionAggregator:
                 self._late_pending.pop(self._identity(s), None)
         if not same:
             heapq.heappush(self._close_heap, new.end)
+            if self._record_close_times:
+                self._new_close_times.append(new.end)
             if record[_PHASE] == _EARLY:
                 heapq.heappush(self._on_time_heap, new.end)
         if record[_TARGET] is not None and (not same or merged[0][1][_TARGET] is None):

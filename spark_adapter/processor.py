@@ -20,6 +20,8 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from sessionstore import (
+    AccumulationMode,
+    AfterWatermark,
     EmitStrategy,
     InMemorySessionStore,
     SessionAggregator,
@@ -57,15 +59,25 @@ class SessionizeConfig:
     retention_ms: int = 0
     keep_versions: int = 100
     local_dir: str | None = None
+    trigger: AfterWatermark | None = None
+    accumulation: AccumulationMode | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def windows(self) -> SessionWindows:
         return SessionWindows(self.gap_ms, 0, self.inclusive_gap,
                               retention_ms=max(self.retention_ms, self.gap_ms))
 
-    def emit_strategy(self) -> EmitStrategy:
+    def emit_strategy(self) -> EmitStrategy | None:
+        if self.trigger is not None:
+            return None
         return (EmitStrategy.ON_WINDOW_CLOSE if self.emit == "final"
                 else EmitStrategy.ON_WINDOW_UPDATE)
+
+    def engine_options(self) -> dict[str, Any]:
+        """Emission keyword arguments of SessionAggregator."""
+        if self.trigger is not None:
+            return {"trigger": self.trigger, "accumulation": self.accumulation}
+        return {"emit": self.emit_strategy()}
 
 
 def frame_columns(config: SessionizeConfig, frame: pd.DataFrame) -> tuple[list[Any], list[Any],
@@ -108,6 +120,12 @@ def emits_frame(config: SessionizeConfig, emits: list[Emit]) -> pd.DataFrame:
         data[name] = column
     if config.emit == "update":
         data["retracted"] = [e.retraction for e in emits]
+    if config.trigger is not None:
+        panes = [e.pane for e in emits]
+        data["pane_timing"] = [p.timing.value if p else None for p in panes]
+        data["pane_index"] = [p.index if p else None for p in panes]
+        data["pane_is_first"] = [p.is_first if p else None for p in panes]
+        data["pane_is_last"] = [p.is_last if p else None for p in panes]
     return pd.DataFrame(data)
 
 
@@ -139,8 +157,7 @@ class SessionizeProcessor(StatefulProcessor):
         )
         store = self.provider.load(self.batch - 1)
         self.engine = SessionAggregator(
-            store, cfg.windows(), cfg.aggregation, emit=cfg.emit_strategy(),
-            watermark="external",
+            store, cfg.windows(), cfg.aggregation, watermark="external", **cfg.engine_options(),
         )
         self.engine.drain_close_times()  # from now on the engine records close times for timers
 
@@ -149,6 +166,8 @@ class SessionizeProcessor(StatefulProcessor):
         watermark = timer_values.getCurrentWatermarkInMs()
         if watermark > 0:
             out.extend(self.engine.advance_watermark(watermark))
+        if self.config.trigger is not None:
+            out.extend(self.engine.poll())  # processing-time triggers, at batch boundaries
 
     def _arm_timers(self) -> None:
         """Register timers at or after the close time of every session changed in this call,
@@ -157,7 +176,7 @@ class SessionizeProcessor(StatefulProcessor):
         then closes everything the watermark has passed, in every bucket of the partition."""
         assert self.engine is not None
         times = self.engine.drain_close_times()
-        if not times or self.config.emit != "final":
+        if not times or (self.config.emit != "final" and self.config.trigger is None):
             return
         step = max(1, self.config.gap_ms // TIMER_STEPS_PER_GAP)
         for moment in sorted({-(-t // step) * step for t in times}):
@@ -215,7 +234,7 @@ def static_bucket(config: SessionizeConfig, frame: pd.DataFrame) -> pd.DataFrame
     windows = SessionWindows(config.gap_ms, 0, config.inclusive_gap)
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=INT64_MAX // 4), windows, config.aggregation,
-        emit=config.emit_strategy(), watermark="external",
+        watermark="external", **config.engine_options(),
     )
     keys, values, millis = frame_columns(config, frame)
     order = np.argsort(millis, kind="stable")

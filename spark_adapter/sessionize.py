@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sessionstore import aggregations
+from sessionstore import AccumulationMode, AfterWatermark, aggregations
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
@@ -144,6 +144,8 @@ def sessionize(
     state_location: str | None = None,
     n_buckets: int | None = None,
     local_dir: str | None = None,
+    trigger: AfterWatermark | None = None,
+    accumulation: AccumulationMode | None = None,
 ) -> DataFrame:
     """Session windows over ``df``, static or streaming, with the sessionstore engine.
 
@@ -165,6 +167,10 @@ def sessionize(
             ``<spark.sql.streaming.checkpointLocation>/sessionstore`` when that is set.
         n_buckets: how many groups rows are spread over (default: 4 x shuffle partitions).
         local_dir: where executors keep working copies (default: a temp directory).
+        trigger: a Beam ``AfterWatermark(early=..., late=...)``; replaces ``emit`` and adds
+            ``pane_timing``, ``pane_index``, ``pane_is_first`` and ``pane_is_last`` columns.
+            Processing-time sub-triggers are evaluated at micro-batch boundaries.
+        accumulation: the trigger's ``AccumulationMode`` (DISCARDING by default).
 
     Returns:
         The key column(s), ``session_start`` and ``session_end`` (timestamps; the end is
@@ -192,6 +198,12 @@ def sessionize(
         raise ValueError(f"gap must be > 0, got {gap_ms} ms")
     if emit not in ("final", "update"):
         raise ValueError(f"emit must be 'final' or 'update', got {emit!r}")
+    if trigger is not None and not isinstance(trigger, AfterWatermark):
+        raise TypeError(f"trigger must be AfterWatermark(...), got {type(trigger).__name__}")
+    if accumulation is not None and trigger is None:
+        raise ValueError("accumulation needs a trigger")
+    if trigger is not None and emit != "final":
+        raise ValueError("a trigger replaces emit: leave emit at 'final'")
     agg, value_columns, output_names, agg_fields, json_outputs = _plan_aggregations(
         df, aggregations, key_columns, timestamp
     )
@@ -206,6 +218,11 @@ def sessionize(
                   T.StructField(END_MS, T.LongType()), *agg_fields]
     if emit == "update":
         out_fields.append(T.StructField("retracted", T.BooleanType()))
+    pane_fields = [T.StructField("pane_timing", T.StringType()),
+                   T.StructField("pane_index", T.LongType()),
+                   T.StructField("pane_is_first", T.BooleanType()),
+                   T.StructField("pane_is_last", T.BooleanType())] if trigger is not None else []
+    out_fields += pane_fields
     out_schema = T.StructType(out_fields)
     final_columns = [
         *[F.col(k) for k in key_columns],
@@ -213,11 +230,13 @@ def sessionize(
         F.timestamp_millis(F.col(END_MS)).alias("session_end"),
         *[F.col(f.name) for f in agg_fields],
         *([F.col("retracted")] if emit == "update" else []),
+        *[F.col(f.name) for f in pane_fields],
     ]
     config = SessionizeConfig(
         key_columns=key_columns, time_column=timestamp, value_columns=value_columns,
         gap_ms=gap_ms, inclusive_gap=bool(inclusive_gap), emit=emit, aggregation=agg,
         output_names=output_names, json_outputs=json_outputs, local_dir=local_dir,
+        trigger=trigger, accumulation=accumulation,
     )
     carried = [c for c in value_columns if c not in key_columns and c != timestamp]
     selected = df.select(
@@ -252,7 +271,8 @@ def sessionize(
     config.retention_ms = gap_ms + delay_ms + 1
     config.keep_versions = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain") or "100")
     digest = hashlib.sha1(
-        repr((key_columns, timestamp, gap_ms, inclusive_gap, emit, output_names)).encode()
+        repr((key_columns, timestamp, gap_ms, inclusive_gap, emit, output_names,
+              repr(trigger), repr(accumulation))).encode()
     ).hexdigest()[:10]
     config.operator = check_name(f"sessionize-{digest}", "operator")
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", None)

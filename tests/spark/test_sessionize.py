@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark import TaskContext
 from pyspark.sql import functions as F
 
@@ -217,3 +219,39 @@ def test_null_keys_and_missing_watermark_delay(spark, tmp_path):
 
 def test_span_constant_matches_files():
     assert SPAN_S == 60 and FINAL_WATERMARK_S > 0
+
+
+JUNK_ARGS = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=8), st.floats(),
+                      st.lists(st.text(max_size=3), max_size=2),
+                      st.dictionaries(st.text(max_size=3), st.text(max_size=5), max_size=2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(key=JUNK_ARGS, gap=JUNK_ARGS, aggs=JUNK_ARGS, emit=JUNK_ARGS, n_buckets=JUNK_ARGS)
+def test_hostile_sessionize_arguments_fail_cleanly(spark, key, gap, aggs, emit, n_buckets):
+    df = static_frame(spark, [("a", 0, 1)])
+    try:
+        sessionize(df, key=key, timestamp="ts", gap=gap, aggregations=aggs, emit=emit,
+                   n_buckets=n_buckets)
+    except (ValueError, TypeError) as exc:
+        assert any(name in str(exc) for name in (
+            "key", "gap", "aggregation", "emit", "n_buckets", "column")), exc
+
+
+def test_triggers_add_pane_columns(spark, tmp_path):
+    from sessionstore import AccumulationMode, AfterCount, AfterWatermark
+
+    def build(stream):
+        return sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
+                          aggregations={"n": "count"}, watermark_delay="5 seconds",
+                          trigger=AfterWatermark(early=AfterCount(2)),
+                          accumulation=AccumulationMode.ACCUMULATING,
+                          state_location=str(tmp_path / "state"), local_dir=str(tmp_path / "l"))
+
+    run = StreamRun(spark, tmp_path, build)
+    run.start()
+    run.feed(0, [("a", 0, 1), ("a", 5, 1)])     # two elements: an EARLY pane
+    run.feed(1, [("a", 100, 1)])                # W = 95 s: the ON_TIME pane, also the last
+    run.stop()
+    got = [(r[1].second, r[2].second, r[3], r[4], r[5], r[6], r[7]) for r in run.rows()]
+    assert got == [(0, 15, 2, "EARLY", 0, True, False), (0, 15, 2, "ON_TIME", 1, False, True)]
