@@ -2,7 +2,7 @@
 plain-Python sessionizer, on the same two workloads, in one run.
 
 Every peer runs in its own subprocess, so that its peak RSS is its own (for Spark and Flink, the
-JVM is a child of that subprocess and counts too). Workloads:
+JVM's peak is added to the Python process's own). Workloads:
 
 * ``q11``: Nexmark q11-style bids, count per bidder, 10 s session gap;
 * ``clicks``: the bundled sample clickstream, count per user, 30 min gap.
@@ -142,8 +142,24 @@ def run_spark(name: str, keys: np.ndarray, times: np.ndarray, work: Path) -> tup
     sessions.write.mode("overwrite").parquet(str(work / f"{name}-spark-out"))
     seconds = time.perf_counter() - start
     total = spark.read.parquet(str(work / f"{name}-spark-out")).count()
+    global JVM_PEAK_MB
+    JVM_PEAK_MB = _peak_rss_of(spark.sparkContext._gateway.proc.pid)
     spark.stop()
     return total, seconds
+
+
+JVM_PEAK_MB = 0.0
+
+
+def _peak_rss_of(pid: int) -> float:
+    """A live process's peak resident set (VmHWM), in MiB; 0 when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 FLINK_JOB = """
@@ -165,9 +181,17 @@ env.execute_sql(f'''CREATE TABLE sessions (key BIGINT, window_start TIMESTAMP(3)
 start = time.perf_counter()
 env.execute_sql(f'''INSERT INTO sessions SELECT key, window_start, window_end, COUNT(*)
     FROM TABLE(SESSION(TABLE events PARTITION BY key, DESCRIPTOR(rowtime),
-                       INTERVAL '{gap_ms // 1000}' SECOND))
+                       INTERVAL '{gap_ms // 1000}' SECOND(6)))
     GROUP BY key, window_start, window_end''').wait()
-print(json.dumps({"seconds": time.perf_counter() - start}))
+seconds = time.perf_counter() - start
+import os
+jvm = 0.0
+for task in os.listdir(f"/proc/{os.getpid()}/task"):
+    for pid in open(f"/proc/{os.getpid()}/task/{task}/children").read().split():
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                jvm += int(line.split()[1]) / 1024
+print(json.dumps({"seconds": seconds, "jvm_peak_mb": jvm}))
 """
 
 
@@ -184,7 +208,10 @@ def run_flink(name: str, keys: np.ndarray, times: np.ndarray, work: Path,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
-    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds = report["seconds"]
+    global JVM_PEAK_MB
+    JVM_PEAK_MB = float(report["jvm_peak_mb"])
     total = 0
     for part in (f for f in sink.rglob("*") if f.is_file() and not f.name.startswith(".")):
         with open(part) as handle:
@@ -213,10 +240,11 @@ def child(peer: str, workload: str, events: int, flink_python: str | None) -> di
         seconds = time.perf_counter() - start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # a JVM peer's memory is the Python driver's plus the JVM's (a child of it)
+    jvm = max(children, JVM_PEAK_MB) if peer.startswith(("spark", "pyflink")) else 0.0
     return {"peer": peer, "workload": workload, "events": events, "sessions": sessions,
             "seconds": seconds, "events_per_s": events / seconds,
-            "peak_rss_mb": max(own, children) if peer.startswith(("spark", "pyflink"))
-            else own}
+            "peak_rss_mb": own + jvm}
 
 
 def main(argv: list[str] | None = None) -> None:
