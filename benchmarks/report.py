@@ -197,7 +197,9 @@ def peers_section() -> list[str]:
         f"{_machine(data)}): every peer in its own process, so peak RSS is its own (Spark's "
         "and Flink's JVMs included). *q11*: Nexmark bids, count per bidder, 10 s gap. "
         "*clicks*: the sample clickstream, count per user, 30 min gap. Ratios are against this "
-        "engine's batch path on RocksDB.",
+        "engine's batch path on RocksDB. Cores: this engine and the plain-Python sessionizer use "
+        "one; PyFlink runs with parallelism 1; Spark's static job runs in `local[2]` on both "
+        "cores of the machine, so per core it is about half the figure shown.",
         "",
         "| workload | peer | events/s | x engine | peak RSS (MB) | x engine | sessions |",
         "|---|---|---:|---:|---:|---:|---:|",
