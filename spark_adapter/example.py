@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                  .option("checkpointLocation", str(work / "checkpoint"))
                  .outputMode("append").start())
         started = time.perf_counter()
+        reported: set[int] = set()
         for i, part in enumerate(parts):
             table = pa.table({
                 "user": [f"user{u}" for u in stream.users[part].tolist()],
@@ -74,13 +75,14 @@ def main(argv: list[str] | None = None) -> int:
             pq.write_table(table, work / "part.tmp")
             os.rename(work / "part.tmp", source / f"part-{i:03d}.parquet")
             query.processAllAvailable()
-            for progress in query.recentProgress[-2:]:
-                if progress["numInputRows"]:
-                    log.info("batch %3d: %7d rows in %5.1f s (%6.0f rows/s), watermark %s",
-                             progress["batchId"], progress["numInputRows"],
-                             progress["durationMs"]["triggerExecution"] / 1000,
-                             progress["processedRowsPerSecond"],
-                             progress["eventTime"].get("watermark"))
+            for progress in query.recentProgress:
+                if progress["batchId"] in reported:
+                    continue
+                reported.add(progress["batchId"])
+                log.info("batch %3d: %7d rows in %5.2f s, watermark %s",
+                         progress["batchId"], progress["numInputRows"],
+                         progress["durationMs"]["triggerExecution"] / 1000,
+                         (progress["eventTime"] or {}).get("watermark"))
         query.stop()
         written = spark.read.parquet(str(out)).count()
         log.info("%d events -> %d closed sessions in %s (%.1f s)", len(stream), written, out,
