@@ -182,6 +182,8 @@ def sessionize(
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
+    if not isinstance(key, str | list | tuple):
+        raise TypeError(f"key must be a column name or a list of them, got {key!r}")
     key_columns = [key] if isinstance(key, str) else list(key)
     if not key_columns or not all(isinstance(k, str) for k in key_columns):
         raise ValueError(f"key must be a column name or a list of them, got {key!r}")
