@@ -41,7 +41,8 @@ GAP_MS = 10_000
 OUT_OF_ORDER_MS = 200
 
 
-def dict_sessionizer(keys: list[int], times: list[int]) -> int:
+def dict_sessionizer(keys: list[int], times: list[int], gap_ms: int = GAP_MS,
+                     out_of_order_ms: int = OUT_OF_ORDER_MS) -> int:
     """What a user writes by hand: per-key open sessions in a dict, closed ones purged.
 
     Returns how many sessions it emitted. In memory only; not durable.
@@ -51,20 +52,20 @@ def dict_sessionizer(keys: list[int], times: list[int]) -> int:
     watermark = -(2**63)
     last_purge = watermark
     for key, t in zip(keys, times, strict=True):
-        if watermark >= t + GAP_MS:
+        if watermark >= t + gap_ms:
             continue
         sessions = open_sessions.setdefault(key, [])
-        start, end, count = t, t + GAP_MS, 1
+        start, end, count = t, t + gap_ms, 1
         keep = []
         for s in sessions:
-            if s[1] >= t and s[0] <= t + GAP_MS and s[1] > watermark:
+            if s[1] >= t and s[0] <= t + gap_ms and s[1] > watermark:
                 start, end, count = min(start, s[0]), max(end, s[1]), count + s[2]
             else:
                 keep.append(s)
         keep.append([start, end, count])
         open_sessions[key] = keep
-        if t - OUT_OF_ORDER_MS > watermark:
-            watermark = t - OUT_OF_ORDER_MS
+        if t - out_of_order_ms > watermark:
+            watermark = t - out_of_order_ms
         if watermark - last_purge >= 1000:  # purge closed sessions once a second of event time
             last_purge = watermark
             for k in list(open_sessions):

@@ -83,36 +83,10 @@ def run_engine(name: str, keys: np.ndarray, times: np.ndarray, batched: bool) ->
 
 
 def run_dict(name: str, keys: np.ndarray, times: np.ndarray) -> int:
-    """A user's hand-written sessionizer: per-key open sessions in a dict, purged as closed."""
-    gap, lateness = WORKLOADS[name], LATENESS_MS[name]
-    open_sessions: dict[int, list[list[int]]] = {}
-    emitted = 0
-    watermark = -(2**63)
-    last_purge = watermark
-    for key, t in zip(keys.tolist(), times.tolist(), strict=True):
-        if watermark >= t + gap:
-            continue
-        start, end, count = t, t + gap, 1
-        keep = []
-        for s in open_sessions.get(key, ()):
-            if s[1] >= t and s[0] <= t + gap and s[1] > watermark:
-                start, end, count = min(start, s[0]), max(end, s[1]), count + s[2]
-            else:
-                keep.append(s)
-        keep.append([start, end, count])
-        open_sessions[key] = keep
-        if t - lateness > watermark:
-            watermark = t - lateness
-        if watermark - last_purge >= 1000:
-            last_purge = watermark
-            for k in list(open_sessions):
-                alive = [s for s in open_sessions[k] if s[1] > watermark]
-                emitted += len(open_sessions[k]) - len(alive)
-                if alive:
-                    open_sessions[k] = alive
-                else:
-                    del open_sessions[k]
-    return emitted + sum(len(v) for v in open_sessions.values())
+    """A user's hand-written sessionizer (the one engine_bench measures), on this workload."""
+    from .engine_bench import dict_sessionizer
+
+    return dict_sessionizer(keys.tolist(), times.tolist(), WORKLOADS[name], LATENESS_MS[name])
 
 
 def _write_parquet(path: Path, keys: np.ndarray, times: np.ndarray) -> None:

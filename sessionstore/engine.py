@@ -116,6 +116,14 @@ class _Metrics:
         }
 
 
+def _check_aggregation(aggregation: Any) -> None:
+    if not isinstance(aggregation, Aggregation):
+        raise TypeError(
+            f"aggregation must be a sessionstore.aggregations object, "
+            f"got {type(aggregation).__name__}"
+        )
+
+
 def _check_store(store: Any) -> None:
     for name in ("put", "remove", "find_sessions_to_merge", "find_sessions", "commit"):
         if not callable(getattr(store, name, None)):
@@ -327,11 +335,7 @@ class SessionAggregator:
             raise ValueError(f"cache_max_sessions must be an int >= 0, got {cache_max_sessions!r}")
         if not isinstance(windows, SessionWindows):
             raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
-        if not isinstance(aggregation, Aggregation):
-            raise TypeError(
-                f"aggregation must be a sessionstore.aggregations object, "
-                f"got {type(aggregation).__name__}"
-            )
+        _check_aggregation(aggregation)
         if emit is not None and not isinstance(emit, EmitStrategy):
             raise TypeError(f"emit must be an EmitStrategy, got {emit!r}")
         if trigger is not None and not isinstance(trigger, AfterWatermark):
@@ -1049,11 +1053,7 @@ class BatchAggregator:
         _check_store(store)
         if not isinstance(windows, BatchWindows):
             raise TypeError(f"windows must be BatchWindows, got {type(windows).__name__}")
-        if not isinstance(aggregation, Aggregation):
-            raise TypeError(
-                f"aggregation must be a sessionstore.aggregations object, "
-                f"got {type(aggregation).__name__}"
-            )
+        _check_aggregation(aggregation)
         if store.retention_ms < windows.size_ms:
             raise ValueError(
                 f"store retention_ms={store.retention_ms} must be >= size_ms={windows.size_ms}"

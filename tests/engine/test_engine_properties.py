@@ -31,6 +31,19 @@ def streams(draw: st.DrawFn) -> tuple[int, bool, list[tuple[str, int, int]]]:
     return gap, inclusive, draw(st.permutations(events))
 
 
+def feed(engine: SessionAggregator, events: list, batched: bool) -> list[Any]:
+    """Every event (one batch, or one at a time), then the watermark past everything."""
+    out = []
+    if batched and events:
+        keys, values, times = zip(*events, strict=True)
+        out.extend(engine.process_batch(list(keys), list(values), list(times)))
+    else:
+        for key, value, t in events:
+            out.extend(engine.process(key, value, t))
+    out.extend(engine.advance_watermark(INT64_MAX))
+    return out
+
+
 def reference(events: list[tuple[str, int, int]], gap: int, inclusive: bool) -> list[tuple]:
     """Sort by time (ties by arrival), split where the gap is exceeded."""
     out = []
@@ -63,15 +76,7 @@ def run_close_mode(events, gap, inclusive, aggregation, batched=False) -> list[A
     engine = SessionAggregator(
         store, windows, aggregation, emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="external"
     )
-    out = []
-    if batched and events:
-        keys, values, times = zip(*events, strict=True)
-        out.extend(engine.process_batch(list(keys), list(values), list(times)))
-    else:
-        for key, value, t in events:
-            out.extend(engine.process(key, value, t))
-    out.extend(engine.advance_watermark(INT64_MAX))
-    return out
+    return feed(engine, events, batched)
 
 
 @settings(max_examples=150)
@@ -135,15 +140,7 @@ def run_live(params, events, batched, on_late=None):
     })
     engine = SessionAggregator(store, windows, agg, emit=emit,
                                max_out_of_orderness_ms=ooo, on_late=on_late)
-    out = []
-    if batched and events:
-        keys, values, times = zip(*events, strict=True)
-        out.extend(engine.process_batch(list(keys), list(values), list(times)))
-    else:
-        for key, value, t in events:
-            out.extend(engine.process(key, value, t))
-    out.extend(engine.advance_watermark(INT64_MAX))
-    return out
+    return feed(engine, events, batched)
 
 
 @settings(max_examples=300)
