@@ -20,7 +20,7 @@ import enum
 import heapq
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -429,18 +429,6 @@ class SessionAggregator:
         times = [end + grace for end in self._new_close_times]
         self._new_close_times = []
         return times
-
-    def next_close_ms(self) -> int | None:
-        """The watermark at or after which the next tracked session may close, or None.
-
-        A lower bound: a session merged away since leaves a stale entry, which only makes the
-        caller look again early. After a restart in ON_WINDOW_CLOSE mode it only knows the
-        sessions changed since. None in ON_WINDOW_UPDATE mode, which does not track closing.
-        """
-        heap = self._close_heap
-        while heap and heap[0] <= self._last_close:
-            heapq.heappop(heap)
-        return heap[0] + self._grace if heap else None
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -1147,13 +1135,3 @@ class BatchAggregator:
             self._metrics.emitted += 1
             self._metrics.record_final(upto - session.end)
         self._last_close = upto
-
-
-def run_events(
-    aggregator: SessionAggregator | BatchAggregator, events: Sequence[tuple[Any, Any, int]]
-) -> list[Emit]:
-    """Process ``(key, value, timestamp_ms)`` tuples one at a time; return every emit."""
-    out: list[Emit] = []
-    for key, value, t in events:
-        out.extend(aggregator.process(key, value, t))
-    return out

@@ -99,11 +99,6 @@ def decode_key(encoded: bytes) -> Any:
     return msgpack.unpackb(encoded[4:], raw=False, use_list=False)
 
 
-def encode_time(time_ms: int) -> bytes:
-    """8-byte big-endian encoding with the sign bit flipped (order-preserving for int64)."""
-    return _TIME.pack(time_ms + _SIGN)
-
-
 def key_first(encoded_key: bytes, end_ms: int, start_ms: int) -> bytes:
     """The key-first record key for a session."""
     return KEY_FIRST + encoded_key + _TIMES.pack(end_ms + _SIGN, start_ms + _SIGN)
@@ -145,8 +140,3 @@ def split_time_first(record: bytes) -> tuple[int, bytes, int]:
 def time_first_to_key_first(record: bytes) -> bytes:
     """The key-first record that a time-first index key points to."""
     return KEY_FIRST + record[9:-8] + record[1:9] + record[-8:]
-
-
-def session_sort_key(encoded_key: bytes, end_ms: int, start_ms: int) -> tuple[int, bytes, int]:
-    """The order of ``find_sessions`` results: end, then encoded key bytes, then start."""
-    return end_ms, encoded_key, start_ms
