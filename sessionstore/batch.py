@@ -58,6 +58,9 @@ def timestamps(values: Any, n: int) -> np.ndarray:
             inferred = None
         if inferred is not None and inferred.dtype.kind in "if":
             column = inferred
+    if isinstance(column, np.ndarray) and column.ndim != 1:
+        raise TypeError(f"timestamps_ms must be a flat column, got an array of shape "
+                        f"{column.shape}")
     if isinstance(column, np.ndarray) and column.dtype.kind == "M":
         if np.isnat(column).any():
             raise ValueError("timestamps_ms must not contain nulls")

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sessionstore import (
@@ -30,6 +30,7 @@ JUNK = st.one_of(
     st.just("\ud800"), st.just(object()), st.just(b"\xff\xfe"),
 )
 ARG_NAMES = ("key", "session", "start", "end", "timestamp", "value", "earliest", "latest",
+             "column",
              "None", "int64", "UTF-8", "serialisable", "encoded", "nested", "limit", "recursion",
              "integer", "tuple")
 
@@ -120,6 +121,8 @@ def test_engine_process_rejects_junk_cleanly(key, value, t):
 
 @settings(max_examples=150)
 @given(keys=st.lists(JUNK, max_size=5), times=st.lists(JUNK, max_size=5))
+@example(keys=[0], times=[[0]])  # once reached the engine as a nested list
+@example(keys=[[0]], times=[0])
 def test_engine_process_batch_rejects_junk_cleanly(keys, times):
     windows = SessionWindows(10)
     engine = SessionAggregator(InMemorySessionStore(retention_ms=100), windows,
