@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.common import RESULTS_DIR
 from benchmarks.soak import engine_crash_loop, snapshot_crash_loop
 
 ENGINE_KILLS = 100
@@ -24,6 +23,3 @@ def test_snapshots_survive_sigkill_loop(tmp_path):
     assert report["kills"] == SNAPSHOT_KILLS
     assert report["exact_restores"] >= SNAPSHOT_KILLS - 2  # the first kills may precede batch 0
 
-
-def test_results_dir_is_the_docs_folder():
-    assert RESULTS_DIR.name == "bench"

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from sessionstore import aggregations
 from spark_adapter import read_state_metrics, sessionize
-from tests.spark.streams import EPOCH, SPAN_S, StreamRun, make_files
+from tests.spark.streams import EPOCH, StreamRun, make_files
 
 AGGS = {"n": "count", "total": ("sum", "amount"), "low": ("min", "amount"),
         "high": ("max", "amount")}
@@ -216,9 +216,6 @@ def test_null_keys_and_missing_watermark_delay(spark, tmp_path):
         sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
                    aggregations={"n": "count"}, watermark_delay="1 minute")
 
-
-def test_span_constant_matches_files():
-    assert SPAN_S == 60 and FINAL_WATERMARK_S > 0
 
 
 JUNK_ARGS = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=8), st.floats(),
