@@ -1056,9 +1056,12 @@ class BatchAggregator:
         committed = store.committed_metadata
         state = committed.get(ENGINE_METADATA_KEY) if isinstance(committed, dict) else None
         if state is not None:
-            self._stream_time = state["watermark"]
-            self._last_close = state["last_close"]
-            self._seq = state["seq"]
+            try:
+                self._stream_time = check_int64(state["watermark"], "watermark")
+                self._last_close = check_int64(state["last_close"], "last_close")
+                self._seq = check_int64(state["seq"], "seq")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"corrupted engine metadata in the store: {exc}") from None
 
     @property
     def stream_time(self) -> int:

@@ -109,6 +109,15 @@ def copy_checkpoint(source: Path, target: Path) -> None:
             shutil.copy2(entry.path, destination)
 
 
+def _segments_between(cfs: dict[int, Any], first: int, last: int | None) -> list[Any]:
+    """Column families of segments ``first..last`` (no upper bound for None), in time order.
+
+    Copies the dict first: a reader thread may scan while the owner drops expired segments.
+    """
+    return [cf for segment, cf in sorted(list(cfs.items()), key=lambda item: item[0])
+            if segment >= first and (last is None or segment <= last)]
+
+
 def scan_key(
     cfs: dict[int, Any], interval: int, encoded_key: bytes, earliest_end: int, latest_start: int
 ) -> Iterator[tuple[int, int, bytes]]:
@@ -118,8 +127,7 @@ def scan_key(
     prefix_len = len(prefix)
     seek = keyschema.key_first_seek(encoded_key, earliest_end)
     split = keyschema.split_key_first
-    for _, cf in sorted(((s, cf) for s, cf in list(cfs.items()) if s >= first),
-                        key=lambda item: item[0]):
+    for cf in _segments_between(cfs, first, None):
         it = cf.iter()
         it.seek(seek)
         while it.valid():
@@ -144,8 +152,7 @@ def scan_time(
     split = keyschema.split_time_first
     to_key_first = keyschema.time_first_to_key_first
     tag = keyschema.TIME_FIRST
-    for _, cf in sorted(((s, cf) for s, cf in list(cfs.items()) if first <= s <= last),
-                        key=lambda item: item[0]):
+    for cf in _segments_between(cfs, first, last):
         it = cf.iter()
         it.seek(seek)
         while it.valid():
