@@ -5,6 +5,7 @@ The store (KIP-94 / KIP-825), the aggregation engine and its triggers are import
 
 from . import aggregations, triggers
 from .engine import BatchAggregator, Emit, EmitStrategy, SessionAggregator
+from .errors import StoreCorruptedError
 from .store import InMemorySessionStore, ReadOnlySessionStore, SegmentedSessionStore, SessionStore
 from .triggers import (
     AccumulationMode,
@@ -41,6 +42,7 @@ __all__ = [
     "SegmentedSessionStore",
     "Session",
     "SessionStore",
+    "StoreCorruptedError",
     "SessionStoreProtocol",
     "SessionStoreReader",
     "ValueSerde",

@@ -1,0 +1,26 @@
+"""The exceptions the package raises on purpose, in one place.
+
+Every failure caused by bad state on disk is a :class:`StoreCorruptedError`: a ``ValueError``, so
+code written against the documented ``ValueError`` keeps working, and specific enough that a
+caller can tell damaged state from a bad argument.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class StoreCorruptedError(ValueError):
+    """Stored state (a store directory, a checkpoint, a snapshot) is damaged or inconsistent.
+
+    Raised instead of returning less data. Nothing is changed on disk when it is raised.
+
+    Attributes:
+        path: the file or directory found damaged.
+        detail: what was wrong with it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], detail: str) -> None:
+        self.path = os.fspath(path)
+        self.detail = detail
+        super().__init__(f"corrupted state in {self.path}: {detail}")
