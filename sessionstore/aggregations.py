@@ -20,6 +20,9 @@ class Aggregation:
     """Base class of aggregations. Subclasses override the four methods."""
 
     name = "aggregation"
+    acc_always_encodable = False
+    """True when the accumulator of encodable values is always encodable, so the engine need
+    not check it after every change (the built-ins without a user function)."""
 
     def initial(self) -> Any:
         """The accumulator of an empty session."""
@@ -60,6 +63,7 @@ def _identity(value: Any) -> Any:
 
 class _Count(Aggregation):
     name = "count"
+    acc_always_encodable = True
 
     def initial(self) -> int:
         return 0
@@ -102,6 +106,7 @@ class _Extreme(Aggregation):
         self.fn = fn
         self.pick = pick
         self.name = name
+        self.acc_always_encodable = fn is _identity
 
     def initial(self) -> Any:
         return None
@@ -131,6 +136,7 @@ class _Collect(Aggregation):
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
+        self.acc_always_encodable = fn is _identity
 
     def initial(self) -> list[Any]:
         return []
@@ -164,6 +170,7 @@ class _First(Aggregation):
     def __init__(self, fn: Callable[[Any], Any], last: bool) -> None:
         self.fn = fn
         self.last = last
+        self.acc_always_encodable = fn is _identity
         self.name = "last" if last else "first"
 
     def initial(self) -> Any:
@@ -256,6 +263,7 @@ class Combined(Aggregation):
                 )
         self.names = list(parts)
         self.parts = list(parts.values())
+        self.acc_always_encodable = all(part.acc_always_encodable for part in self.parts)
 
     def initial(self) -> list[Any]:
         return [part.initial() for part in self.parts]

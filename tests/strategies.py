@@ -20,3 +20,41 @@ def sessions(draw: st.DrawFn, low: int = -2_000, high: int = 6_000) -> tuple[obj
     start = draw(st.integers(low, high))
     length = draw(st.integers(0, 800))
     return key, start, start + length
+
+
+ENGINE_KEYS = st.sampled_from(["a", "b", "c", 7])
+
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> dict[str, object]:
+    """Engine configurations, varied as hard as the input: cache sizes down to 0, segments down
+    to 1 ms, minimum retention, both watermark modes and both gap conventions."""
+    gap = draw(st.integers(1, 20))
+    return {
+        "gap": gap,
+        "grace": draw(st.integers(0, 15)),
+        "inclusive": draw(st.booleans()),
+        "ooo": draw(st.integers(0, 25)),
+        "watermark": draw(st.sampled_from(["event_time", "external"])),
+        "cache": draw(st.sampled_from([0, 1, 2, 100_000])),
+        "segment": draw(st.sampled_from([1, 2, gap, None])),
+        "extra_retention": draw(st.sampled_from([0, 0, 7])),
+    }
+
+
+@st.composite
+def engine_steps(draw: st.DrawFn, max_events: int = 40) -> list[tuple[object, ...]]:
+    """Events ``("event", key, value, t)`` with disorder beyond gap + grace, and (sometimes)
+    watermark advances, commits, aborts and reopens between them."""
+    n = draw(st.integers(0, max_events))
+    base = sorted(draw(st.lists(st.integers(-50, 300), min_size=n, max_size=n)))
+    steps: list[tuple[object, ...]] = []
+    for i, t in enumerate(base):
+        jitter = draw(st.sampled_from([0, 0, 0, -5, -30, -80]))
+        steps.append(("event", draw(ENGINE_KEYS), i, t + jitter))
+        extra = draw(st.sampled_from([None] * 6 + ["watermark", "commit", "abort", "reopen"]))
+        if extra == "watermark":
+            steps.append(("watermark", t + draw(st.integers(-20, 40))))
+        elif extra is not None:
+            steps.append((extra,))
+    return steps

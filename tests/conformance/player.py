@@ -137,11 +137,14 @@ class EngineHarness:
     """
 
     def __init__(self, scenario: dict[str, Any], open_store: Callable[[bool], Any],
-                 batched: bool) -> None:
+                 batched: bool, write_cache: bool = False) -> None:
         self.scenario = scenario
         self.open_store = open_store
         self.batched = batched
+        self.write_cache = write_cache
         self.options = engine_options(scenario)
+        if write_cache:
+            self.options["write_cache"] = True
         self.clock = ManualClock(0)
         self.dropped = 0
         self.engine = self._engine(open_store(False))
@@ -171,6 +174,8 @@ class EngineHarness:
                     out.extend(self.engine.process(key, value, to_ms(t)))
                 continue
             drain()
+            if self.write_cache:  # where the batched run's batch ends
+                out.extend(self.engine.flush())
             if "watermark" in step:
                 out.extend(self.engine.advance_watermark(to_ms(step["watermark"])))
             elif "processing_time" in step:

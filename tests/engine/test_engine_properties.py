@@ -1,10 +1,12 @@
-"""Property tests of the engine against an offline reference sessionizer."""
+"""Property tests: the event path, the batch path (split at random points) and the independent
+oracle (tests/oracle.py) agree, over configurations varied as hard as the input."""
 
 from __future__ import annotations
 
+import decimal
 from typing import Any
-from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,190 +17,160 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
-from sessionstore import engine as engine_module
+from sessionstore.engine import required_retention_ms
 from sessionstore.timeutil import INT64_MAX
+from tests import oracle
+from tests.strategies import engine_configs, engine_steps
 
-KEYS = st.sampled_from(["a", "b", "c"])
-
-
-@st.composite
-def streams(draw: st.DrawFn) -> tuple[int, bool, list[tuple[str, int, int]]]:
-    """(gap, inclusive_gap, events) where events are (key, value, t) in arrival order."""
-    gap = draw(st.integers(1, 30))
-    inclusive = draw(st.booleans())
-    times = draw(st.lists(st.integers(-100, 300), max_size=40))
-    events = [(draw(KEYS), i, t) for i, t in enumerate(times)]
-    return gap, inclusive, draw(st.permutations(events))
+AGG = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect()})
 
 
-def feed(engine: SessionAggregator, events: list, batched: bool) -> list[Any]:
-    """Every event (one batch, or one at a time), then the watermark past everything."""
-    out = []
-    if batched and events:
-        keys, values, times = zip(*events, strict=True)
-        out.extend(engine.process_batch(list(keys), list(values), list(times)))
-    else:
-        for key, value, t in events:
-            out.extend(engine.process(key, value, t))
-    out.extend(engine.advance_watermark(INT64_MAX))
-    return out
+class Driver:
+    """Plays steps on an engine, with commits, aborts and reopens, keeping what survives."""
+
+    def __init__(self, cfg: dict[str, Any], emit: EmitStrategy, batched: bool,
+                 cuts: list[bool], write_cache: bool = False, bad_row: int | None = None):
+        self.cfg = cfg
+        self.emit = emit
+        self.batched = batched
+        self.cuts = cuts
+        self.write_cache = write_cache
+        self.bad_row = bad_row
+        self.windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"])
+        retention = required_retention_ms(self.windows, cfg["ooo"], cfg["watermark"])
+        self.store = InMemorySessionStore(retention_ms=retention + cfg["extra_retention"],
+                                          segment_interval_ms=cfg["segment"])
+        self.engine = self._engine()
+        self.refused = 0
+
+    def _engine(self) -> SessionAggregator:
+        cfg = self.cfg
+        return SessionAggregator(
+            self.store, self.windows, AGG, emit=self.emit, watermark=cfg["watermark"],
+            max_out_of_orderness_ms=cfg["ooo"], cache_max_sessions=cfg["cache"],
+            write_cache=self.write_cache)
+
+    def run(self, steps: list[tuple[Any, ...]]) -> tuple[list[Any], list[tuple[Any, ...]]]:
+        """Returns (the emits that survive, the steps that took effect)."""
+        kept_out: list[Any] = []
+        out: list[Any] = []
+        kept_steps: list[tuple[Any, ...]] = []
+        effective: list[tuple[Any, ...]] = []
+        pending: list[tuple[Any, Any, int]] = []
+        engine_events = 0
+
+        def drain() -> None:
+            if not pending:
+                return
+            keys, values, times = (list(c) for c in zip(*pending, strict=True))
+            if self.bad_row is not None and self.bad_row < len(values):
+                bad = list(values)
+                bad[self.bad_row] = decimal.Decimal("1.5")
+                before = self.engine.metrics["records-in"]
+                with pytest.raises(TypeError, match=rf"values\[{self.bad_row}\]"):
+                    self.engine.process_batch(keys, bad, times)
+                assert self.engine.metrics["records-in"] == before  # nothing changed
+                self.refused += 1
+                self.bad_row = None
+            out.extend(self.engine.process_batch(keys, values, times))
+            if self.write_cache:
+                out.extend(self.engine.flush())
+            pending.clear()
+
+        for step in steps:
+            kind = step[0]
+            if kind == "event":
+                _, key, value, t = step
+                effective.append(step)
+                if self.batched:
+                    pending.append((key, value, t))
+                    if self.cuts[engine_events % len(self.cuts)]:
+                        drain()
+                else:
+                    out.extend(self.engine.process(key, value, t))
+                    if self.write_cache and self.cuts[engine_events % len(self.cuts)]:
+                        out.extend(self.engine.flush())  # where the batched run cuts
+                engine_events += 1
+                continue
+            drain()
+            if self.write_cache:
+                out.extend(self.engine.flush())
+            if kind == "watermark":
+                effective.append(step)
+                out.extend(self.engine.advance_watermark(step[1]))
+            elif kind == "commit":
+                self.engine.commit({"steps": len(effective)})
+                kept_out += out
+                out = []
+                kept_steps = list(effective)
+            elif kind == "abort":
+                self.engine.abort()
+                out = []
+                effective = list(kept_steps)
+            elif kind == "reopen":
+                self.store.abort()
+                self.engine = self._engine()
+                assert self.engine.committed_metadata in (None, {"steps": len(kept_steps)})
+                out = []
+                effective = list(kept_steps)
+        drain()
+        out.extend(self.engine.advance_watermark(INT64_MAX))
+        out.extend(self.engine.flush())
+        return kept_out + out, effective
 
 
-def reference(events: list[tuple[str, int, int]], gap: int, inclusive: bool) -> list[tuple]:
-    """Sort by time (ties by arrival), split where the gap is exceeded."""
-    out = []
-    for key in sorted({k for k, _, _ in events}):
-        mine = sorted(
-            ((t, arrival, v) for arrival, (k, v, t) in enumerate(events) if k == key)
-        )
-        current: list[tuple[int, int, int]] = []
-        for item in mine:
-            if current:
-                distance = item[0] - current[-1][0]
-                if distance > gap or (distance == gap and not inclusive):
-                    out.append(_close(key, current, gap))
-                    current = []
-            current.append(item)
-        if current:
-            out.append(_close(key, current, gap))
-    return sorted(out)
+def reference(cfg: dict[str, Any], steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    ooo = cfg["ooo"] if cfg["watermark"] == "event_time" else None
+    sessions, _ = oracle.sessionize(steps, cfg["gap"], cfg["grace"], cfg["inclusive"], ooo)
+    return sessions
 
 
-def _close(key: str, items: list[tuple[int, int, int]], gap: int) -> tuple:
-    return (key, items[0][0], items[-1][0] + gap, len(items), [v for _, _, v in items])
+def as_rows(emits: list[Any]) -> list[tuple[Any, ...]]:
+    return sorted(((e.session.key, e.session.start, e.session.end, e.value["values"])
+                   for e in emits), key=lambda r: (repr(r[0]), r[1], r[2]))
 
 
-def run_close_mode(events, gap, inclusive, aggregation, batched=False) -> list[Any]:
-    windows = SessionWindows(gap, inclusive_gap=inclusive)
-    # the watermark only moves at the end: retention must cover the whole stream (see
-    # docs/semantics.md, "External watermarks and retention")
-    store = InMemorySessionStore(retention_ms=10_000)
-    engine = SessionAggregator(
-        store, windows, aggregation, emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="external"
-    )
-    return feed(engine, events, batched)
+def changelog_table(emits: list[Any]) -> list[tuple[Any, ...]]:
+    """Apply an update/retraction changelog; what is left must be the sessions."""
+    table: dict[tuple[Any, int, int], Any] = {}
+    for e in emits:
+        ident = (e.session.key, e.session.start, e.session.end)
+        if e.retraction:
+            assert table.pop(ident) == e.value  # retracts exactly what was delivered
+        else:
+            table[ident] = e.value
+    return sorted(((k, s, end, v["values"]) for (k, s, end), v in table.items()),
+                  key=lambda r: (repr(r[0]), r[1], r[2]))
 
 
-@settings(max_examples=150)
-@given(streams())
-def test_final_sessions_equal_offline_reference(stream):
-    gap, inclusive, events = stream
-    agg = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect()})
-    emits = run_close_mode(events, gap, inclusive, agg)
-    got = sorted(
-        (e.session.key, e.session.start, e.session.end, e.value["n"], e.value["values"])
-        for e in emits
-    )
-    assert got == reference(events, gap, inclusive)
-    assert all(e.timestamp == e.session.end - 1 and e.pane is None for e in emits)
+cuts_strategy = st.lists(st.booleans(), min_size=1, max_size=8)
 
 
-@settings(max_examples=100)
-@given(streams())
-def test_merger_fold_equals_recomputing_from_raw_events(stream):
-    gap, inclusive, events = stream
-    custom = aggregations.aggregate(
-        lambda: [0, 0],
-        lambda key, value, agg: [agg[0] + 1, agg[1] + value * value],
-        lambda key, a, b: [a[0] + b[0], a[1] + b[1]],
-    )
-    emits = run_close_mode(events, gap, inclusive, custom)
-    got = sorted((e.session.key, e.session.start, e.session.end, *e.value) for e in emits)
-    want = sorted(
-        (key, start, end, n, sum(v * v for v in values))
-        for key, start, end, n, values in reference(events, gap, inclusive)
-    )
-    assert got == want
-
-
-@st.composite
-def live_streams(draw: st.DrawFn):
-    gap = draw(st.integers(1, 30))
-    grace = draw(st.integers(0, 20))
-    ooo = draw(st.integers(0, 15))
-    times = draw(st.lists(st.integers(0, 400), max_size=50))
-    # mostly increasing, with some disorder
-    events = [(draw(KEYS), i, t) for i, t in enumerate(sorted(times))]
-    swaps = draw(st.lists(st.tuples(st.integers(0, 49), st.integers(0, 49)), max_size=10))
-    for i, j in swaps:
-        if i < len(events) and j < len(events):
-            events[i], events[j] = events[j], events[i]
-    emit = draw(st.sampled_from(list(EmitStrategy)))
-    inclusive = draw(st.booleans())
-    return gap, grace, ooo, inclusive, emit, events
-
-
-def run_live(params, events, batched, on_late=None):
-    gap, grace, ooo, inclusive, emit, _ = params
-    windows = SessionWindows(gap, grace, inclusive)
-    store = InMemorySessionStore(retention_ms=windows.retention_ms + ooo,
-                                 segment_interval_ms=max(1, gap))
-    agg = aggregations.combine({
-        "values": aggregations.collect(), "sum": aggregations.sum_of(),
-        "min": aggregations.min_of(), "max": aggregations.max_of(),
-        "first": aggregations.first_of(), "last": aggregations.last_of(),
-    })
-    engine = SessionAggregator(store, windows, agg, emit=emit,
-                               max_out_of_orderness_ms=ooo, on_late=on_late)
-    return feed(engine, events, batched)
-
-
-@settings(max_examples=300)
-@given(live_streams())
-def test_process_batch_equals_a_loop_of_process(params):
-    events = params[-1]
-    loop = run_live(params, events, batched=False)
-    assert run_live(params, events, batched=True) == loop
-    with mock.patch.object(engine_module, "_MIN_RUN_BATCH", 1):  # runs even for tiny batches
-        assert run_live(params, events, batched=True) == loop
-
-
-@settings(max_examples=150)
-@given(streams(), st.booleans())
-def test_runs_path_equals_the_loop_with_external_watermark(stream, advance):
-    gap, inclusive, events = stream
-    agg = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect()})
-    windows = SessionWindows(gap, 3, inclusive)
-
-    def run(batched: bool) -> list[Any]:
-        store = InMemorySessionStore(retention_ms=windows.retention_ms,
-                                     segment_interval_ms=max(1, gap))
-        engine = SessionAggregator(store, windows, agg, emit=EmitStrategy.ON_WINDOW_CLOSE,
-                                   watermark="external")
-        out = engine.advance_watermark(50) if advance else []
-        half = len(events) // 2
-        for part in (events[:half], events[half:]):
-            if batched and part:
-                keys, values, times = zip(*part, strict=True)
-                out += engine.process_batch(list(keys), list(values), list(times))
-            else:
-                for key, value, t in part:
-                    out += engine.process(key, value, t)
-            out += engine.advance_watermark(engine.watermark + 40)
-        return out + engine.advance_watermark(INT64_MAX)
-
-    loop = run(False)
-    with mock.patch.object(engine_module, "_MIN_RUN_BATCH", 1):
-        assert run(True) == loop
+@settings(max_examples=200)
+@given(engine_configs(), engine_steps(), cuts_strategy, st.none() | st.integers(0, 5))
+def test_close_mode_event_path_batch_path_and_oracle_agree(cfg, steps, cuts, bad_row):
+    emits, effective = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, False, cuts).run(steps)
+    assert as_rows(emits) == reference(cfg, effective)
+    ends = [e.session.end for e in emits]
+    assert len({e.session for e in emits}) == len(emits)  # each session once
+    batched, effective_b = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, True, cuts,
+                                  bad_row=bad_row).run(steps)
+    assert effective_b == effective
+    assert batched == emits
+    assert ends == sorted(ends) or any(s[0] in ("abort", "reopen") for s in steps)
 
 
 @settings(max_examples=150)
-@given(live_streams())
-def test_late_events_never_change_the_output(params):
-    events = params[-1]
-    late: list[int] = []
-    with_late = run_live(params, events, False, on_late=lambda k, v, t: late.append(v))
-    without = run_live(params, [e for e in events if e[1] not in set(late)], False)
-    assert with_late == without
-
-
-@settings(max_examples=100)
-@given(live_streams())
-def test_close_mode_emits_each_session_once_and_only_closed(params):
-    gap, grace, ooo, inclusive, _, events = params
-    params = (gap, grace, ooo, inclusive, EmitStrategy.ON_WINDOW_CLOSE, events)
-    emits = run_live(params, events, False)
-    sessions = [e.session for e in emits]
-    assert len(sessions) == len(set(sessions))
-    ends = [s.end for s in sessions]
-    assert ends == sorted(ends)
+@given(engine_configs(), engine_steps(), cuts_strategy)
+def test_update_mode_changelogs_rebuild_the_oracle_sessions(cfg, steps, cuts):
+    plain, effective = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, cuts).run(steps)
+    want = reference(cfg, effective)
+    assert changelog_table(plain) == want
+    small_cache, _ = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, cuts,
+                            write_cache=True).run(steps)
+    assert changelog_table(small_cache) == want  # evictions forward early, correctly
+    cached, _ = Driver({**cfg, "cache": 100_000}, EmitStrategy.ON_WINDOW_UPDATE, False, cuts,
+                       write_cache=True).run(steps)
+    batched, _ = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, True, cuts).run(steps)
+    # the batch path is the event path with its (unbounded) write cache flushed per batch
+    assert batched == cached

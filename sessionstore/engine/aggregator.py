@@ -1,0 +1,469 @@
+"""The engine's façade: :class:`SessionAggregator` and its event-at-a-time path.
+
+The parts it wires together, each in its own module:
+
+* :mod:`.config`: validated options, defaults and the retention rule;
+* :mod:`.time`: watermark, lateness and the close cursor;
+* :mod:`.merge`: the one merge rule (and the batch kernel's entry point);
+* :mod:`.record`: the typed session record and its wire form;
+* :mod:`.emit`: what is emitted, and the counters;
+* :mod:`.triggers`: Beam trigger state and firings;
+* :mod:`.batch`: the columnar batch path;
+* store layers below it: :class:`~sessionstore.store.caching.CachingSessionStore` over
+  :class:`~sessionstore.store.metered.MeteredSessionStore` over the user's store.
+
+The invariant every path keeps: *close first, then write, then expire*. Expiry is capped at the
+close cursor (every session ending at or before it was emitted) plus retention, so no write or
+flush, mid-batch or on cache eviction, can let the store expire a session nobody emitted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from .. import keyschema
+from ..aggregations import Aggregation
+from ..store.caching import CachingSessionStore
+from ..store.metered import MeteredSessionStore
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64
+from ..timeutil import timestamp_ms as to_timestamp_ms
+from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
+from ..types import Session, SessionStoreProtocol
+from ..windows import SessionWindows
+from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
+from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
+from .merge import merge_event
+from .record import Phase, SessionRecord, check_encodable
+from .time import TimeKeeper
+from .triggers import TriggerRunner
+
+ENGINE_METADATA_KEY = "sessionstore.engine"
+USER_METADATA_KEY = "user"
+
+
+def check_aggregation(aggregation: Any) -> None:
+    if not isinstance(aggregation, Aggregation):
+        raise TypeError(
+            f"aggregation must be a sessionstore.aggregations object, "
+            f"got {type(aggregation).__name__}"
+        )
+
+
+def check_store(store: Any) -> None:
+    for name in ("put", "remove", "find_sessions_to_merge", "find_sessions", "commit",
+                 "cap_expiry_time"):
+        if not callable(getattr(store, name, None)):
+            raise TypeError(
+                f"store must be a writable session store (with {name}()), "
+                f"got {type(store).__name__}"
+            )
+
+
+class SessionAggregator:
+    """Session-window aggregation of a keyed event stream on a session store.
+
+    Args:
+        store: any session store (``SessionStore`` or ``InMemorySessionStore``). Its retention
+            must be at least ``gap + grace`` (+ ``max_out_of_orderness_ms`` with an event-time
+            watermark): :func:`~sessionstore.engine.config.required_retention_ms`.
+        windows: the :class:`SessionWindows`.
+        aggregation: an :class:`~sessionstore.aggregations.Aggregation`.
+        emit: ``ON_WINDOW_UPDATE`` (the default without a trigger) or ``ON_WINDOW_CLOSE``.
+        watermark: ``"event_time"`` (W = max event time - ``max_out_of_orderness_ms``) or
+            ``"external"`` (only :meth:`advance_watermark` moves W).
+        max_out_of_orderness_ms: see ``watermark``.
+        on_late: called as ``on_late(key, value, timestamp_ms)`` for each dropped late event.
+        trigger: a Beam :class:`~sessionstore.triggers.AfterWatermark`; replaces ``emit``.
+        accumulation: the trigger's accumulation mode (DISCARDING by default, as in Beam).
+        clock: processing time in ms (wall clock by default; :class:`ManualClock` in tests).
+        write_cache: with ON_WINDOW_UPDATE, de-duplicate updates per session until
+            :meth:`flush` (KIP-63); retractions are decided from what was delivered.
+        cache_max_sessions: sessions the write-back cache holds between store writes (0 writes
+            through).
+
+    Raises:
+        TypeError / ValueError: for bad arguments, naming the argument.
+    """
+
+    def __init__(
+        self,
+        store: SessionStoreProtocol,
+        windows: SessionWindows,
+        aggregation: Aggregation,
+        *,
+        emit: EmitStrategy | None = None,
+        watermark: str = "event_time",
+        max_out_of_orderness_ms: Any = 0,
+        on_late: Callable[[Any, Any, int], None] | None = None,
+        trigger: AfterWatermark | None = None,
+        accumulation: AccumulationMode | None = None,
+        clock: Callable[[], int] | None = None,
+        write_cache: bool = False,
+        cache_max_sessions: int = DEFAULT_CACHE_MAX_SESSIONS,
+    ) -> None:
+        check_store(store)
+        if not isinstance(windows, SessionWindows):
+            raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
+        check_aggregation(aggregation)
+        if emit is not None and not isinstance(emit, EmitStrategy):
+            raise TypeError(f"emit must be an EmitStrategy, got {emit!r}")
+        if trigger is not None and not isinstance(trigger, AfterWatermark):
+            raise TypeError(f"trigger must be AfterWatermark(...), got {type(trigger).__name__}")
+        if trigger is not None and emit is not None:
+            raise ValueError("pass either emit= or trigger=, not both")
+        if accumulation is not None and not isinstance(accumulation, AccumulationMode):
+            raise TypeError(f"accumulation must be an AccumulationMode, got {accumulation!r}")
+        if accumulation is not None and trigger is None:
+            raise ValueError("accumulation= needs a trigger=")
+        self.config = EngineConfig.build(
+            windows, watermark=watermark, max_out_of_orderness_ms=max_out_of_orderness_ms,
+            cache_max_sessions=cache_max_sessions, store_retention_ms=store.retention_ms)
+        if on_late is not None and not callable(on_late):
+            raise TypeError(f"on_late must be callable, got {type(on_late).__name__}")
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be callable, got {type(clock).__name__}")
+        if not isinstance(write_cache, bool):
+            raise TypeError(f"write_cache must be a bool, got {write_cache!r}")
+        if write_cache and (trigger is not None or emit is EmitStrategy.ON_WINDOW_CLOSE):
+            raise ValueError("write_cache applies to emit=ON_WINDOW_UPDATE only")
+
+        self.store = store
+        self.windows = windows
+        self.aggregation = aggregation
+        self.trigger = trigger
+        self.emit_strategy = (
+            None if trigger is not None else (emit or EmitStrategy.ON_WINDOW_UPDATE)
+        )
+        self.accumulation = accumulation or AccumulationMode.DISCARDING
+        self.watermark_mode = watermark
+        self.max_out_of_orderness_ms = self.config.max_out_of_orderness_ms
+        self.on_late = on_late
+        self.clock: Callable[[], int] = clock or system_clock
+        self.write_cache = write_cache
+        self._updates = self.emit_strategy is EmitStrategy.ON_WINDOW_UPDATE
+        self._tracks_close = not self._updates
+        self._check_acc = not aggregation.acc_always_encodable
+        self._metrics = EngineMetrics()
+        self._metered = MeteredSessionStore(store)
+        self._forwarded: list[Emit] = []
+        self._state = CachingSessionStore(
+            self._metered, self.config.cache_max_sessions,
+            forward=self._forward if write_cache else None,
+        )
+        self._times = TimeKeeper(self.config)
+        self._runner = (
+            None if trigger is None else TriggerRunner(
+                trigger, self.accumulation, self.clock, aggregation, self._times,
+                self._metrics, self._put_record)
+        )
+        self._reset_indexes()
+        self._restore()
+
+    def _reset_indexes(self) -> None:
+        # in-memory indexes, rebuilt from the store on start: they only save store queries
+        self._close_heap: list[int] = []
+        self._close_heap_complete = True
+        self._unindexed_until = INT64_MIN  # sessions ending up to here may be missing from it
+        self._new_close_times: list[int] = []  # only kept once drain_close_times() is used
+        self._record_close_times = getattr(self, "_record_close_times", False)
+        if self._runner is not None:
+            self._runner.on_time_heap.clear()
+            self._runner.timers.clear()
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def watermark(self) -> int:
+        """The current watermark W (``INT64_MIN`` before any progress)."""
+        return self._times.watermark
+
+    def drain_close_times(self) -> list[int]:
+        """Watermarks at which sessions changed since the last call close (and, with a trigger
+        and no grace, fire their ON_TIME pane).
+
+        A driver that wakes the engine on timers (the Spark adapter) registers these, so that
+        every session gets a timer at or after its close time.
+        """
+        self._record_close_times = True
+        grace = self.config.grace_ms
+        times = [end + grace for end in self._new_close_times]
+        self._new_close_times = []
+        return times
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``records-in``, ``dropped-records``, ``emit-final-*`` (KIP-825) and store metrics."""
+        return self._metrics.snapshot(self._metered.metrics)
+
+    def process(self, key: Any, value: Any, timestamp_ms: Any) -> list[Emit]:
+        """Add one event; return what it emits.
+
+        Raises:
+            ValueError: a None key or an out-of-range timestamp.
+            TypeError: a key, timestamp or value of the wrong type (the value and the new
+                accumulator must be msgpack-serialisable). Nothing changes then.
+        """
+        t = timestamp_ms if type(timestamp_ms) is int else None
+        if t is None or not INT64_MIN <= t <= self.config.max_timestamp_ms:
+            t = self._check_timestamp(timestamp_ms)
+        keyschema.encode_key(key)
+        check_encodable(value, "value")
+        out: list[Emit] = []
+        self._process_one(key, value, t, out)
+        if self._forwarded:
+            out.extend(self._drain_forwarded())
+        return out
+
+    def process_batch(self, keys: Any, values: Any, timestamps_ms: Any) -> list[Emit]:
+        """Add a batch of events, in order. See :func:`sessionstore.engine.batch.process_batch`
+        for the contract (atomic, validated first, equal to the event path)."""
+        from .batch import process_batch
+
+        return process_batch(self, keys, values, timestamps_ms)
+
+    def advance_watermark(self, to_ms: Any) -> list[Emit]:
+        """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
+        to = check_int64(to_ms, "to_ms")
+        out: list[Emit] = []
+        if self._times.advance_to(to):
+            self._on_watermark(out)
+        if self._forwarded:
+            out.extend(self._drain_forwarded())
+        return out
+
+    def advance_processing_time(self, to_ms: Any) -> list[Emit]:
+        """Set the :class:`ManualClock` to ``to_ms`` and fire what is due."""
+        if not isinstance(self.clock, ManualClock):
+            raise TypeError("advance_processing_time needs clock=ManualClock(...)")
+        self.clock.set(to_ms)
+        return self.poll()
+
+    def poll(self) -> list[Emit]:
+        """Fire processing-time triggers that are due by the clock."""
+        out: list[Emit] = []
+        if self._runner is not None:
+            self._runner.fire_timers(self.clock(), self._get_record, out)
+        return out
+
+    def flush(self) -> list[Emit]:
+        """Deliver the write cache (``write_cache=True``): one update per changed session and
+        a retraction for each delivered session since removed; [] otherwise."""
+        if not self.write_cache:
+            return []
+        self._state.flush()
+        return self._drain_forwarded()
+
+    def commit(self, metadata: Any = None) -> int:
+        """Commit the store together with the engine's cursors and ``metadata``.
+
+        Deliver the emits you have before committing. Returns the new store version. A failed
+        commit keeps every pending write, so a retry commits it.
+
+        Raises:
+            TypeError: ``metadata`` is not msgpack-serialisable (nothing changes).
+            ValueError: the write cache holds updates that :meth:`flush` has not returned.
+        """
+        check_encodable(metadata, "metadata")
+        if self.write_cache and self._state.dirty_count:
+            raise ValueError("flush() the write cache and deliver its emits before commit()")
+        engine_state = self._times.to_state()
+        return self._state.commit({ENGINE_METADATA_KEY: engine_state, USER_METADATA_KEY: metadata})
+
+    def abort(self) -> None:
+        """Discard everything since the last commit: state, cursors and the write cache."""
+        self._state.abort()
+        self._forwarded.clear()
+        self._times = TimeKeeper(self.config)
+        if self._runner is not None:
+            self._runner.times = self._times
+        self._reset_indexes()
+        self._restore()
+
+    @property
+    def committed_metadata(self) -> Any:
+        """The ``metadata`` of the last :meth:`commit`."""
+        committed = self.store.committed_metadata
+        if isinstance(committed, dict):
+            return committed.get(USER_METADATA_KEY)
+        return None
+
+    def sessions(self, key: Any) -> list[tuple[Session, Any]]:
+        """The stored sessions of ``key`` with their current results (interactive query)."""
+        result = self.aggregation.result
+        return [(s, result(SessionRecord.from_wire(raw).acc))
+                for s, raw in self._state.fetch(key)]
+
+    # -- state access -----------------------------------------------------------------------
+
+    def _put_record(self, session: Session, record: SessionRecord) -> None:
+        self._state.put(session, record.to_wire())
+
+    def _get_record(self, session: Session) -> SessionRecord | None:
+        raw = self._state.fetch_session(*session)
+        return None if raw is None else SessionRecord.from_wire(raw)
+
+    def _forward(self, session: Session, new: Any, old: Any) -> None:
+        """The write cache delivers a change (Kafka's putAndMaybeForward)."""
+        result = self.aggregation.result
+        if new is None:
+            self._forwarded.append(
+                make_emit(session, result(SessionRecord.from_wire(old).acc), retraction=True))
+        else:
+            self._forwarded.append(make_emit(session, result(SessionRecord.from_wire(new).acc)))
+
+    def _drain_forwarded(self) -> list[Emit]:
+        out = self._forwarded
+        self._forwarded = []
+        self._metrics.emitted += len(out)
+        return out
+
+    # -- restore ----------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        committed = self.store.committed_metadata
+        state = committed.get(ENGINE_METADATA_KEY) if isinstance(committed, dict) else None
+        if state is not None:
+            self._times.restore(state)
+        self._cap_expiry()
+        if not self._tracks_close or state is None:
+            return
+        if self._runner is None:
+            # ON_WINDOW_CLOSE needs no scan: until the heap knows every open session again,
+            # each watermark advance asks the store (one range query) instead of the heap
+            self._close_heap_complete = False
+            observed = self.store.observed_stream_time
+            self._unindexed_until = INT64_MIN if observed is None else observed
+            return
+        last_close = self._times.last_close
+        start = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+        for session, raw in self._state.find_sessions(start, INT64_MAX):
+            heapq.heappush(self._close_heap, session.end)
+            self._runner.index(session, SessionRecord.from_wire(raw))
+
+    def _cap_expiry(self) -> None:
+        """Keep the store from expiring what the engine has not emitted (the invariant)."""
+        self._state.cap_expiry_time(expiry_cap_ms(self._times.last_close, self.store.retention_ms))
+
+    # -- the event path ---------------------------------------------------------------------
+
+    def _check_timestamp(self, value: Any) -> int:
+        t = to_timestamp_ms(value, "timestamp_ms")
+        if t > self.config.max_timestamp_ms:
+            raise ValueError(f"timestamp_ms {t} + gap_ms + grace_ms overflows int64")
+        return t
+
+    def _drop(self, key: Any, value: Any, t: int) -> None:
+        self._metrics.dropped += 1
+        if self.on_late is not None:
+            self.on_late(key, value, t)
+
+    def _process_one(self, key: Any, value: Any, t: int, out: list[Emit]) -> None:
+        self._metrics.records_in += 1
+        times = self._times
+        if times.is_late(t):
+            self._drop(key, value, t)
+            return
+        cfg = self.config
+        closed_before = times.closed_before()
+        view = self._state.sessions_of(key, closed_before)
+        start, end, joined = merge_event(view.keys(), t, t + cfg.gap_ms, closed_before,
+                                         cfg.inclusive_gap)
+        new = Session(key, start, end)
+        records = [SessionRecord.from_wire(view[b][0]) for b in joined]
+        same = len(joined) == 1 and joined[0] == (start, end)
+        agg = self.aggregation
+        seq = times.seq + 1
+        runner = self._runner
+        if runner is not None and same:
+            record = runner.on_element(records[0], agg.add(key, value, t, seq, records[0].acc))
+        else:
+            acc = agg.initial()
+            for rec in records:
+                acc = agg.merge(key, acc, rec.acc)
+            acc = agg.add(key, value, t, seq, acc)
+            record = (SessionRecord(acc) if runner is None
+                      else runner.on_merge(records, acc, end))
+        if self._check_acc:
+            check_encodable(record.acc, f"the accumulator of {new}")
+        times.seq = seq
+        state = self._state
+        for b in joined:
+            if b != (start, end):
+                state.remove(Session(key, b[0], b[1]))
+        state.put(new, record.to_wire())
+        if self._updates:
+            if not self.write_cache:
+                result = agg.result
+                for b, rec in zip(joined, records, strict=True):
+                    if b != (start, end):
+                        out.append(make_emit(Session(key, b[0], b[1]), result(rec.acc),
+                                             retraction=True))
+                out.append(make_emit(new, result(record.acc)))
+                self._metrics.emitted += len(joined) + 1 - same
+        else:
+            if not same:
+                heapq.heappush(self._close_heap, end)
+                if self._record_close_times:
+                    self._new_close_times.append(end)
+            if runner is not None:
+                runner.after_update(new, record,
+                                    records[0].pt_target_ms if same else None, same, out)
+        if times.observe(t):
+            self._on_watermark(out)
+
+    # -- closing (ON_WINDOW_CLOSE and the closing pane of triggers) ---------------------------
+
+    def _on_watermark(self, out: list[Emit]) -> None:
+        times = self._times
+        w = times.watermark
+        close_upto = w - self.config.grace_ms
+        if close_upto > times.last_close:
+            if not self._tracks_close:
+                times.last_close = close_upto
+            elif (self._close_heap and self._close_heap[0] <= close_upto) \
+                    or not self._close_heap_complete:
+                self._close_up_to(close_upto, out)
+            else:
+                times.last_close = close_upto
+            if not self._close_heap_complete and times.last_close >= self._unindexed_until:
+                self._close_heap_complete = True  # every session from before the restart closed
+            self._cap_expiry()
+        if self._runner is not None:
+            self._fire_on_time(w, out)
+
+    def _close_up_to(self, upto: int, out: list[Emit]) -> None:
+        """Emit every session with ``last_close < end <= upto`` as closed, in end order."""
+        heap = self._close_heap
+        while heap and heap[0] <= upto:
+            heapq.heappop(heap)
+        times = self._times
+        grace = self.config.grace_ms
+        result = self.aggregation.result
+        metrics = self._metrics
+        runner = self._runner
+        rows = list(self._state.find_sessions(times.last_close + 1, upto))
+        for session, raw in rows:
+            record = SessionRecord.from_wire(raw)
+            if runner is None:
+                out.append(make_emit(session, result(record.acc)))
+                metrics.emitted += 1
+                metrics.record_final(max(0, times.watermark - (session.end + grace)))
+            else:
+                runner.fire_closing(session, record, out)
+        times.last_close = upto
+
+    def _fire_on_time(self, w: int, out: list[Emit]) -> None:
+        times = self._times
+        runner = self._runner
+        assert runner is not None
+        low = max(times.last_on_time, times.last_close) + 1
+        if w < low:
+            return
+        if runner.on_time_due(w):
+            for session, raw in list(self._state.find_sessions(low, w)):
+                record = SessionRecord.from_wire(raw)
+                if record.phase is Phase.EARLY:
+                    runner.fire(session, record, PaneTiming.ON_TIME, False, out)
+        times.last_on_time = w

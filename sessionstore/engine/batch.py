@@ -1,0 +1,208 @@
+"""The columnar batch path of :class:`~sessionstore.engine.SessionAggregator`.
+
+:func:`process_batch` takes a batch of events as columns and works on all of them at once:
+
+1. validate the whole batch (keys, times, values that msgpack can store) before any change;
+2. compute each event's watermark on arrival, so lateness and "closed before" are exactly what
+   an event loop would see;
+3. load the open sessions of the batch's keys and hand everything to the merge plan
+   (:func:`~sessionstore.engine.merge.plan_batch`), which returns the resulting sessions and
+   what each event and each open session went into;
+4. aggregate each resulting session (open accumulators merged, events folded in (time, arrival)
+   order), and check every new accumulator can be stored — still before any change;
+5. write: remove the replaced sessions, put the new ones (the cache writes them in bulk);
+6. emit: with ON_WINDOW_UPDATE, what the event path with its write cache flushed at the end
+   of the batch emits; with ON_WINDOW_CLOSE, advance the watermark and close, exactly as the
+   loop would (the close cursor caps expiry, so the writes of step 5 cannot expire anything
+   that is not emitted yet).
+
+With a trigger, events go one at a time through the event path (the exact slower path), after
+the same validation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import batch as columns
+from .. import keyschema
+from ..types import Session
+from .config import NO_WATERMARK
+from .emit import Emit, make_emit
+from .merge import plan_batch
+from .record import SessionRecord, check_encodable, first_unencodable
+
+if TYPE_CHECKING:
+    from .aggregator import SessionAggregator
+
+
+def process_batch(engine: SessionAggregator, keys: Any, values: Any,
+                  timestamps_ms: Any) -> list[Emit]:
+    """Add a batch of events in arrival order.
+
+    Args:
+        keys, values, timestamps_ms: lists, numpy arrays, pandas Series or Arrow arrays of the
+            same length; times are int64 milliseconds (or datetimes).
+
+    Returns:
+        With ON_WINDOW_CLOSE or a trigger: exactly what a loop of ``process`` emits. With
+        ON_WINDOW_UPDATE: what the event path emits with ``write_cache=True`` and a
+        :meth:`flush` at the end of the batch (one update per changed session, a retraction per
+        delivered session merged away).
+
+    Raises:
+        TypeError / ValueError: a bad key, time or value, naming the argument and the row
+            (``values[3] cannot be stored ...``). A batch is atomic: nothing changes then.
+    """
+    key_list = columns.as_list(keys, "keys")
+    n = len(key_list)
+    times = columns.timestamps(timestamps_ms, n)
+    value_list = columns.as_list(values, "values")
+    if len(value_list) != n:
+        raise ValueError(f"values has {len(value_list)} rows, keys has {n}")
+    cfg = engine.config
+    if n and int(times.max()) > cfg.max_timestamp_ms:
+        row = int(np.argmax(times > cfg.max_timestamp_ms))
+        raise ValueError(
+            f"timestamps_ms[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64"
+        )
+    codes, uniques = columns.factorize_keys(key_list)
+    first_unencodable(value_list, "values")
+    out: list[Emit] = []
+    if n == 0:
+        return out
+    if engine._runner is not None:
+        _precheck_accumulators(engine, key_list, value_list, times)
+        step = engine._process_one
+        for key, value, t in zip(key_list, value_list, times.tolist(), strict=True):
+            step(key, value, t, out)
+        return out
+    _columnar(engine, codes, uniques, value_list, times, out)
+    if engine._forwarded:
+        out.extend(engine._drain_forwarded())
+    return out
+
+
+def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: list[Any],
+                           times: np.ndarray) -> None:
+    """For the event-by-event path: refuse values whose own accumulator cannot be stored."""
+    agg = engine.aggregation
+    if agg.acc_always_encodable:
+        return
+    for row, (key, value, t) in enumerate(zip(keys, values, times.tolist(), strict=True)):
+        check_encodable(agg.add(key, value, t, 0, agg.initial()),
+                        f"the accumulator of values[{row}]")
+
+
+def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
+              values: list[Any], times: np.ndarray, out: list[Emit]) -> None:
+    cfg = engine.config
+    clock = engine._times
+    metrics = engine._metrics
+    gap, grace = cfg.gap_ms, cfg.grace_ms
+    n = len(times)
+    before = clock.watermarks_before(times)
+    late = before >= times + (gap + grace)
+    # before - grace, without wrapping around below INT64_MIN
+    closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace, clock.last_close)
+    accepted = np.flatnonzero(~late)
+    m = len(accepted)
+    acc_codes = codes[accepted]
+    acc_times = times[accepted]
+    acc_closed = closed_before[accepted]
+    seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
+
+    # the open sessions of the batch's keys, as columns
+    state = engine._state
+    floor = int(acc_closed[0]) if m else 0
+    open_codes: list[int] = []
+    open_starts: list[int] = []
+    open_ends: list[int] = []
+    open_raw: list[Any] = []
+    for code in np.unique(acc_codes).tolist():
+        for (s, e), cached in state.sessions_of(uniques[code], floor).items():
+            if e > floor:
+                open_codes.append(code)
+                open_starts.append(s)
+                open_ends.append(e)
+                open_raw.append(cached[0])
+    plan = plan_batch(acc_codes, acc_times, acc_times + gap, acc_closed,
+                      np.array(open_codes, dtype=np.int64), np.array(open_starts, dtype=np.int64),
+                      np.array(open_ends, dtype=np.int64), cfg.inclusive_gap)
+
+    # aggregate every resulting session; nothing has changed yet
+    agg = engine.aggregation
+    s_codes = plan.session_codes.tolist()
+    s_starts = plan.session_starts_ms.tolist()
+    s_ends = plan.session_ends_ms.tolist()
+    n_sessions = len(s_codes)
+    open_into = plan.open_session.tolist()
+    members: list[list[int]] = [[] for _ in range(n_sessions)]
+    for j in sorted(range(len(open_into)), key=lambda j: (open_ends[j], open_starts[j])):
+        if open_into[j] >= 0:
+            members[open_into[j]].append(j)
+    order = np.lexsort((seqs, acc_times, plan.event_session))
+    sorted_sessions = plan.event_session[order]
+    cuts = np.flatnonzero(np.diff(sorted_sessions)) + 1
+    run_bounds = np.concatenate(([0], cuts, [m])).tolist()
+    run_session = sorted_sessions[np.concatenate(([0], cuts))].tolist() if m else []
+    rows = accepted[order].tolist()
+    row_times = acc_times[order].tolist()
+    row_seqs = seqs[order].tolist()
+    records: list[SessionRecord | None] = [None] * n_sessions
+    for r, k in enumerate(run_session):
+        key = uniques[s_codes[k]]
+        acc = agg.initial()
+        for j in members[k]:
+            acc = agg.merge(key, acc, SessionRecord.from_wire(open_raw[j]).acc)
+        a, b = run_bounds[r], run_bounds[r + 1]
+        run_acc = agg.add_run(key, [values[i] for i in rows[a:b]], row_times[a:b],
+                              row_seqs[a:b], agg.initial())
+        acc = agg.merge(key, acc, run_acc)
+        if engine._check_acc:
+            check_encodable(acc, f"the accumulator of session {Session(key, s_starts[k], s_ends[k])}")
+        records[k] = SessionRecord(acc)
+
+    # apply: from here on nothing can fail on the batch's content
+    metrics.records_in += n
+    if m < n:
+        for i in np.flatnonzero(late).tolist():
+            engine._drop(uniques[codes[i]], values[i], int(times[i]))
+    clock.seq += m
+    changes: list[tuple[Session, Any, bool]] = []  # (session, value, retraction)
+    result = agg.result
+    updates = engine._updates and not engine.write_cache
+    for j, k in enumerate(open_into):
+        if k >= 0 and (open_starts[j], open_ends[j]) != (s_starts[k], s_ends[k]):
+            session = Session(uniques[open_codes[j]], open_starts[j], open_ends[j])
+            state.remove(session)
+            if updates:
+                changes.append((session, SessionRecord.from_wire(open_raw[j]).acc, True))
+    for k in range(n_sessions):
+        record = records[k]
+        assert record is not None
+        session = Session(uniques[s_codes[k]], s_starts[k], s_ends[k])
+        state.put(session, record.to_wire())
+        if updates:
+            changes.append((session, record.acc, False))
+    if engine._updates:
+        if engine.write_cache:
+            state.flush()
+        else:
+            encode = keyschema.encode_key
+            changes.sort(key=lambda c: (c[0].end, encode(c[0].key), c[0].start))
+            out.extend(make_emit(s, result(acc), retraction=retraction)
+                       for s, acc, retraction in changes)
+            metrics.emitted += len(changes)
+    else:
+        import heapq
+
+        heap = engine._close_heap
+        for end in s_ends:
+            heapq.heappush(heap, end)
+        if engine._record_close_times:
+            engine._new_close_times.extend(s_ends)
+    if m and clock.observe(int(acc_times.max())):
+        engine._on_watermark(out)

@@ -1,0 +1,78 @@
+"""What the engine emits, and the counters of what it emitted (KIP-825's emit-final metrics)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from ..store.metered import SlidingRate
+from ..triggers import Pane
+from ..types import Session
+
+
+class EmitStrategy(enum.Enum):
+    """KIP-825: emit every update, or each session once when it closes."""
+
+    ON_WINDOW_UPDATE = "ON_WINDOW_UPDATE"
+    ON_WINDOW_CLOSE = "ON_WINDOW_CLOSE"
+
+
+class Emit(NamedTuple):
+    """One output record.
+
+    ``session.end`` is exclusive (last event + gap) and ``timestamp`` is ``end - 1``.
+    ``retraction`` marks a session that a merge replaced (ON_WINDOW_UPDATE only); its ``value``
+    is the last value delivered for it. ``pane`` is set when a trigger is configured.
+    """
+
+    session: Session
+    value: Any
+    pane: Pane | None
+    retraction: bool
+    timestamp: int
+
+
+def make_emit(session: Session, value: Any, pane: Pane | None = None,
+              retraction: bool = False) -> Emit:
+    return Emit(session, value, pane, retraction, session.end - 1)
+
+
+class EngineMetrics:
+    """Counters of one engine. Rates are over a sliding window, not the lifetime."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.records_in = 0
+        self.dropped = 0
+        self.emitted = 0
+        self.final = SlidingRate()
+        self.final_latency_sum = 0
+        self.final_latency_max = 0
+
+    def record_final(self, latency_ms: int) -> None:
+        """One session emitted as final, ``latency_ms`` of event time after it closed."""
+        self.final.record(1, float(latency_ms))
+        self.final_latency_sum += latency_ms
+        if latency_ms > self.final_latency_max:
+            self.final_latency_max = latency_ms
+
+    def snapshot(self, store_metrics: Mapping[str, float]) -> dict[str, float]:
+        rate, _, _ = self.final.snapshot()
+        total = self.final.total
+        out: dict[str, float] = {
+            "records-in": self.records_in,
+            "dropped-records": self.dropped,
+            "emitted-records": self.emitted,
+            "emit-final-records-total": total,
+            "emit-final-records-rate": rate,
+            "emit-final-latency-max": self.final_latency_max,
+            "emit-final-latency-avg": self.final_latency_sum / total if total else 0.0,
+            "store-dropped-records": store_metrics.get("dropped-records", 0),
+            "expired-segments": store_metrics.get("expired-segments", 0),
+        }
+        for name, value in store_metrics.items():
+            if name.endswith(("-rate", "-total", "-latency-avg", "-latency-max")):
+                out[f"store-{name}"] = value
+        return out

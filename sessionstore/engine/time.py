@@ -1,0 +1,98 @@
+"""Time progress: the watermark, lateness, and the close cursor.
+
+* The watermark ``W`` never goes back. In ``"event_time"`` mode it is the largest event time
+  minus ``max_out_of_orderness_ms``; in ``"external"`` mode only the owner moves it.
+* An event is late when its own window is already closed on arrival: ``W >= t + gap + grace``,
+  judged against ``W`` as it stood before the event.
+* Sessions ending at or before ``closed_before`` are final. The close cursor ``last_close`` is
+  the largest ``W - grace`` the engine has emitted every closed session for; expiry is never
+  allowed past it (see :func:`~sessionstore.engine.config.expiry_cap_ms`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..timeutil import check_int64
+from .config import NO_WATERMARK, EngineConfig
+
+
+class TimeKeeper:
+    """The watermark and cursors of one engine; committed with its state."""
+
+    __slots__ = ("config", "watermark", "max_event_time", "last_close", "last_on_time",
+                 "seq")
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.watermark = NO_WATERMARK
+        self.max_event_time: int | None = None
+        self.last_close = NO_WATERMARK  # every session ending at or before it was emitted
+        self.last_on_time = NO_WATERMARK  # ON_TIME panes fired up to here (triggers)
+        self.seq = 0  # arrival sequence of accepted events (orders ties in collect)
+
+    def is_late(self, t_ms: int) -> bool:
+        cfg = self.config
+        return self.watermark >= t_ms + cfg.gap_ms + cfg.grace_ms
+
+    def closed_before(self) -> int:
+        """Sessions ending at or before this never change again."""
+        closed = self.watermark - self.config.grace_ms
+        return closed if closed > self.last_close else self.last_close
+
+    def observe(self, t_ms: int) -> bool:
+        """Account an accepted event; True when the event-time watermark moved."""
+        if self.config.watermark != "event_time":
+            return False
+        if self.max_event_time is None or t_ms > self.max_event_time:
+            self.max_event_time = t_ms
+        candidate = t_ms - self.config.max_out_of_orderness_ms
+        if candidate > self.watermark:
+            self.watermark = candidate
+            return True
+        return False
+
+    def advance_to(self, to_ms: int) -> bool:
+        if to_ms > self.watermark:
+            self.watermark = to_ms
+            return True
+        return False
+
+    def watermarks_before(self, times_ms: np.ndarray) -> np.ndarray:
+        """The watermark each event of a batch sees on arrival, as a loop of events would.
+
+        Late events do not move the watermark in a loop either (they are dropped first), but a
+        late event is by definition at least ``gap + grace`` behind the watermark, so counting
+        it in the running maximum changes nothing.
+        """
+        w0 = self.watermark
+        n = len(times_ms)
+        if self.config.watermark == "external" or n == 0:
+            return np.full(n, w0, dtype=np.int64)
+        after = np.maximum(
+            np.maximum.accumulate(times_ms) - self.config.max_out_of_orderness_ms, w0
+        )
+        return np.concatenate((np.array([w0], dtype=np.int64), after[:-1])).astype(np.int64)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "watermark": self.watermark,
+            "max_event_time": self.max_event_time,
+            "last_close": self.last_close,
+            "last_on_time": self.last_on_time,
+            "seq": self.seq,
+        }
+
+    def restore(self, state: Any) -> None:
+        """Load committed cursors. Raises ValueError when they are damaged."""
+        try:
+            self.watermark = check_int64(state["watermark"], "watermark")
+            met = state["max_event_time"]
+            self.max_event_time = None if met is None else check_int64(met, "max_event_time")
+            self.last_close = check_int64(state["last_close"], "last_close")
+            self.last_on_time = check_int64(state["last_on_time"], "last_on_time")
+            self.seq = check_int64(state["seq"], "seq")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"corrupted engine metadata in the store: {exc}") from None

@@ -1,0 +1,297 @@
+"""A write-back cache in front of a session store (Kafka Streams' CachingSessionStore, KIP-63).
+
+Writes stay in memory, one entry per session, until :meth:`flush` (or a commit, or eviction)
+writes them to the wrapped store. Several updates of one session between flushes reach the store,
+and the optional ``forward`` listener, once.
+
+*What was forwarded is what the wrapped store holds.* On flush, a session's change is forwarded
+with the value the wrapped store held before (Kafka's ``putAndMaybeForward``): a session that is
+created and merged away between two flushes is neither written nor forwarded, while one that was
+flushed before and is removed now is forwarded as a removal carrying its last flushed value. The
+decision is never taken from the cache's own bookkeeping.
+
+For every key it holds, the cache holds *all* of that key's sessions that end after a floor, so
+the engine's merge queries for that key need no store read. It holds at most ``max_sessions``
+sessions; when full it writes everything and starts over (0 writes through on every change).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from .. import keyschema
+from ..timeutil import INT64_MAX
+from ..types import Session
+
+_TOMBSTONE = object()
+
+Forward = Callable[[Session, Any, Any], None]
+"""``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
+
+
+class CachingSessionStore:
+    """Write-back, de-duplicating cache over a session store. Same contract as the store.
+
+    Args:
+        wrapped: the store below (any :class:`~sessionstore.SessionStoreProtocol` with
+            ``cap_expiry_time``).
+        max_sessions: how many sessions to hold before writing everything (>= 0).
+        forward: called for every change a flush writes, with the wrapped store's old value.
+    """
+
+    def __init__(self, wrapped: Any, max_sessions: int, forward: Forward | None = None) -> None:
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
+            raise ValueError(f"max_sessions must be an int >= 0, got {max_sessions!r}")
+        self.wrapped = wrapped
+        self.max_sessions = max_sessions
+        self.forward = forward
+        # key -> {(start, end): [value, in_wrapped_store]}; complete for ends > _floors[key]
+        self._views: dict[Any, dict[tuple[int, int], list[Any]]] = {}
+        self._floors: dict[Any, int] = {}
+        self._size = 0
+        self._dirty: dict[Session, Any] = {}  # value, or _TOMBSTONE for a removal
+        self._pending: list[tuple[int, int, Session]] = []  # (end, seq, session) of dirty ones
+        self._seq = 0
+
+    # -- the engine's view ------------------------------------------------------------------
+
+    def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], list[Any]]:
+        """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): [value, _]}``.
+
+        Loads the key on first use. The mapping may hold sessions ending at or before the floor
+        too; callers filter. Read only.
+        """
+        view = self._views.get(key)
+        if view is not None:
+            held_floor = self._floors[key]
+            if floor_ms >= held_floor:
+                if floor_ms > held_floor and len(view) > 2:
+                    self._forget_before(key, view, floor_ms)
+                return view
+            self._flush_key(key)  # older sessions wanted than held: reload from the store
+            self._size -= len(self._views.pop(key))
+            del self._floors[key]
+        low = floor_ms + 1 if floor_ms < INT64_MAX else INT64_MAX
+        view = {(s.start, s.end): [value, True]
+                for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
+        if self.max_sessions == 0:
+            return view  # not kept: writes of this key go straight through
+        if self._size + len(view) > self.max_sessions:
+            self.evict()
+        self._views[key] = view
+        self._floors[key] = floor_ms
+        self._size += len(view)
+        return view
+
+    def _forget_before(self, key: Any, view: dict[tuple[int, int], list[Any]],
+                       floor_ms: int) -> None:
+        """Drop a key's sessions ending at or before the floor (writing them first)."""
+        for bounds in [b for b in view if b[1] <= floor_ms]:
+            session = Session(key, bounds[0], bounds[1])
+            if session in self._dirty:
+                self._flush_one(session)
+            del view[bounds]
+            self._size -= 1
+        self._floors[key] = floor_ms
+
+    @property
+    def dirty_count(self) -> int:
+        """Changes not yet written to the wrapped store."""
+        return len(self._dirty)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def put(self, session: Session, value: Any) -> bool:
+        """Cache ``value`` for ``session`` (written on flush). Always True: an expired put is
+        dropped and counted by the wrapped store when it is written."""
+        view = self._views.get(session.key)
+        if view is None:
+            self._dirty[session] = value
+            self._flush_one(session)
+            return True
+        bounds = (session.start, session.end)
+        cached = view.get(bounds)
+        if cached is None:
+            view[bounds] = [value, False]
+            self._size += 1
+        else:
+            cached[0] = value
+        if session not in self._dirty:
+            self._track(session)
+        self._dirty[session] = value
+        if self._size > self.max_sessions:
+            self.evict()
+        return True
+
+    def remove(self, session: Session) -> None:
+        """Remove ``session``; the removal reaches the wrapped store (and ``forward``) on flush,
+        and only if the wrapped store holds the session."""
+        view = self._views.get(session.key)
+        if view is None:
+            self._dirty[session] = _TOMBSTONE
+            self._flush_one(session)
+            return
+        cached = view.pop((session.start, session.end), None)
+        if cached is None:
+            return
+        self._size -= 1
+        if cached[1]:
+            if session not in self._dirty:
+                self._track(session)
+            self._dirty[session] = _TOMBSTONE
+        else:
+            self._dirty.pop(session, None)  # never written: nothing to undo downstream
+
+    def _track(self, session: Session) -> None:
+        self._seq += 1
+        heapq.heappush(self._pending, (session.end, self._seq, session))
+
+    def flush(self, upto_end_ms: int | None = None) -> None:
+        """Write (and forward) the changes of sessions ending at or before ``upto_end_ms``
+        (all, by default), in (end, key bytes, start) order."""
+        pending = self._pending
+        batch: list[Session] = []
+        if upto_end_ms is None:
+            batch = [s for _, _, s in pending]
+            pending.clear()
+        else:
+            while pending and pending[0][0] <= upto_end_ms:
+                batch.append(heapq.heappop(pending)[2])
+        encode = keyschema.encode_key
+        batch = [s for s in batch if s in self._dirty]
+        batch.sort(key=lambda s: (s.end, encode(s.key), s.start))
+        for index, session in enumerate(batch):
+            try:
+                self._flush_one(session)
+            except BaseException:
+                for rest in batch[index:]:  # keep every unwritten change for a retry
+                    if rest in self._dirty:
+                        self._track(rest)
+                raise
+
+    def _flush_one(self, session: Session) -> None:
+        if session not in self._dirty:
+            return  # written already
+        value = self._dirty[session]
+        wrapped = self.wrapped
+        forward = self.forward
+        old = wrapped.fetch_session(*session) if forward is not None else None
+        if value is _TOMBSTONE:
+            wrapped.remove(session)
+            del self._dirty[session]
+            if forward is not None and old is not None:
+                forward(session, None, old)
+            return
+        wrapped.put(session, value)  # raises before changing anything: the change stays dirty
+        del self._dirty[session]
+        view = self._views.get(session.key)
+        cached = view.get((session.start, session.end)) if view is not None else None
+        if cached is not None:
+            cached[1] = True
+        if forward is not None:
+            forward(session, value, old)
+
+    def _flush_key(self, key: Any) -> None:
+        for session in [s for s in self._dirty if s.key == key]:
+            self._flush_one(session)
+
+    def evict(self) -> None:
+        """Write every change and forget every cached session."""
+        self.flush()
+        self._views.clear()
+        self._floors.clear()
+        self._size = 0
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
+        session = Session(key, start_ms, end_ms)
+        if session in self._dirty:
+            value = self._dirty[session]
+            return None if value is _TOMBSTONE else value
+        view = self._views.get(key)
+        if view is not None and end_ms > self._floors[key]:
+            cached = view.get((start_ms, end_ms))
+            return None if cached is None else cached[0]
+        return self.wrapped.fetch_session(key, start_ms, end_ms)
+
+    def find_sessions_to_merge(self, key: Any, earliest_end_ms: int,
+                               latest_start_ms: int) -> Iterator[tuple[Session, Any]]:
+        view = self._views.get(key)
+        if view is not None and earliest_end_ms > self._floors[key]:
+            rows = sorted(
+                (Session(key, s, e), cached[0]) for (s, e), cached in view.items()
+                if e >= earliest_end_ms and s <= latest_start_ms
+            )
+            rows.sort(key=lambda row: (row[0].end, row[0].start))
+            return iter(rows)
+        self._flush_key(key)
+        return self.wrapped.find_sessions_to_merge(key, earliest_end_ms, latest_start_ms)
+
+    def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
+        self._flush_key(key)
+        return self.wrapped.fetch(key)
+
+    def find_sessions(self, earliest_end_ms: int,
+                      latest_end_ms: int) -> Iterator[tuple[Session, Any]]:
+        """Writes the changes in the range first, then asks the wrapped store."""
+        self.flush(latest_end_ms)
+        return self.wrapped.find_sessions(earliest_end_ms, latest_end_ms)
+
+    # -- versions and pass-through ----------------------------------------------------------
+
+    def commit(self, metadata: Any = None) -> int:
+        """Write every change, then commit the wrapped store. A failure keeps what is unwritten
+        in the cache and what is written in the store, so a retry commits all of it."""
+        self.flush()
+        return self.wrapped.commit(metadata)  # type: ignore[no-any-return]
+
+    def abort(self) -> None:
+        """Forget every cached change and abort the wrapped store."""
+        self._views.clear()
+        self._floors.clear()
+        self._dirty.clear()
+        self._pending.clear()
+        self._size = 0
+        self.wrapped.abort()
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+    def cap_expiry_time(self, cap_ms: int | None) -> None:
+        self.wrapped.cap_expiry_time(cap_ms)
+
+    @property
+    def retention_ms(self) -> int:
+        return self.wrapped.retention_ms  # type: ignore[no-any-return]
+
+    @property
+    def segment_interval_ms(self) -> int:
+        return self.wrapped.segment_interval_ms  # type: ignore[no-any-return]
+
+    @property
+    def observed_stream_time(self) -> int | None:
+        return self.wrapped.observed_stream_time  # type: ignore[no-any-return]
+
+    @property
+    def committed_version(self) -> int:
+        return self.wrapped.committed_version  # type: ignore[no-any-return]
+
+    @property
+    def committed_metadata(self) -> Any:
+        return self.wrapped.committed_metadata
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        return self.wrapped.metrics  # type: ignore[no-any-return]
+
+    def segment_id(self, timestamp_ms: int) -> int:
+        return self.wrapped.segment_id(timestamp_ms)  # type: ignore[no-any-return]
+
+    def is_expired(self, end_ms: int) -> bool:
+        return self.wrapped.is_expired(end_ms)  # type: ignore[no-any-return]
+
+    def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
+        return self.wrapped.expiry_boundary_ms(stream_time_ms)  # type: ignore[no-any-return]

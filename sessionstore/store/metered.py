@@ -1,0 +1,196 @@
+"""A store layer that measures what passes through it (Kafka Streams' MeteredSessionStore).
+
+Each operation gets ``<op>-total``, ``<op>-rate`` (per second, over a sliding window rather than
+the lifetime, so a rate reflects the current load) and ``<op>-latency-avg`` / ``-max`` (ms, over
+the same window). The wrapped store's own counters (``dropped-records``, ``expired-segments``,
+...) are passed through.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ..types import Session, SessionStoreProtocol
+
+DEFAULT_WINDOW_S = 30.0
+_OPS = ("put", "remove", "fetch", "find-sessions", "commit")
+
+
+class SlidingRate:
+    """Events per second and their latency over the last ``window_s`` seconds.
+
+    Time is cut into ``buckets`` slices; old slices fall out as time moves on. ``clock`` returns
+    seconds (``time.monotonic`` by default; injectable for tests).
+    """
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, buckets: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s = window_s
+        self._slice = window_s / buckets
+        self._clock = clock
+        self._started = clock()
+        # (slice number, count, latency sum ms, latency max ms)
+        self._buckets: deque[list[float]] = deque()
+        self.total = 0
+
+    def record(self, count: int = 1, latency_ms: float = 0.0) -> None:
+        """Count ``count`` events that took ``latency_ms`` together."""
+        self.total += count
+        now = int(self._clock() / self._slice)
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == now:
+            bucket = buckets[-1]
+            bucket[1] += count
+            bucket[2] += latency_ms
+            if latency_ms > bucket[3]:
+                bucket[3] = latency_ms
+        else:
+            buckets.append([now, count, latency_ms, latency_ms])
+            self._expire(now)
+
+    def _expire(self, now_slice: int) -> None:
+        horizon = now_slice - round(self.window_s / self._slice)
+        while self._buckets and self._buckets[0][0] <= horizon:
+            self._buckets.popleft()
+
+    def snapshot(self) -> tuple[float, float, float]:
+        """``(rate per second, latency avg ms, latency max ms)`` over the window."""
+        now = self._clock()
+        self._expire(int(now / self._slice))
+        count = sum(b[1] for b in self._buckets)
+        span = min(self.window_s, max(now - self._started, 1e-9))
+        latency_sum = sum(b[2] for b in self._buckets)
+        return (count / span, latency_sum / count if count else 0.0,
+                max((b[3] for b in self._buckets), default=0.0))
+
+
+class MeteredSessionStore:
+    """Wraps a session store and measures its operations. Same contract as the wrapped store.
+
+    Args:
+        wrapped: any :class:`~sessionstore.SessionStoreProtocol` store.
+        window_s: the sliding window of rates and latencies.
+        clock: seconds, for tests.
+    """
+
+    def __init__(self, wrapped: SessionStoreProtocol, window_s: float = DEFAULT_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.wrapped = wrapped
+        self._clock = clock
+        self._rates = {op: SlidingRate(window_s, clock=clock) for op in _OPS}
+
+    def _timed(self, op: str, started: float, count: int = 1) -> None:
+        self._rates[op].record(count, (self._clock() - started) * 1000.0)
+
+    # -- measured operations ----------------------------------------------------------------
+
+    def put(self, session: Session, value: Any) -> bool:
+        started = self._clock()
+        written = self.wrapped.put(session, value)
+        self._timed("put", started)
+        return written
+
+    def put_many(self, rows: list[tuple[Session, Any]]) -> None:
+        """Write many sessions; one bulk write when the wrapped store has ``put_many``."""
+        started = self._clock()
+        bulk = getattr(self.wrapped, "put_many", None)
+        if bulk is not None:
+            bulk(rows)
+        else:
+            for session, value in rows:
+                self.wrapped.put(session, value)
+        self._timed("put", started, len(rows))
+
+    def remove(self, session: Session) -> None:
+        started = self._clock()
+        self.wrapped.remove(session)
+        self._timed("remove", started)
+
+    def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
+        started = self._clock()
+        value = self.wrapped.fetch_session(key, start_ms, end_ms)
+        self._timed("fetch", started)
+        return value
+
+    def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
+        started = self._clock()
+        rows = list(self.wrapped.fetch(key))
+        self._timed("fetch", started)
+        return iter(rows)
+
+    def find_sessions_to_merge(self, key: Any, earliest_end_ms: int,
+                               latest_start_ms: int) -> Iterator[tuple[Session, Any]]:
+        started = self._clock()
+        rows = list(self.wrapped.find_sessions_to_merge(key, earliest_end_ms, latest_start_ms))
+        self._timed("fetch", started)
+        return iter(rows)
+
+    def find_sessions(self, earliest_end_ms: int,
+                      latest_end_ms: int) -> Iterator[tuple[Session, Any]]:
+        started = self._clock()
+        rows = list(self.wrapped.find_sessions(earliest_end_ms, latest_end_ms))
+        self._timed("find-sessions", started)
+        return iter(rows)
+
+    def commit(self, metadata: Any = None) -> int:
+        started = self._clock()
+        version = self.wrapped.commit(metadata)
+        self._timed("commit", started)
+        return version
+
+    # -- pass-through -----------------------------------------------------------------------
+
+    def abort(self) -> None:
+        self.wrapped.abort()
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+    @property
+    def retention_ms(self) -> int:
+        return self.wrapped.retention_ms
+
+    @property
+    def segment_interval_ms(self) -> int:
+        return self.wrapped.segment_interval_ms
+
+    @property
+    def observed_stream_time(self) -> int | None:
+        return self.wrapped.observed_stream_time
+
+    @property
+    def committed_version(self) -> int:
+        return self.wrapped.committed_version
+
+    @property
+    def committed_metadata(self) -> Any:
+        return self.wrapped.committed_metadata
+
+    def segment_id(self, timestamp_ms: int) -> int:
+        return self.wrapped.segment_id(timestamp_ms)
+
+    def is_expired(self, end_ms: int) -> bool:
+        return self.wrapped.is_expired(end_ms)
+
+    def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
+        return self.wrapped.expiry_boundary_ms(stream_time_ms)
+
+    def cap_expiry_time(self, cap_ms: int | None) -> None:
+        self.wrapped.cap_expiry_time(cap_ms)  # type: ignore[attr-defined]
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        """The wrapped store's counters plus ``<op>-total/-rate/-latency-avg/-latency-max``."""
+        out: dict[str, float] = dict(self.wrapped.metrics)
+        for op, rate in self._rates.items():
+            per_s, avg, top = rate.snapshot()
+            out[f"{op}-total"] = rate.total
+            out[f"{op}-rate"] = per_s
+            out[f"{op}-latency-avg"] = avg
+            out[f"{op}-latency-max"] = top
+        return out
