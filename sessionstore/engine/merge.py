@@ -71,7 +71,7 @@ def plan_batch(
     each open session went into, -1 when untouched). See :func:`sessionstore.kernels.plan_sessions`.
     """
     try:
-        from ..kernels import plan_sessions
+        from ..kernels import plan_sessions  # type: ignore[import-not-found,unused-ignore]
     except ImportError:  # the compiled kernel is optional; the rule itself is not
         return plan_by_events(key_codes, times_ms, ends_ms, closed_before_ms, open_codes,
                               open_starts_ms, open_ends_ms, inclusive)

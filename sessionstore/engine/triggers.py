@@ -98,9 +98,9 @@ class TriggerRunner:
             self.push_timer(record.pt_target_ms, new)
         if record.phase is Phase.LATE:
             late = self.late
-            if not same:  # a new window behind the watermark fires at once
-                self.fire(new, record, PaneTiming.LATE, False, out)
-            elif isinstance(late, AfterCount) and record.n_new >= late.n:
+            # a new window behind the watermark fires at once; a late AfterCount fires on the
+            # element that meets it (Beam's early_late_sessions transcript)
+            if not same or (isinstance(late, AfterCount) and record.n_new >= late.n):
                 self.fire(new, record, PaneTiming.LATE, False, out)
         elif isinstance(self.early, AfterCount) and record.n_new >= self.early.n:
             self.fire(new, record, PaneTiming.EARLY, False, out)

@@ -228,17 +228,17 @@ class CachingSessionStore:
             rows.sort(key=lambda row: (row[0].end, row[0].start))
             return iter(rows)
         self._flush_key(key)
-        return self.wrapped.find_sessions_to_merge(key, earliest_end_ms, latest_start_ms)
+        return iter(self.wrapped.find_sessions_to_merge(key, earliest_end_ms, latest_start_ms))
 
     def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
         self._flush_key(key)
-        return self.wrapped.fetch(key)
+        return iter(self.wrapped.fetch(key))
 
     def find_sessions(self, earliest_end_ms: int,
                       latest_end_ms: int) -> Iterator[tuple[Session, Any]]:
         """Writes the changes in the range first, then asks the wrapped store."""
         self.flush(latest_end_ms)
-        return self.wrapped.find_sessions(earliest_end_ms, latest_end_ms)
+        return iter(self.wrapped.find_sessions(earliest_end_ms, latest_end_ms))
 
     # -- versions and pass-through ----------------------------------------------------------
 

@@ -17,7 +17,8 @@ from tests.conformance.player import (
     load,
 )
 
-ENGINE_FILES = ["blog_sessions.yaml", "engine_sessions.yaml", "blog_triggers.yaml"]
+ENGINE_FILES = ["blog_sessions.yaml", "engine_sessions.yaml", "blog_triggers.yaml",
+                "beam_sessions.yaml"]
 SCENARIOS = [
     pytest.param(scenario, id=f"{name.split('.')[0]}:{scenario['name']}")
     for name in ENGINE_FILES

@@ -1,0 +1,135 @@
+"""Regression tests, one per defect found in engine v1 (issue 10)."""
+
+from __future__ import annotations
+
+import decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionStore,
+    SessionWindows,
+    aggregations,
+)
+from sessionstore.timeutil import INT64_MAX
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("cache", [0, 1, 1_000])
+def test_batch_path_never_loses_sessions_when_the_cache_fills_mid_batch(tmp_path: Path,
+                                                                        backend, cache):
+    n = 6_000
+    windows = SessionWindows(1_000)
+    store = (InMemorySessionStore(retention_ms=windows.retention_ms) if backend == "memory"
+             else SessionStore(tmp_path / "s", retention_ms=windows.retention_ms))
+    engine = SessionAggregator(store, windows, aggregations.count(),
+                               emit=EmitStrategy.ON_WINDOW_CLOSE, cache_max_sessions=cache)
+    keys = [f"user{i}" for i in range(n)]
+    out = engine.process_batch(keys, [None] * n, np.arange(n, dtype=np.int64))
+    out += engine.advance_watermark(INT64_MAX)
+    assert len(out) == n and {e.session.key for e in out} == set(keys)
+    assert engine.metrics["dropped-records"] == 0
+    assert engine.metrics["store-dropped-records"] == 0
+    store.close()
+
+
+def test_restart_keeps_a_session_when_stream_time_is_exactly_zero(tmp_path: Path):
+    windows = SessionWindows(10)
+
+    def open_engine() -> SessionAggregator:
+        return SessionAggregator(SessionStore(tmp_path / "s", retention_ms=100), windows,
+                                 aggregations.count(), emit=EmitStrategy.ON_WINDOW_CLOSE)
+
+    engine = open_engine()
+    assert engine.process("k", None, -10) == []  # session [-10, 0): the store's stream time is 0
+    engine.commit()
+    engine.store.close()
+    engine = open_engine()
+    out = engine.advance_watermark(50)
+    engine.store.close()
+    assert [tuple(e.session) for e in out] == [("k", -10, 0)]
+
+
+def test_write_cache_retracts_a_delivered_session_updated_then_merged_away():
+    windows = SessionWindows(10)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=1_000), windows,
+                               aggregations.count(), watermark="external", write_cache=True)
+    engine.process("k", None, 0)
+    assert [(tuple(e.session), e.value) for e in engine.flush()] == [(("k", 0, 10), 1)]
+    engine.process("k", None, 0)    # inside [0, 10): an update in place, not delivered yet
+    engine.process("k", None, 10)   # [10, 20) touches [0, 10): merged away into [0, 20)
+    got = [(tuple(e.session), e.value, e.retraction) for e in engine.flush()]
+    # the retraction carries what was delivered (1), not the undelivered in-place update (2)
+    assert got == [(("k", 0, 10), 1, True), (("k", 0, 20), 3, False)]
+
+
+def test_unencodable_values_are_refused_up_front_and_change_nothing():
+    windows = SessionWindows(10)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=1_000), windows,
+                               aggregations.collect(), emit=EmitStrategy.ON_WINDOW_UPDATE)
+    engine.process("k", 1, 0)
+    engine.commit()
+    with pytest.raises(TypeError, match="value cannot be stored"):
+        engine.process("k", decimal.Decimal("1.5"), 1)
+    values: list[object] = list(range(5_000))
+    values[4_000] = {1, 2}
+    with pytest.raises(TypeError, match=r"values\[4000\] cannot be stored"):
+        engine.process_batch([f"u{i}" for i in range(5_000)], values, list(range(5_000)))
+    assert engine.metrics["records-in"] == 1
+    engine.commit()  # the earlier session is still there, and nothing of the bad batch
+    assert [(tuple(s), v) for s, v in engine.sessions("k")] == [(("k", 0, 10), [1])]
+    assert engine.sessions("u0") == []
+
+
+def test_unencodable_accumulator_is_refused_before_any_change():
+    windows = SessionWindows(10)
+    agg = aggregations.sum_of(lambda v: decimal.Decimal(v))
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=1_000), windows, agg)
+    with pytest.raises(TypeError, match="accumulator"):
+        engine.process("k", 1, 0)
+    with pytest.raises(TypeError, match="accumulator"):
+        engine.process_batch(["a", "b"], [1, 2], [0, 1])
+    assert engine.sessions("k") == [] and engine.sessions("a") == []
+
+
+def test_failed_commit_keeps_every_pending_write_for_the_retry():
+    windows = SessionWindows(10)
+    store = InMemorySessionStore(retention_ms=1_000)
+    engine = SessionAggregator(store, windows, aggregations.count(),
+                               emit=EmitStrategy.ON_WINDOW_CLOSE)
+    engine.process("a", None, 0)
+    engine.commit()
+    engine.process("a", None, 5)
+    engine.process("b", None, 6)
+    real_put = store.put
+    calls = {"n": 0}
+
+    def flaky_put(session, value):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk hiccup")
+        return real_put(session, value)
+
+    store.put = flaky_put  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        engine.commit()
+    engine.commit()  # the retry writes what the failed flush had not
+    store.abort()    # back to the last commit: it must hold both events of a and b
+    assert [(tuple(s), v[0]) for s, v in store.fetch("a")] == [(("a", 0, 15), 2)]
+    assert [(tuple(s), v[0]) for s, v in store.fetch("b")] == [(("b", 6, 16), 1)]
+
+
+def test_store_metrics_are_rates_over_a_window():
+    windows = SessionWindows(10)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=1_000), windows,
+                               aggregations.count(), cache_max_sessions=0)
+    for i in range(5):
+        engine.process("k", None, i * 100)
+    metrics = engine.metrics
+    assert metrics["store-put-total"] == 5
+    assert metrics["store-put-rate"] > 0 and metrics["store-put-latency-max"] >= 0
