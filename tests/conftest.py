@@ -17,6 +17,10 @@ settings.register_profile(
 settings.register_profile(
     "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
+# soak: pytest tests/engine --hypothesis-profile=long
+settings.register_profile(
+    "long", max_examples=5_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 StoreFactory = Callable[..., object]

@@ -7,7 +7,7 @@ import decimal
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionstore import (
@@ -146,7 +146,7 @@ def changelog_table(emits: list[Any]) -> list[tuple[Any, ...]]:
 cuts_strategy = st.lists(st.booleans(), min_size=1, max_size=8)
 
 
-@settings(max_examples=200)
+
 @given(engine_configs(), engine_steps(), cuts_strategy, st.none() | st.integers(0, 5))
 def test_close_mode_event_path_batch_path_and_oracle_agree(cfg, steps, cuts, bad_row):
     emits, effective = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, False, cuts).run(steps)
@@ -160,7 +160,7 @@ def test_close_mode_event_path_batch_path_and_oracle_agree(cfg, steps, cuts, bad
     assert ends == sorted(ends) or any(s[0] in ("abort", "reopen") for s in steps)
 
 
-@settings(max_examples=150)
+
 @given(engine_configs(), engine_steps(), cuts_strategy)
 def test_update_mode_changelogs_rebuild_the_oracle_sessions(cfg, steps, cuts):
     plain, effective = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, cuts).run(steps)
