@@ -39,6 +39,8 @@ bench-peers: install .venv-bench/bin/python
 	$(PY) -m benchmarks.peers
 	$(PY) -m benchmarks.report
 
+soak: install ; SESSIONSTORE_SOAK=1 $(VENV)/bin/pytest tests/reliability/test_corruption_matrix.py -q -s
+
 spark-run: install
 	$(PY) -m spark_adapter.example
 

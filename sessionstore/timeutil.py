@@ -42,7 +42,8 @@ _UNIT_MS = {
     "week": 604_800_000,
     "weeks": 604_800_000,
 }
-_PART = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*")
+# Terms are ASCII digits (not str.isdigit's Unicode digits), an optional fraction, a unit.
+_PART = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-z]+)\s*", re.ASCII)
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
@@ -83,19 +84,24 @@ def timestamp_ms(value: Any, name: str = "timestamp_ms") -> int:
 
 
 def duration_ms(value: Any, name: str) -> int:
-    """Convert a duration to integer milliseconds.
+    """Convert a duration to integer milliseconds, exactly.
 
-    Accepts an int (milliseconds), a ``timedelta``, or a string such as ``"10 minutes"``,
-    ``"30m"``, ``"1 hour 30 minutes"`` or ``"250 ms"``.
+    Accepts an int (milliseconds, any sign: callers check the range they need), a
+    ``timedelta``, or a string of one or more non-negative terms such as ``"10 minutes"``,
+    ``"30m"``, ``"1 hour 30 minutes"``, ``"1.001s"`` or ``"250 ms"`` (optionally prefixed with
+    ``interval``). Strings are parsed with integer arithmetic, never floats.
 
     Raises:
-        TypeError: ``value`` has an unsupported type.
-        ValueError: the string cannot be parsed, or the result is outside int64.
+        TypeError: ``value`` has an unsupported type (floats included).
+        ValueError: naming ``name``: the string cannot be parsed, has a negative term, or is
+            not a whole number of milliseconds (``"1.0005s"``, a ``timedelta`` with spare
+            microseconds); the result is outside int64.
     """
     if isinstance(value, _dt.timedelta):
-        return check_int64(
-            (value.days * 86_400 + value.seconds) * 1000 + value.microseconds // 1000, name
-        )
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        if micros % 1000:
+            raise ValueError(f"{name} is not a whole number of milliseconds: {value!r}")
+        return check_int64(micros // 1000, name)
     if isinstance(value, str):
         return check_int64(_parse_duration(value, name), name)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -105,24 +111,45 @@ def duration_ms(value: Any, name: str) -> int:
 
 
 def _parse_duration(text: str, name: str) -> int:
+    shown = repr(text) if len(text) <= 60 else repr(text[:57] + "...")
     stripped = text.strip().lower()
     if stripped.startswith("interval "):
         stripped = stripped[len("interval "):]
     if not stripped:
         raise ValueError(f"{name} is an empty duration string")
-    if stripped.lstrip("-").isdigit():
-        return int(stripped)
-    total = 0.0
+    if "-" in stripped:
+        raise ValueError(f"{name} has a negative term in {shown}; durations are >= 0")
+    if stripped.isdigit() and stripped.isascii():
+        return _whole_ms(stripped, "", 1, name, shown)
+    total = 0
     pos = 0
     while pos < len(stripped):
         match = _PART.match(stripped, pos)
-        if match is None or match.end() == pos:
-            raise ValueError(f"{name} is not a duration: {text!r} (try '10 minutes' or '30s')")
-        number, unit = match.groups()
+        if match is None:
+            raise ValueError(f"{name} is not a duration: {shown} (try '10 minutes' or '30s')")
+        whole, fraction, unit = match.groups()
         if unit not in _UNIT_MS:
-            raise ValueError(f"{name} has an unknown time unit {unit!r} in {text!r}")
-        total += float(number) * _UNIT_MS[unit]
+            raise ValueError(f"{name} has an unknown time unit {unit!r} in {shown}")
+        total += _whole_ms(whole, fraction or "", _UNIT_MS[unit], name, shown)
+        if total > INT64_MAX:
+            raise ValueError(f"{name} must fit in int64 milliseconds, got {shown}")
         pos = match.end()
-    if total != int(total):
-        raise ValueError(f"{name} is not a whole number of milliseconds: {text!r}")
-    return int(total)
+    return total
+
+
+def _whole_ms(whole: str, fraction: str, unit_ms: int, name: str, shown: str) -> int:
+    """``whole.fraction`` units in ms, exactly; refuses sub-millisecond parts and huge values."""
+    whole = whole.lstrip("0")
+    fraction = fraction.rstrip("0")
+    # Bounded before any int(): a 400-digit term must not reach int() (or its digit limit).
+    if len(whole) > 19:
+        raise ValueError(f"{name} must fit in int64 milliseconds, got {shown}")
+    # A unit's ms count holds at most 2**10 and 5**5, so a fraction with more than ten
+    # significant digits is never a whole ms; 18 only keeps the ints small.
+    if len(fraction) > 18:
+        raise ValueError(f"{name} is not a whole number of milliseconds: {shown}")
+    scale: int = 10 ** len(fraction)
+    scaled = (int(whole or "0") * scale + int(fraction or "0")) * unit_ms
+    if scaled % scale:
+        raise ValueError(f"{name} is not a whole number of milliseconds: {shown}")
+    return scaled // scale

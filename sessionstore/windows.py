@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .timeutil import duration_ms
+from .timeutil import check_int64, duration_ms
 
 
 @dataclass(frozen=True, init=False)
@@ -22,7 +22,8 @@ class SessionWindows:
             ``gap_ms + grace_ms``, which is the default.
 
     Raises:
-        ValueError: ``gap_ms <= 0``, ``grace_ms < 0`` or ``retention_ms < gap_ms + grace_ms``.
+        ValueError: ``gap_ms <= 0``, ``grace_ms < 0``, ``retention_ms < gap_ms + grace_ms``, or
+            a value (``gap_ms + grace_ms`` included) outside int64.
         TypeError: an argument is not a duration.
     """
 
@@ -46,7 +47,10 @@ class SessionWindows:
             raise ValueError(f"grace_ms must be >= 0, got {grace}")
         if not isinstance(inclusive_gap, bool):
             raise TypeError(f"inclusive_gap must be a bool, got {inclusive_gap!r}")
-        retention = gap + grace if retention_ms is None else duration_ms(retention_ms, "retention_ms")
+        if retention_ms is None:  # the derived value must fit int64 like the given ones
+            retention = check_int64(gap + grace, "retention_ms (gap_ms + grace_ms)")
+        else:
+            retention = duration_ms(retention_ms, "retention_ms")
         if retention < gap + grace:
             raise ValueError(
                 f"retention_ms must be >= gap_ms + grace_ms = {gap + grace}, got {retention}"

@@ -1,6 +1,7 @@
 """Session store backends: RocksDB (durable) and in-memory (the reference model)."""
 
 from .base import SegmentedSessionStore, default_segment_interval_ms
+from .checkpoint import committed_versions
 from .memory import InMemorySessionStore
 from .readonly import ReadOnlySessionStore
 from .rocksdb import SessionStore
@@ -10,5 +11,6 @@ __all__ = [
     "ReadOnlySessionStore",
     "SegmentedSessionStore",
     "SessionStore",
+    "committed_versions",
     "default_segment_interval_ms",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from .. import keyschema
+from ..errors import StoreCorruptedError
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
@@ -20,7 +21,8 @@ log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
-STORE_FORMAT_VERSION = 1
+# 2: the manifest carries its own SHA-256 and what the version must contain (checkpoint.py).
+STORE_FORMAT_VERSION = 2
 
 
 def default_segment_interval_ms(retention_ms: int) -> int:
@@ -59,9 +61,14 @@ class CommittedState:
 
     @classmethod
     def from_manifest(cls, manifest: Any, source: str) -> CommittedState:
-        """Validate a decoded manifest. Raises ValueError naming ``source`` when it is wrong."""
+        """Validate a decoded manifest.
+
+        Raises:
+            StoreCorruptedError: a field is missing or invalid (naming ``source``).
+            ValueError: the manifest is of another format version.
+        """
         if not isinstance(manifest, dict):
-            raise ValueError(f"corrupted store manifest {source}: not a map")
+            raise StoreCorruptedError(source, "corrupted store manifest: not a map")
         fmt = manifest.get("format")
         if fmt != STORE_FORMAT_VERSION:
             raise ValueError(
@@ -80,7 +87,7 @@ class CommittedState:
             if interval <= 0:
                 raise ValueError(f"segment_interval_ms must be > 0, got {interval}")
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"corrupted store manifest {source}: {exc}") from None
+            raise StoreCorruptedError(source, f"corrupted store manifest: {exc}") from None
         return cls(version, manifest.get("metadata"), stream_time, expired_below, interval)
 
 

@@ -2,63 +2,108 @@
 queries).
 
 The view opens a private copy of the newest checkpoint (SST files hard-linked, so it costs
-milliseconds and no space) in RocksDB's read-only mode. The writer keeps writing to its own
-working copy and may delete old checkpoints; the view is unaffected. Every query answers from one
-committed version, so results are consistent with each other and with ``version``/``metadata``;
-:meth:`ReadOnlySessionStore.refresh` moves the view to the newest commit.
+milliseconds and no space) in RocksDB's read-only mode. It takes no lock and writes nothing into
+the store directory, so it works beside a running writer (``sessionstore inspect`` uses it). The
+writer keeps writing to its own working copy and may delete old checkpoints; the view is
+unaffected. Every query answers from one committed version, so results are consistent with each
+other and with ``version``/``metadata``; :meth:`ReadOnlySessionStore.refresh` moves the view to
+the newest commit.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import rocksdict
-
 from .. import keyschema
+from ..errors import StoreCorruptedError
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
 from .base import check_session
-from .rocksdb import (
-    _CF_PREFIX,
-    _CHECKPOINTS,
-    _VERSION_DIR,
+from .checkpoint import (
+    CHECKPOINTS_DIR,
+    check_database,
+    committed_versions,
     copy_checkpoint,
+    corruption_from,
+    open_read_only,
     read_manifest,
-    scan_key,
-    scan_time,
+    relocated,
+    segment_of_cf,
+    verify_files,
     version_dir_name,
 )
+from .rocksdb import scan_key, scan_time
+
+log = logging.getLogger(__name__)
+
+# A writer that commits faster than a view can copy could starve refresh(); after this many
+# consecutive races the view reports the problem instead of spinning.
+MAX_REFRESH_ATTEMPTS = 100
+
+
+def _release(handles: dict[str, Any], scratch: Path) -> None:
+    """Close the database and delete the scratch copy. Holds no reference to the view, so it
+    can run as the view's finalizer when the view is dropped without ``close()``."""
+    handles.pop("cfs", None)
+    db = handles.pop("db", None)
+    if db is not None:
+        db.close()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 class ReadOnlySessionStore:
     """Queries on the last committed version of the store at ``path``; safe from any thread.
 
+    Takes no lock and never writes into ``path``: open it while a writer runs, or on a store
+    nobody has open. Its scratch copy (under ``scratch_dir``, default the temp directory) is
+    deleted by :meth:`close`, or when the view is garbage-collected or the interpreter exits.
+
+    Args:
+        path: the store's directory.
+        value_serde: the serde the store was written with (msgpack by default).
+        scratch_dir: where to put the private copy; on the store's file system the SST files
+            are hard-linked, elsewhere they are copied.
+
     Raises:
-        ValueError: ``path`` holds no committed version, or its manifest is corrupted.
+        ValueError: ``path`` holds no committed version; its manifest is of another format.
+        StoreCorruptedError: the newest checkpoint is damaged (naming the file).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, value_serde: ValueSerde | None = None
-                 ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, value_serde: ValueSerde | None = None,
+                 scratch_dir: str | os.PathLike[str] | None = None) -> None:
         self._path = Path(path)
         self._serde = value_serde or DEFAULT_SERDE
         self._lock = threading.RLock()
-        self._scratch = Path(tempfile.mkdtemp(prefix="sessionstore-view-"))
-        self._db: Any = None
+        self._scratch = Path(tempfile.mkdtemp(prefix="sessionstore-view-", dir=scratch_dir))
+        self._handles: dict[str, Any] = {}
+        self._finalizer = weakref.finalize(self, _release, self._handles, self._scratch)
         self._cfs: dict[int, Any] = {}
         self._version = 0
         self._metadata: Any = None
+        self._stream_time_ms: int | None = None
         self._interval = 1
+        self._retries = 0
         self._closed = False
-        if self.refresh() == 0:
+        try:
+            if self.refresh() == 0:
+                raise ValueError(f"{str(self._path)!r} holds no committed version to read")
+        except BaseException:
             self.close()
-            raise ValueError(f"{str(self._path)!r} holds no committed version to read")
+            raise
+
+    @property
+    def path(self) -> Path:
+        """The store's directory."""
+        return self._path
 
     @property
     def version(self) -> int:
@@ -70,57 +115,110 @@ class ReadOnlySessionStore:
         """The metadata committed with that version."""
         return self._metadata
 
+    @property
+    def segment_interval_ms(self) -> int:
+        """The store's segment interval."""
+        return self._interval
+
+    @property
+    def observed_stream_time(self) -> int | None:
+        """The writer's observed stream time at that commit (None if nothing was put)."""
+        return self._stream_time_ms
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        """``refresh-retries``: refreshes that lost a race with the writer's cleanup and retried."""
+        return {"refresh-retries": self._retries}
+
+    def live_segments(self) -> list[int]:
+        """Ids of the segments the committed version holds, ascending."""
+        with self._lock:
+            return sorted(self._cfs)
+
     def refresh(self) -> int:
-        """Move to the newest committed version; return it."""
+        """Move to the newest committed version; return it.
+
+        The writer deletes old checkpoints after each commit, possibly while this copies one. A
+        failure on a checkpoint that a newer commit has since superseded is such a race and is
+        retried on the newer one; a failure on the newest checkpoint is real and raised.
+
+        Raises:
+            StoreCorruptedError: the newest checkpoint is damaged.
+            ValueError: its manifest is of another format, or the writer won every one of
+                ``MAX_REFRESH_ATTEMPTS`` races in a row.
+        """
         with self._lock:
             self._check_open()
-            root = self._path / _CHECKPOINTS
-            versions = sorted(
-                int(m.group(1)) for m in (_VERSION_DIR.match(p.name) for p in
-                                          (root.iterdir() if root.is_dir() else [])) if m
-            )
-            if not versions or versions[-1] == self._version:
-                return self._version
-            newest = versions[-1]
-            source = root / version_dir_name(newest)
-            state = read_manifest(source)
-            target = self._scratch / version_dir_name(newest)
-            try:
-                copy_checkpoint(source, target)
-            except FileNotFoundError:  # the writer deleted it meanwhile: a newer one exists
-                shutil.rmtree(target, ignore_errors=True)
-                return self.refresh()
-            options = rocksdict.Options(raw_mode=True)
-            names = rocksdict.Rdict.list_cf(str(target), options)
-            db = rocksdict.Rdict(
-                str(target), options=options,
-                column_families={n: rocksdict.Options(raw_mode=True) for n in names},
-                access_type=rocksdict.AccessType.read_only(),
-            )
-            cfs = {int(n[len(_CF_PREFIX):]): db.get_column_family(n)
-                   for n in names if n.startswith(_CF_PREFIX)}
-            old_db, old_dir = self._db, self._scratch / version_dir_name(self._version)
-            self._db, self._cfs = db, cfs
-            self._version = state.version
-            self._metadata = state.metadata
-            assert state.segment_interval_ms is not None
-            self._interval = state.segment_interval_ms
-            if old_db is not None:
-                old_db.close()
-                shutil.rmtree(old_dir, ignore_errors=True)
-            return self._version
+            for _attempt in range(MAX_REFRESH_ATTEMPTS):
+                versions = committed_versions(self._path)
+                if not versions or versions[-1] == self._version:
+                    return self._version
+                try:
+                    self._load(versions[-1])
+                    return self._version
+                except (OSError, StoreCorruptedError) as exc:
+                    if committed_versions(self._path)[-1:] <= versions[-1:]:
+                        raise  # nothing newer: the writer never deletes its newest version
+                    self._retries += 1
+                    log.debug("refresh of %s raced the writer (%s); retrying", self._path, exc)
+            raise ValueError(f"could not read a committed version of {self._path}: the writer "
+                             f"replaced it {MAX_REFRESH_ATTEMPTS} times while it was copied")
+
+    def _load(self, version: int) -> None:
+        source = self._path / CHECKPOINTS_DIR / version_dir_name(version)
+        state, contents = read_manifest(source)
+        target = self._scratch / version_dir_name(version)
+        shutil.rmtree(target, ignore_errors=True)  # a previous attempt's partial copy
+        db = None
+        try:
+            copy_checkpoint(source, target)
+            verify_files(target, contents)  # the copy is what gets opened: check it
+            db, names = open_read_only(target)
+            check_database(db, names, contents, source)
+        except BaseException as exc:
+            if db is not None:
+                db.close()
+            shutil.rmtree(target, ignore_errors=True)
+            if isinstance(exc, StoreCorruptedError):
+                raise relocated(exc, target, source) from None
+            raise
+        cfs = {}
+        for name in names:
+            segment = segment_of_cf(name)
+            if segment is not None:
+                cfs[segment] = db.get_column_family(name)
+        old_db, old_dir = self._handles.get("db"), self._scratch / version_dir_name(self._version)
+        self._handles["db"], self._cfs = db, cfs
+        self._version = state.version
+        self._metadata = state.metadata
+        self._stream_time_ms = state.stream_time_ms
+        assert state.segment_interval_ms is not None
+        self._interval = state.segment_interval_ms
+        if old_db is not None:
+            old_db.close()
+            shutil.rmtree(old_dir, ignore_errors=True)
 
     def fetch(self, key: Any) -> list[tuple[Session, Any]]:
         """All committed sessions of ``key``, by end then start."""
         return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX)
 
     def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
-        """The committed value of one session, or None."""
+        """The committed value of one session, or None.
+
+        Raises:
+            StoreCorruptedError: RocksDB met damaged data.
+        """
         encoded, start, end = check_session((key, start_ms, end_ms))
         with self._lock:
             self._check_open()
             cf = self._cfs.get(end // self._interval)
-            data = None if cf is None else cf.get(keyschema.key_first(encoded, end, start))
+            try:
+                data = None if cf is None else cf.get(keyschema.key_first(encoded, end, start))
+            except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+                error = corruption_from(exc, self._scratch)
+                if error is None:
+                    raise
+                raise error from None
             return None if data is None else self._serde.loads(data)
 
     def find_sessions_to_merge(self, key: Any, earliest_end_ms: int, latest_start_ms: int
@@ -133,7 +231,8 @@ class ReadOnlySessionStore:
             self._check_open()
             loads = self._serde.loads
             return [(Session(key, start, end), loads(data)) for end, start, data in
-                    scan_key(self._cfs, self._interval, encoded, earliest, latest)]
+                    scan_key(self._cfs, self._interval, encoded, earliest, latest,
+                             self._scratch)]
 
     def find_sessions(self, earliest_end_ms: int, latest_end_ms: int
                       ) -> list[tuple[Session, Any]]:
@@ -144,7 +243,8 @@ class ReadOnlySessionStore:
             self._check_open()
             loads, decode = self._serde.loads, keyschema.decode_key
             return [(Session(decode(encoded), start, end), loads(data)) for end, encoded, start,
-                    data in scan_time(self._cfs, self._interval, earliest, latest)]
+                    data in scan_time(self._cfs, self._interval, earliest, latest,
+                                      self._scratch)]
 
     def __iter__(self) -> Iterator[tuple[Session, Any]]:
         return iter(self.find_sessions(INT64_MIN, INT64_MAX))
@@ -154,15 +254,11 @@ class ReadOnlySessionStore:
             raise ValueError("the read-only view is closed")
 
     def close(self) -> None:
+        """Close the view and delete its scratch copy. Idempotent."""
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
             self._cfs = {}
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._finalizer()
 
     def __enter__(self) -> ReadOnlySessionStore:
         return self

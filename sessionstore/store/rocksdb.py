@@ -7,37 +7,60 @@ so reads see them at once. ``commit()`` flushes and takes a RocksDB checkpoint (
 immutable SST files) into a temporary directory, writes the version's manifest into it, and then
 renames it to ``checkpoints/v<version>``: that rename is the atomic commit point. Opening a store,
 and ``abort()``, rebuild ``live/`` from the newest complete checkpoint, so a SIGKILL at any instant
-reopens at exactly the last committed version. Nothing is ever unpickled: the database is opened
+reopens at exactly the last committed version.
+
+Opening verifies the newest checkpoint before it changes anything (see ``checkpoint.py``): the
+manifest's own checksum, the size and SHA-256 of every file, and RocksDB's sequence number and
+column families. Damage raises :class:`~sessionstore.errors.StoreCorruptedError` naming the file,
+and so does a block checksum failure met by any later read. Nothing is ever unpickled: the database is opened
 in raw mode and values go through msgpack (or the serde you pass).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import msgpack
 import rocksdict
 
 from .. import keyschema
+from ..errors import StoreCorruptedError
 from ..types import ValueSerde
 from .base import CommittedState, SegmentedSessionStore
+from .checkpoint import (
+    CHECKPOINTS_DIR,
+    DELETING_PREFIX,
+    LEFTOVER_DIR,
+    MANIFEST_NAME,
+    SEGMENT_CF_PREFIX,
+    STAGING_PREFIX,
+    CheckpointContents,
+    check_database,
+    committed_versions,
+    copy_checkpoint,
+    corruption_from,
+    describe_files,
+    encode_manifest,
+    open_read_only,
+    read_manifest,
+    relocated,
+    segment_of_cf,
+    verify_files,
+    version_dir_name,
+)
+
+__all__ = ["SessionStore", "scan_key", "scan_time", "version_dir_name"]
 
 log = logging.getLogger(__name__)
 
-_CHECKPOINTS = "checkpoints"
 _LIVE = "live"
+_NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
-_MANIFEST = "SESSIONSTORE-MANIFEST"
-_VERSION_DIR = re.compile(r"^v(\d{12})$")
-_CF_PREFIX = "seg"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -56,57 +79,7 @@ def _write_file_durably(path: Path, data: bytes) -> None:
 
 
 def _cf_name(segment: int) -> str:
-    return f"{_CF_PREFIX}{segment}"
-
-
-def _segment_of_cf(name: str) -> int | None:
-    if name.startswith(_CF_PREFIX):
-        with contextlib.suppress(ValueError):
-            return int(name[len(_CF_PREFIX):])
-    return None
-
-
-def version_dir_name(version: int) -> str:
-    """The checkpoint directory name of a version."""
-    return f"v{version:012d}"
-
-
-def read_manifest(checkpoint: Path) -> CommittedState:
-    """Read and validate the manifest of one checkpoint directory.
-
-    Raises:
-        ValueError: the manifest is missing, truncated, garbled, or of an unknown format.
-    """
-    manifest_path = checkpoint / _MANIFEST
-    try:
-        raw = manifest_path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"missing store manifest {manifest_path}") from None
-    try:
-        decoded = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ValueError(f"corrupted store manifest {manifest_path}: {exc}") from None
-    return CommittedState.from_manifest(decoded, str(manifest_path))
-
-
-def copy_checkpoint(source: Path, target: Path) -> None:
-    """Materialise a checkpoint as a database directory: SSTs hard-linked, the rest copied.
-
-    SST and blob files are immutable in RocksDB, so sharing them is safe; the MANIFEST, OPTIONS
-    and log files change, so they are copied.
-    """
-    target.mkdir(parents=True)
-    for entry in os.scandir(source):
-        if entry.name == _MANIFEST:
-            continue
-        destination = target / entry.name
-        if entry.name.endswith((".sst", ".blob")):
-            try:
-                os.link(entry.path, destination)
-            except OSError:
-                shutil.copy2(entry.path, destination)
-        else:
-            shutil.copy2(entry.path, destination)
+    return f"{SEGMENT_CF_PREFIX}{segment}"
 
 
 def _segments_between(cfs: dict[int, Any], first: int, last: int | None) -> list[Any]:
@@ -118,33 +91,57 @@ def _segments_between(cfs: dict[int, Any], first: int, last: int | None) -> list
             if segment >= first and (last is None or segment <= last)]
 
 
+def _raise_corruption(exc: Exception, where: Path) -> NoReturn:
+    """Re-raise a RocksDB read error as StoreCorruptedError; anything else unchanged."""
+    error = corruption_from(exc, where)
+    if error is None:
+        raise exc
+    raise error from None
+
+
 def scan_key(
-    cfs: dict[int, Any], interval: int, encoded_key: bytes, earliest_end: int, latest_start: int
+    cfs: dict[int, Any], interval: int, encoded_key: bytes, earliest_end: int, latest_start: int,
+    where: Path,
 ) -> Iterator[tuple[int, int, bytes]]:
-    """Key-first scan over segment column families: ``(end, start, value)`` by end, start."""
+    """Key-first scan over segment column families: ``(end, start, value)`` by end, start.
+
+    Raises:
+        StoreCorruptedError: RocksDB met a damaged block or a missing file (``where`` is named
+            when RocksDB does not name the file). A RocksDB iterator stops at an error as it
+            stops at the end, so the status is checked whenever it stops on its own.
+    """
     first = earliest_end // interval
     prefix = keyschema.key_first_prefix(encoded_key)
     prefix_len = len(prefix)
     seek = keyschema.key_first_seek(encoded_key, earliest_end)
     split = keyschema.split_key_first
-    for cf in _segments_between(cfs, first, None):
-        it = cf.iter()
-        it.seek(seek)
-        while it.valid():
-            record = it.key()
-            if not record.startswith(prefix):
-                break
-            end, start = split(record, prefix_len)
-            if start <= latest_start:
-                yield end, start, it.value()
-            it.next()
-        del it
+    try:
+        for cf in _segments_between(cfs, first, None):
+            it = cf.iter()
+            it.seek(seek)
+            while it.valid():
+                record = it.key()
+                if not record.startswith(prefix):
+                    break
+                end, start = split(record, prefix_len)
+                if start <= latest_start:
+                    yield end, start, it.value()
+                it.next()
+            else:
+                it.status()
+            del it
+    except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
+        _raise_corruption(exc, where)
 
 
 def scan_time(
-    cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int
+    cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int, where: Path
 ) -> Iterator[tuple[int, bytes, int, bytes]]:
-    """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start."""
+    """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start.
+
+    Raises:
+        StoreCorruptedError: as :func:`scan_key`.
+    """
     if earliest_end > latest_end:
         return
     first, last = earliest_end // interval, latest_end // interval
@@ -152,21 +149,28 @@ def scan_time(
     split = keyschema.split_time_first
     to_key_first = keyschema.time_first_to_key_first
     tag = keyschema.TIME_FIRST
-    for cf in _segments_between(cfs, first, last):
-        it = cf.iter()
-        it.seek(seek)
-        while it.valid():
-            record = it.key()
-            if not record.startswith(tag):
-                break
-            end, encoded, start = split(record)
-            if end > latest_end:
-                break
-            data = cf.get(to_key_first(record))
-            if data is not None:
-                yield end, encoded, start, data
-            it.next()
-        del it
+    try:
+        for cf in _segments_between(cfs, first, last):
+            it = cf.iter()
+            it.seek(seek)
+            while it.valid():
+                record = it.key()
+                if not record.startswith(tag):
+                    break
+                end, encoded, start = split(record)
+                if end > latest_end:
+                    break
+                data = cf.get(to_key_first(record))
+                # None: the owner removed the session while this scan was running (the
+                # iterator reads a snapshot, get() the present); damage fails the checksums.
+                if data is not None:
+                    yield end, encoded, start, data
+                it.next()
+            else:
+                it.status()
+            del it
+    except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
+        _raise_corruption(exc, where)
 
 
 class SessionStore(SegmentedSessionStore):
@@ -181,8 +185,11 @@ class SessionStore(SegmentedSessionStore):
         keep_versions: how many committed checkpoints to keep on disk (at least 1).
 
     Raises:
-        ValueError: bad arguments; a corrupted, truncated or newer-format manifest; a store that
-            is already open elsewhere.
+        StoreCorruptedError: the newest checkpoint is damaged: a file missing, extra, resized or
+            changed, a damaged manifest, or a RocksDB MANIFEST that does not hold the committed
+            version. Nothing on disk is changed.
+        ValueError: bad arguments; a manifest of another format version; a store that is
+            already open elsewhere.
     """
 
     def __init__(
@@ -209,6 +216,7 @@ class SessionStore(SegmentedSessionStore):
         self._explicit_interval = segment_interval_ms is not None
         self._db: Any = None
         self._cfs: dict[int, Any] = {}
+        self._contents: CheckpointContents | None = None
         self._cf_options = rocksdict.Options(raw_mode=True)
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stub declares a method, but at run time this is a property. Commits do not
@@ -219,6 +227,7 @@ class SessionStore(SegmentedSessionStore):
         try:
             self._apply_committed(self._load_committed())
             self._open_live()
+            self._remove_own_leftovers()
         except BaseException:
             self._unlock()
             raise
@@ -230,7 +239,7 @@ class SessionStore(SegmentedSessionStore):
 
     def checkpoint_path(self, version: int | None = None) -> Path:
         """The directory of a committed version (default: the last one)."""
-        return self._path / _CHECKPOINTS / version_dir_name(
+        return self._path / CHECKPOINTS_DIR / version_dir_name(
             self.committed_version if version is None else version
         )
 
@@ -255,29 +264,13 @@ class SessionStore(SegmentedSessionStore):
             self._lock_handle.close()
             self._lock_handle = None
 
-    def _versions_on_disk(self) -> list[int]:
-        root = self._path / _CHECKPOINTS
-        if not root.is_dir():
-            return []
-        found = []
-        for entry in os.scandir(root):
-            match = _VERSION_DIR.match(entry.name)
-            if match:
-                found.append(int(match.group(1)))
-            else:  # an interrupted commit: never renamed, so never committed
-                shutil.rmtree(entry.path, ignore_errors=True)
-        return sorted(found)
-
     def _load_committed(self) -> CommittedState:
-        versions = self._versions_on_disk()
+        versions = committed_versions(self._path)
         if not versions:
             return CommittedState()
-        state = read_manifest(self._path / _CHECKPOINTS / version_dir_name(versions[-1]))
-        if state.version != versions[-1]:
-            raise ValueError(
-                f"corrupted store {self._path}: checkpoint {version_dir_name(versions[-1])} "
-                f"claims version {state.version}"
-            )
+        checkpoint = self._path / CHECKPOINTS_DIR / version_dir_name(versions[-1])
+        state, contents = read_manifest(checkpoint)
+        verify_files(checkpoint, contents)
         stored_interval = state.segment_interval_ms
         assert stored_interval is not None
         if stored_interval != self._interval:
@@ -287,33 +280,67 @@ class SessionStore(SegmentedSessionStore):
                     f"{stored_interval}; a store keeps the interval it was created with"
                 )
             self._interval = stored_interval
+        self._contents = contents
         return state
+
+    def _remove_own_leftovers(self) -> None:
+        """Delete what an interrupted commit left: ``.staging-v<digits>``, ``.deleting-v<digits>``.
+
+        Called once the open succeeded, so a failed open changes nothing; any other entry (an
+        operator's backup, say) is never touched.
+        """
+        root = self._path / CHECKPOINTS_DIR
+        if root.is_dir():
+            for entry in os.scandir(root):
+                if LEFTOVER_DIR.match(entry.name):
+                    shutil.rmtree(entry.path)
 
     def _open_live(self) -> None:
         live = self._path / _LIVE
-        if live.exists():
-            shutil.rmtree(live)
         if self._committed.version > 0:
-            checkpoint = self.checkpoint_path()
-            if not (checkpoint / "CURRENT").is_file():
-                raise ValueError(f"missing or incomplete checkpoint {checkpoint}")
-            copy_checkpoint(checkpoint, live)
+            # Built beside the old working copy and checked there, so that a failed check
+            # leaves the directory as it was. Opening the checkpoint itself is no option:
+            # rocksdict rewrites its config file in any directory it opens, read-only or not.
+            fresh = self._path / _NEXT_LIVE
+            if fresh.exists():
+                shutil.rmtree(fresh)
+            copy_checkpoint(self.checkpoint_path(), fresh)
+            try:
+                if self._contents is not None:
+                    db, names = open_read_only(fresh)
+                    try:
+                        check_database(db, names, self._contents, self.checkpoint_path())
+                    finally:
+                        db.close()
+            except StoreCorruptedError as exc:
+                shutil.rmtree(fresh, ignore_errors=True)
+                raise relocated(exc, fresh, self.checkpoint_path()) from None
+            except BaseException:
+                shutil.rmtree(fresh, ignore_errors=True)
+                raise
+            if live.exists():
+                shutil.rmtree(live)
+            os.rename(fresh, live)
+        elif live.exists():
+            shutil.rmtree(live)
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
-        names = rocksdict.Rdict.list_cf(str(live), options) if live.exists() else ["default"]
+        options.set_paranoid_checks(True)
         try:
+            names = rocksdict.Rdict.list_cf(str(live), options) if live.exists() \
+                else ["default"]
             self._db = rocksdict.Rdict(
                 str(live),
                 options=options,
                 column_families={name: rocksdict.Options(raw_mode=True) for name in names},
             )
-        except Exception as exc:
-            raise ValueError(f"cannot open session store {self._path}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+            _raise_corruption(exc, live)
         self._db.set_write_options(self._write_options)
         self._cfs = {}
         for name in names:
-            segment = _segment_of_cf(name)
+            segment = segment_of_cf(name)
             if segment is not None:
                 self._cfs[segment] = self._db.get_column_family(name)
 
@@ -347,18 +374,22 @@ class SessionStore(SegmentedSessionStore):
         cf = self._cfs.get(end // self._interval)
         if cf is None:
             return None
-        data: bytes | None = cf.get(keyschema.key_first(encoded_key, end, start))
+        try:
+            data: bytes | None = cf.get(keyschema.key_first(encoded_key, end, start))
+        except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+            _raise_corruption(exc, self._path / _LIVE)
         return data
 
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int
     ) -> Iterator[tuple[int, int, bytes]]:
-        return scan_key(self._cfs, self._interval, encoded_key, earliest_end, latest_start)
+        return scan_key(self._cfs, self._interval, encoded_key, earliest_end, latest_start,
+                        self._path / _LIVE)
 
     def _scan_time(
         self, earliest_end: int, latest_end: int
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
-        return scan_time(self._cfs, self._interval, earliest_end, latest_end)
+        return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._path / _LIVE)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]
@@ -370,25 +401,34 @@ class SessionStore(SegmentedSessionStore):
         return len(doomed)
 
     def _commit_state(self, state: CommittedState) -> None:
-        root = self._path / _CHECKPOINTS
+        root = self._path / CHECKPOINTS_DIR
         root.mkdir(exist_ok=True)
         final = root / version_dir_name(state.version)
-        staging = root / f".staging-{version_dir_name(state.version)}"
+        staging = root / f"{STAGING_PREFIX}{version_dir_name(state.version)}"
         if staging.exists():
             shutil.rmtree(staging)
         if final.exists():  # left by an earlier process that crashed before reopening
             shutil.rmtree(final)
         self._db.flush()
         rocksdict.Checkpoint(self._db).create_checkpoint(str(staging))
-        _write_file_durably(
-            staging / _MANIFEST,
-            msgpack.packb(state.to_manifest(self._interval), use_bin_type=True),
+        contents = CheckpointContents(
+            sequence=self._db.latest_sequence_number(),
+            column_families=tuple(sorted(rocksdict.Rdict.list_cf(
+                str(staging), rocksdict.Options(raw_mode=True)))),
+            files=describe_files(
+                staging, None if self._contents is None else self._contents.files),
         )
+        _write_file_durably(staging / MANIFEST_NAME,
+                            encode_manifest(state, self._interval, contents))
         _fsync_dir(staging)
         os.rename(staging, final)  # the commit point
         _fsync_dir(root)
-        for old in self._versions_on_disk()[: -self._keep_versions]:
-            shutil.rmtree(root / version_dir_name(old), ignore_errors=True)
+        self._contents = contents
+        for old in committed_versions(self._path)[: -self._keep_versions]:
+            # Renamed first, so that no reader (nor a crash) ever sees half a version.
+            doomed = root / f"{DELETING_PREFIX}{version_dir_name(old)}"
+            os.rename(root / version_dir_name(old), doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def _restore_committed(self) -> None:
         self._close_db()

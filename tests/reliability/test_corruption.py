@@ -1,8 +1,13 @@
-"""Corrupted, truncated, missing or newer-format state gives a clear error, never a reset."""
+"""Damaged, missing or foreign state is an error naming the file, never less data or a reset.
+
+Every refusal is a StoreCorruptedError (a ValueError) and leaves the store directory exactly as it
+was: each test hashes the whole tree before and after.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -11,71 +16,254 @@ import msgpack
 import pytest
 import rocksdict
 
-from sessionstore import ReadOnlySessionStore, Session, SessionStore
-from sessionstore.store.base import STORE_FORMAT_VERSION
+from sessionstore import ReadOnlySessionStore, Session, SessionStore, StoreCorruptedError
+from sessionstore.store.checkpoint import (
+    CheckpointContents,
+    committed_versions,
+    describe_files,
+    encode_manifest,
+    read_manifest,
+    version_dir_name,
+)
+
+SESSIONS = 200
 
 
-def committed_store(path: Path) -> Path:
+def committed_store(path: Path, sessions: int = SESSIONS) -> Path:
     with SessionStore(path, retention_ms=10**9) as store:
-        for i in range(200):
+        for i in range(sessions):
             store.put(Session(f"k{i}", i, i + 10), {"n": i})
-        store.commit({"offset": 200})
+        store.commit({"offset": sessions})
     return path
 
 
+def newest_checkpoint(path: Path) -> Path:
+    return path / "checkpoints" / version_dir_name(committed_versions(path)[-1])
+
+
 def manifest_of(path: Path) -> Path:
-    (checkpoint,) = sorted((path / "checkpoints").iterdir())[-1:]
-    return checkpoint / "SESSIONSTORE-MANIFEST"
+    return newest_checkpoint(path) / "SESSIONSTORE-MANIFEST"
 
 
-def assert_untouched_after_error(path: Path, match: str) -> None:
-    before = sorted(p.name for p in (path / "checkpoints").iterdir())
-    with pytest.raises(ValueError, match=match):
+def tree_digest(path: Path) -> dict[str, str]:
+    """Every entry under ``path``: directories by name, files by SHA-256 of their bytes."""
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), path)] = "dir"
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, path)] = hashlib.sha256(Path(full).read_bytes()).hexdigest()
+    return out
+
+
+def assert_refused(path: Path, names: str, match: str | None = None) -> StoreCorruptedError:
+    """Opening raises StoreCorruptedError whose path ends with ``names``; nothing changes."""
+    before = tree_digest(path)
+    with pytest.raises(StoreCorruptedError, match=match) as info:
         SessionStore(path, retention_ms=10**9)
-    assert sorted(p.name for p in (path / "checkpoints").iterdir()) == before
+    assert info.value.path.endswith(names), info.value
+    assert tree_digest(path) == before, "a failed open changed the store directory"
+    with pytest.raises(StoreCorruptedError):
+        ReadOnlySessionStore(path)
+    assert tree_digest(path) == before, "a failed read-only open changed the store directory"
+    return info.value
 
+
+def forge_manifest(path: Path, **changes: object) -> None:
+    """Rewrite the newest manifest with a valid checksum and fresh file digests: what a
+    careless repair would write. Only the RocksDB-level checks can catch what it hides."""
+    checkpoint = newest_checkpoint(path)
+    state, contents = read_manifest(checkpoint)
+    fields = {"sequence": contents.sequence, "column_families": contents.column_families,
+              "files": describe_files(checkpoint)}
+    fields.update(changes)
+    manifest = checkpoint / "SESSIONSTORE-MANIFEST"
+    manifest.write_bytes(encode_manifest(state, state.segment_interval_ms or 1,
+                                         CheckpointContents(**fields)))  # type: ignore[arg-type]
+
+
+# -- the sessionstore manifest ------------------------------------------------------------------
 
 def test_truncated_manifest(tmp_path):
     path = committed_store(tmp_path / "s")
     manifest = manifest_of(path)
     manifest.write_bytes(manifest.read_bytes()[:7])
-    assert_untouched_after_error(path, "corrupted store manifest")
+    assert_refused(path, "SESSIONSTORE-MANIFEST", "truncated manifest")
+
+
+def test_manifest_cut_short_anywhere_in_its_body(tmp_path):
+    path = committed_store(tmp_path / "s")
+    manifest = manifest_of(path)
+    raw = manifest.read_bytes()
+    manifest.write_bytes(raw[:-1])
+    assert_refused(path, "SESSIONSTORE-MANIFEST", "checksum mismatch")
+
+
+def test_single_bit_flip_in_manifest_metadata_is_detected(tmp_path):
+    path = committed_store(tmp_path / "s")
+    manifest = manifest_of(path)
+    raw = bytearray(manifest.read_bytes())
+    raw[raw.index(b"offset") + 1] ^= 0x01  # still valid msgpack, different metadata
+    manifest.write_bytes(bytes(raw))
+    assert_refused(path, "SESSIONSTORE-MANIFEST", "checksum mismatch")
 
 
 def test_garbled_manifest(tmp_path):
     path = committed_store(tmp_path / "s")
     manifest_of(path).write_bytes(os.urandom(64))
-    assert_untouched_after_error(path, "store manifest")
+    assert_refused(path, "SESSIONSTORE-MANIFEST")
 
 
 def test_missing_manifest(tmp_path):
     path = committed_store(tmp_path / "s")
     manifest_of(path).unlink()
-    assert_untouched_after_error(path, "missing store manifest")
+    assert_refused(path, "SESSIONSTORE-MANIFEST", "missing store manifest")
 
 
-def test_newer_format_version(tmp_path):
+def test_other_format_versions_are_a_clear_value_error_not_damage(tmp_path):
     path = committed_store(tmp_path / "s")
-    manifest = manifest_of(path)
-    data = msgpack.unpackb(manifest.read_bytes())
-    data["format"] = STORE_FORMAT_VERSION + 1
-    manifest.write_bytes(msgpack.packb(data))
-    assert_untouched_after_error(path, "format version 2")
+    checkpoint = newest_checkpoint(path)
+    state, contents = read_manifest(checkpoint)
+    manifest = checkpoint / "SESSIONSTORE-MANIFEST"
+    body = msgpack.unpackb(encode_manifest(state, state.segment_interval_ms or 1, contents)[36:],
+                           strict_map_key=False)
+    body["format"] = 3
+    packed = msgpack.packb(body, use_bin_type=True)
+    legacy = msgpack.packb({"format": 1, "version": 1})  # before checksums: a bare msgpack map
+    for raw, match in [(b"SSMF" + hashlib.sha256(packed).digest() + packed, "format version 3"),
+                       (legacy, "format version 1")]:
+        manifest.write_bytes(raw)
+        before = tree_digest(path)
+        with pytest.raises(ValueError, match=match) as info:
+            SessionStore(path, retention_ms=10**9)
+        assert not isinstance(info.value, StoreCorruptedError)
+        assert tree_digest(path) == before
 
+
+# -- RocksDB's files ----------------------------------------------------------------------------
 
 def test_missing_sst_file(tmp_path):
     path = committed_store(tmp_path / "s")
-    checkpoint = manifest_of(path).parent
-    ssts = list(checkpoint.glob("*.sst"))
-    assert ssts
-    ssts[0].unlink()
-    assert_untouched_after_error(path, "cannot open session store|missing")
+    (sst,) = newest_checkpoint(path).glob("*.sst")
+    sst.unlink()
+    assert_refused(path, sst.name, "missing")
 
 
-def test_format_version_is_recorded(tmp_path):
+def test_half_truncated_rocksdb_manifest_never_opens_as_an_empty_store(tmp_path):
     path = committed_store(tmp_path / "s")
-    assert msgpack.unpackb(manifest_of(path).read_bytes())["format"] == STORE_FORMAT_VERSION
+    (rocks_manifest,) = newest_checkpoint(path).glob("MANIFEST-*")
+    raw = rocks_manifest.read_bytes()
+    rocks_manifest.write_bytes(raw[: len(raw) // 2])
+    assert_refused(path, rocks_manifest.name, "bytes where the manifest records")
 
+
+def test_half_truncated_rocksdb_manifest_is_caught_by_the_sequence_number_too(tmp_path):
+    """With file digests recomputed over the damage, RocksDB's own view must still disagree."""
+    path = committed_store(tmp_path / "s")
+    (rocks_manifest,) = newest_checkpoint(path).glob("MANIFEST-*")
+    raw = rocks_manifest.read_bytes()
+    rocks_manifest.write_bytes(raw[: len(raw) // 2])
+    forge_manifest(path)
+    error = assert_refused(path, newest_checkpoint(path).name)
+    assert "RocksDB sequence number 0 where the manifest records" in error.detail, error
+
+
+def test_a_recorded_column_family_that_is_missing_is_refused(tmp_path):
+    path = committed_store(tmp_path / "s")
+    _state, contents = read_manifest(newest_checkpoint(path))
+    forge_manifest(path, column_families=(*contents.column_families, "seg999"))
+    assert_refused(path, newest_checkpoint(path).name, "column families")
+
+
+def test_deleted_rocksdb_manifest_and_corrupted_current(tmp_path):
+    path = committed_store(tmp_path / "s")
+    current = newest_checkpoint(path) / "CURRENT"
+    current.write_bytes(b"MANIFEST-999999\n")
+    assert_refused(path, "CURRENT", "SHA-256")
+    path2 = committed_store(tmp_path / "s2")
+    (rocks_manifest,) = newest_checkpoint(path2).glob("MANIFEST-*")
+    rocks_manifest.unlink()
+    assert_refused(path2, rocks_manifest.name, "missing")
+
+
+def test_a_stray_file_in_a_checkpoint_is_refused(tmp_path):
+    """RocksDB would replay a stray write-ahead log found in the directory it opens."""
+    path = committed_store(tmp_path / "s")
+    (newest_checkpoint(path) / "999999.log").write_bytes(b"\x00" * 32)
+    assert_refused(path, "999999.log", "not part of the committed version")
+
+
+# -- damage met while reading -------------------------------------------------------------------
+
+def damage_data_blocks(directory: Path) -> list[Path]:
+    """Flip one byte every 512 in the first 80% of each SST (data blocks come first)."""
+    damaged = []
+    for sst in sorted(directory.glob("*.sst")):
+        raw = bytearray(sst.read_bytes())
+        for offset in range(16, len(raw) * 4 // 5, 512):
+            raw[offset] ^= 0x40
+        with open(sst, "r+b") as handle:  # in place: the open store's file, same inode
+            handle.write(raw)
+        damaged.append(sst)
+    return damaged
+
+
+def test_a_scan_over_a_damaged_block_raises_instead_of_ending_early(tmp_path):
+    path = committed_store(tmp_path / "s", sessions=5_000)
+    with SessionStore(path, retention_ms=10**9) as store:
+        damaged = damage_data_blocks(path / "live")
+        assert damaged
+        calls = [
+            lambda: list(store.find_sessions(-(2**63), 2**63 - 1)),
+            lambda: list(store.fetch("k2500")),
+            lambda: list(store.find_sessions_to_merge("k4000", 0, 10**6)),
+            lambda: store.fetch_session("k1234", 1234, 1244),
+        ]
+        for call in calls:
+            with pytest.raises(StoreCorruptedError) as info:
+                call()
+            assert info.value.path.endswith(".sst"), info.value
+
+
+def test_the_read_only_view_raises_on_a_damaged_block(tmp_path):
+    path = committed_store(tmp_path / "s", sessions=5_000)
+    with ReadOnlySessionStore(path) as view:
+        (scratch_dir,) = view._scratch.iterdir()
+        damage_data_blocks(scratch_dir)
+        with pytest.raises(StoreCorruptedError):
+            list(view)
+        with pytest.raises(StoreCorruptedError):
+            view.fetch("k2500")
+
+
+# -- opening never deletes what it did not create -----------------------------------------------
+
+def test_a_failed_open_deletes_nothing_in_checkpoints(tmp_path):
+    path = committed_store(tmp_path / "s")
+    backup = path / "checkpoints" / "operator-backup"
+    backup.mkdir()
+    (backup / "notes.txt").write_text("keep me")
+    (path / "checkpoints" / "v12").mkdir()
+    (path / "checkpoints" / ".staging-mine").mkdir()
+    manifest_of(path).write_bytes(b"garbage")
+    assert_refused(path, "SESSIONSTORE-MANIFEST")
+    assert (backup / "notes.txt").read_text() == "keep me"
+
+
+def test_a_successful_open_removes_only_its_own_leftovers(tmp_path):
+    path = committed_store(tmp_path / "s")
+    root = path / "checkpoints"
+    for name in ("operator-backup", "v12", ".staging-mine", ".staging-v000000000009",
+                 ".deleting-v000000000001"):
+        (root / name).mkdir()
+    with SessionStore(path, retention_ms=10**9) as store:
+        assert store.committed_metadata == {"offset": SESSIONS}
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".staging-mine", "operator-backup", "v000000000001", "v12"]
+
+
+# -- nothing is unpickled -----------------------------------------------------------------------
 
 class Boom:
     """Unpickling this creates a marker file: the proof that code ran."""
@@ -129,7 +317,7 @@ def test_crafted_pickle_payloads_never_run(tmp_path):
 
 def _read_all_tolerating_garbage(store):
     out = []
-    for key in [f"k{i}" for i in range(200)]:
+    for key in [f"k{i}" for i in range(SESSIONS)]:
         # msgpack refuses the pickle bytes with a ValueError: a clear error, and no code runs
         with contextlib.suppress(ValueError):
             out.extend(store.fetch(key))
