@@ -207,7 +207,8 @@ def test_corruption_matrix(tmp_path: Path) -> None:
 
 def report(outcomes: Counter[tuple[str, str]], view_trials: int) -> None:
     kinds = sorted({k for k, _ in outcomes})
-    lines = [f"corruption matrix ({'soak, exhaustive' if SOAK else 'CI sample'}):",
+    scope = "soak, exhaustive" if SOAK else f"{SAMPLED_FLIPS} offsets a file"
+    lines = [f"corruption matrix ({scope}):",
              f"{'file kind':24} {'trials':>7} {'detected':>9} {'harmless':>9} {'silent':>7}"]
     for kind in kinds:
         row = [outcomes[(kind, o)] for o in ("detected", "harmless", "silent")]
