@@ -49,6 +49,9 @@ _READ_CHUNK = 1 << 20
 _ROCKSDB_FILE = re.compile(r"(/[^\s:]*?\.(?:sst|blob|log)|/[^\s:]*?MANIFEST-\d+|/[^\s:]*?CURRENT"
                            r"|/[^\s:]*?OPTIONS-\d+)\b")
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
+# RocksDB "IO error"s that say nothing about the files' contents.
+_RESOURCE_ERRORS = ("No space left", "Read-only file system", "Permission denied",
+                    "Too many open files", "Disk quota exceeded")
 
 
 def version_dir_name(version: int) -> str:
@@ -245,19 +248,22 @@ def verify_files(directory: Path, contents: CheckpointContents) -> None:
             raise StoreCorruptedError(directory / name, "SHA-256 differs from the manifest's")
 
 
-def corruption_from(exc: BaseException, fallback: Path) -> StoreCorruptedError | None:
-    """The StoreCorruptedError for a RocksDB error, or None if ``exc`` is not one.
+def translate_rocksdb_error(exc: BaseException, fallback: Path) -> Exception | None:
+    """What a RocksDB error means for the caller, or None if ``exc`` is not one.
 
     rocksdict raises a bare ``Exception`` whose message starts with RocksDB's status
-    ("Corruption: ...", "IO error: ..."), naming the file when RocksDB knows it.
+    ("Corruption: ...", "IO error: ..."), naming the file when RocksDB knows it. A full disk and
+    the like become an ``OSError`` (nothing is damaged); the rest is a StoreCorruptedError.
     """
     if type(exc) is not Exception:
         return None
-    message = str(exc)
+    message = str(exc).strip()
     if not message.startswith(("Corruption", "IO error", "Invalid argument", "Not found")):
         return None
+    if any(reason in message for reason in _RESOURCE_ERRORS):
+        return OSError(message)
     named = _ROCKSDB_FILE.search(message)
-    return StoreCorruptedError(named.group(1) if named else fallback, message.strip())
+    return StoreCorruptedError(named.group(1) if named else fallback, message)
 
 
 def relocated(error: StoreCorruptedError, copy: Path, original: Path) -> StoreCorruptedError:
@@ -290,7 +296,7 @@ def open_read_only(directory: Path) -> tuple[Any, list[str]]:
             access_type=rocksdict.AccessType.read_only(),
         )
     except Exception as exc:
-        error = corruption_from(exc, directory)
+        error = translate_rocksdb_error(exc, directory)
         raise (error or StoreCorruptedError(directory, str(exc))) from None
     return db, names
 

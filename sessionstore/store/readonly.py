@@ -33,11 +33,11 @@ from .checkpoint import (
     check_database,
     committed_versions,
     copy_checkpoint,
-    corruption_from,
     open_read_only,
     read_manifest,
     relocated,
     segment_of_cf,
+    translate_rocksdb_error,
     verify_files,
     version_dir_name,
 )
@@ -215,7 +215,7 @@ class ReadOnlySessionStore:
             try:
                 data = None if cf is None else cf.get(keyschema.key_first(encoded, end, start))
             except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
-                error = corruption_from(exc, self._scratch)
+                error = translate_rocksdb_error(exc, self._scratch)
                 if error is None:
                     raise
                 raise error from None

@@ -9,11 +9,11 @@ renames it to ``checkpoints/v<version>``: that rename is the atomic commit point
 and ``abort()``, rebuild ``live/`` from the newest complete checkpoint, so a SIGKILL at any instant
 reopens at exactly the last committed version.
 
-Opening verifies the newest checkpoint before it changes anything (see ``checkpoint.py``): the
-manifest's own checksum, the size and SHA-256 of every file, and RocksDB's sequence number and
-column families. Damage raises :class:`~sessionstore.errors.StoreCorruptedError` naming the file,
-and so does a block checksum failure met by any later read. Nothing is ever unpickled: the database is opened
-in raw mode and values go through msgpack (or the serde you pass).
+Opening verifies the newest checkpoint (see ``checkpoint.py``): the manifest's own checksum, the
+size and SHA-256 of every file, and RocksDB's sequence number and column families. Damage raises
+:class:`~sessionstore.errors.StoreCorruptedError` naming the file and leaves the directory as it
+was; so does a block checksum failure met by any later read. Nothing is ever unpickled: the
+database is opened in raw mode and values go through msgpack (or the serde you pass).
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ from .checkpoint import (
     check_database,
     committed_versions,
     copy_checkpoint,
-    corruption_from,
     describe_files,
     encode_manifest,
     open_read_only,
     read_manifest,
     relocated,
     segment_of_cf,
+    translate_rocksdb_error,
     verify_files,
     version_dir_name,
 )
@@ -92,8 +92,9 @@ def _segments_between(cfs: dict[int, Any], first: int, last: int | None) -> list
 
 
 def _raise_corruption(exc: Exception, where: Path) -> NoReturn:
-    """Re-raise a RocksDB read error as StoreCorruptedError; anything else unchanged."""
-    error = corruption_from(exc, where)
+    """Re-raise a RocksDB error as StoreCorruptedError (or OSError for a full disk and the like);
+    anything else unchanged."""
+    error = translate_rocksdb_error(exc, where)
     if error is None:
         raise exc
     raise error from None

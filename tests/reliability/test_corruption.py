@@ -17,6 +17,7 @@ import pytest
 import rocksdict
 
 from sessionstore import ReadOnlySessionStore, Session, SessionStore, StoreCorruptedError
+from sessionstore.store import checkpoint as checkpoint_module
 from sessionstore.store.checkpoint import (
     CheckpointContents,
     committed_versions,
@@ -322,3 +323,22 @@ def _read_all_tolerating_garbage(store):
         with contextlib.suppress(ValueError):
             out.extend(store.fetch(key))
     return out
+
+
+def test_rocksdb_errors_are_classified_by_their_status():
+    translate = checkpoint_module.translate_rocksdb_error
+    fallback = Path("/store/live")
+    bad_block = translate(Exception(
+        "Corruption: block checksum mismatch: stored = 1, computed = 2, type = 4  in "
+        "/store/live/000010.sst offset 0 size 1320"), fallback)
+    assert isinstance(bad_block, StoreCorruptedError) and bad_block.path == "/store/live/000010.sst"
+    missing = translate(Exception("IO error: No such file or directory: While open a file for "
+                                  "random read: /store/live/000012.sst: No such file"), fallback)
+    assert isinstance(missing, StoreCorruptedError) and missing.path.endswith("000012.sst")
+    unnamed = translate(Exception("Corruption: bad record"), fallback)
+    assert isinstance(unnamed, StoreCorruptedError) and unnamed.path == str(fallback)
+    full = translate(Exception("IO error: No space left on device: While appending to file: "
+                               "/store/live/000013.sst"), fallback)
+    assert type(full) is OSError and "No space left" in str(full)
+    assert translate(ValueError("Corruption: not from RocksDB"), fallback) is None
+    assert translate(Exception("something else"), fallback) is None

@@ -4,7 +4,6 @@ that survives the writer deleting what it was about to copy."""
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from sessionstore import ReadOnlySessionStore, Session, SessionStore, StoreCorruptedError
 from sessionstore.store import committed_versions
 from sessionstore.store import readonly as readonly_module
+from tests.reliability.test_corruption import tree_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,21 +36,12 @@ def assert_is_version(view: ReadOnlySessionStore, version: int) -> None:
     assert view.fetch(f"k{version * 10 - 1}")[0][1] == version * 10 - 1
 
 
-def checkpoints_digest(path: Path) -> dict[str, str]:
-    out = {}
-    for root, _dirs, files in os.walk(path / "checkpoints"):
-        for name in files:
-            full = Path(root) / name
-            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
-    return out
-
-
 def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_path):
     path = tmp_path / "s"
     writer = SessionStore(path, retention_ms=10**9, segment_interval_ms=1000)
     for version in (1, 2):
         write_version(writer, version)
-    before = checkpoints_digest(path)
+    before = tree_digest(path / "checkpoints")
     with ReadOnlySessionStore(path, scratch_dir=tmp_path) as view:
         assert_is_version(view, 2)
         assert view.segment_interval_ms == 1000
@@ -59,7 +50,7 @@ def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_
         assert view.path == path
         with pytest.raises(ValueError, match="already open"):  # the writer still holds it
             SessionStore(path, retention_ms=10**9)
-    assert checkpoints_digest(path) == before
+    assert tree_digest(path / "checkpoints") == before
     assert committed_versions(path) == [1, 2]
     writer.close()
 
