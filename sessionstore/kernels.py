@@ -16,12 +16,32 @@ that become final drop off the front.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 Int64Array = npt.NDArray[np.int64]
+_F = TypeVar("_F", bound=Callable[..., Any])
+_COMPILED: dict[str, Any] = {}
+
+
+def compiled(function: _F) -> _F:
+    """The numba-compiled form of one of this module's kernels, built on first use.
+
+    numba is imported here rather than at module import, so that ``import sessionstore`` stays
+    cheap for users who never run a batch. ``cache=True`` keeps the machine code on disk beside
+    the module, so only the first process on a machine pays for compiling. Set
+    ``NUMBA_DISABLE_JIT=1`` to run the same code as plain Python (numba honours it).
+    """
+    kernel = _COMPILED.get(function.__name__)
+    if kernel is None:
+        import numba
+
+        kernel = numba.njit(cache=True, nogil=True)(function)
+        _COMPILED[function.__name__] = kernel
+    return cast(_F, kernel)
 
 # Status codes the per-key pass reports instead of raising (a compiled kernel cannot raise with
 # a useful message); plan_sessions turns them into errors that name the argument and the row.
@@ -156,7 +176,9 @@ def plan_sessions(
     open_lo = np.searchsorted(sorted_open_codes, group_codes, side="left").astype(np.int64)
     open_hi = np.searchsorted(sorted_open_codes, group_codes, side="right").astype(np.int64)
 
-    status, bad_row, event_root, open_root, sess_start, sess_end, sess_code = _plan_groups(
+    status, bad_row, event_root, open_root, sess_start, sess_end, sess_code = compiled(
+        _plan_groups
+    )(
         event_order.astype(np.int64), group_bounds, open_lo, open_hi, open_order,
         codes, times, ends, closed, o_codes, o_starts, o_ends, bool(inclusive),
     )
@@ -173,17 +195,19 @@ def plan_sessions(
             f"that are not final must be disjoint"
         )
 
-    roots, inverse = np.unique(event_root, return_inverse=True)
+    used = np.zeros(n + m, dtype=np.bool_)
+    used[event_root] = True
+    roots = np.flatnonzero(used)  # ascending ids, so the stable lexsort breaks ties by creation
     out_codes = sess_code[roots]
     out_starts = sess_start[roots]
     out_ends = sess_end[roots]
-    order = np.lexsort((roots, out_ends, out_starts, out_codes))
-    rank = np.empty(len(roots), dtype=np.int64)
-    rank[order] = np.arange(len(roots), dtype=np.int64)
-    event_session = rank[inverse.reshape(-1)]
+    order = np.lexsort((out_ends, out_starts, out_codes))
+    rank_of_id = np.empty(n + m, dtype=np.int64)
+    rank_of_id[roots[order]] = np.arange(len(roots), dtype=np.int64)
+    event_session = rank_of_id[event_root]
     open_session = np.full(m, -1, dtype=np.int64)
     touched = open_root >= 0
-    open_session[touched] = rank[np.searchsorted(roots, open_root[touched])]
+    open_session[touched] = rank_of_id[open_root[touched]]
     return SessionPlan(
         out_codes[order], out_starts[order], out_ends[order], event_session, open_session
     )
@@ -317,21 +341,25 @@ def _plan_groups(
                         active[q - gone] = active[q]
                     size -= gone
             event_id[i] = sid
-    for i in range(n):
-        event_id[i] = _find_root(parent, event_id[i])
+    # Resolve every id to the session that finally holds it, compressing the paths as we go
+    # (a compiled kernel cannot call a helper that is not compiled, so this is written inline).
     open_root = np.full(m, -1, dtype=np.int64)
-    for j in range(m):
-        if touched[j]:
-            open_root[j] = _find_root(parent, j)
+    for q in range(n + m):
+        if q < n:
+            sid = event_id[q]
+        elif touched[q - n]:
+            sid = q - n
+        else:
+            continue
+        root = sid
+        while parent[root] != root:
+            root = parent[root]
+        while parent[sid] != root:
+            following = parent[sid]
+            parent[sid] = root
+            sid = following
+        if q < n:
+            event_id[q] = root
+        else:
+            open_root[q - n] = root
     return _OK, -1, event_id, open_root, sess_start, sess_end, sess_code
-
-
-def _find_root(parent: Int64Array, sid: int) -> int:
-    root = sid
-    while parent[root] != root:
-        root = parent[root]
-    while parent[sid] != root:  # path compression keeps later look-ups short
-        following = parent[sid]
-        parent[sid] = root
-        sid = following
-    return int(root)

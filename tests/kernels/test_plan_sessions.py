@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionstore import kernels
 from sessionstore.kernels import SessionPlan, plan_sessions
 
 from .model import run_loop
@@ -99,12 +103,31 @@ def _check_against_model(events: list[tuple[int, int, int, int]],
         assert array.dtype == np.int64
 
 
+@contextlib.contextmanager
+def plain_python_kernels(enabled: bool) -> Iterator[None]:
+    """Run the kernels' Python source instead of their numba-compiled form."""
+    if not enabled:
+        yield
+        return
+    saved = dict(kernels._COMPILED)
+    kernels._COMPILED.clear()
+    kernels._COMPILED.update({"_plan_groups": kernels._plan_groups})
+    try:
+        yield
+    finally:
+        kernels._COMPILED.clear()
+        kernels._COMPILED.update(saved)
+
+
 @settings(max_examples=400)
-@given(batches())
+@given(batches(), st.booleans())
 def test_plan_equals_the_per_event_loop(batch: tuple[list[tuple[int, int, int, int]],
-                                                     list[tuple[int, int, int]], bool]) -> None:
+                                                     list[tuple[int, int, int]], bool],
+                                        plain_python: bool) -> None:
+    """The compiled kernel and its Python source both equal the model."""
     events, opens, inclusive = batch
-    _check_against_model(events, opens, inclusive)
+    with plain_python_kernels(plain_python):
+        _check_against_model(events, opens, inclusive)
 
 
 @settings(max_examples=40)
