@@ -571,3 +571,28 @@ def group_open_sessions(plan: SessionPlan, open_starts_ms: Any) -> EventGroups:
     offsets = np.zeros(sessions + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner[absorbed], minlength=sessions), out=offsets[1:])
     return EventGroups(order.astype(np.int64), offsets)
+
+
+def sort_order(columns: list[Int64Array]) -> Int64Array:
+    """A stable permutation sorting rows by ``columns``, the most significant first.
+
+    The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
+    columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
+    once (what bulk writes sort by, key rank, end and start within one batch, nearly always
+    fits); otherwise it falls back to ``np.lexsort``.
+    """
+    if not columns or len(columns[0]) == 0:
+        return np.zeros(0, dtype=np.int64)
+    lows = [int(column.min()) for column in columns]
+    spans = [int(column.max()) - low for column, low in zip(columns, lows, strict=True)]
+    widths = [span.bit_length() for span in spans]
+    if sum(widths) > 63:
+        return np.lexsort(columns[::-1]).astype(np.int64)
+    packed = np.zeros(len(columns[0]), dtype=np.int64)
+    for column, low, width in zip(columns, lows, widths, strict=True):
+        if width:
+            # column - low fits in `width` bits, but may not fit in int64 on the way: subtract
+            # as unsigned (two's complement wraps to the right value).
+            offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
+            packed = (packed << width) | offset
+    return np.argsort(packed, kind="stable").astype(np.int64)

@@ -164,3 +164,19 @@ def test_values_must_be_numbers() -> None:
         kernels.sum_per_session(groups, ["a"])
     with pytest.raises(ValueError, match="values must be one-dimensional with 1 rows"):
         kernels.sum_per_session(groups, [1, 2])
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 4).flatmap(lambda k: st.lists(
+    st.tuples(*[st.one_of(st.integers(-3, 3), st.integers(INT64_MIN, INT64_MAX),
+                          st.sampled_from([INT64_MIN, INT64_MAX]))] * k), max_size=40)))
+def test_sort_order_equals_lexsort(rows: list[tuple[int, ...]]) -> None:
+    """Packed or not, the permutation is np.lexsort's, ties kept in input order."""
+    if not rows:
+        assert kernels.sort_order([np.zeros(0, dtype=np.int64)]).tolist() == []
+        return
+    columns = [np.array(column, dtype=np.int64) for column in zip(*rows, strict=True)]
+    expected = sorted(range(len(rows)), key=lambda i: (rows[i], i))
+    assert kernels.sort_order(columns).tolist() == expected
+    assert kernels.sort_order([c % 5 for c in columns]).tolist() == sorted(
+        range(len(rows)), key=lambda i: (tuple(v % 5 for v in rows[i]), i))
