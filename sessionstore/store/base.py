@@ -393,8 +393,14 @@ class SegmentedSessionStore(ABC):
         last[:-1] = ((ranks[1:] != ranks[:-1]) | (ends[rows[1:]] != ends[rows[:-1]])
                      | (starts[rows[1:]] != starts[rows[:-1]]))
         rows = rows[last]
+        if len(rows) == n and (rows == np.arange(n)).all():
+            picked = data
+        else:  # an object array gathers about twice as fast as a list comprehension
+            boxed = np.empty(n, dtype=object)
+            boxed[:] = data
+            picked = boxed[rows].tolist()
         self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
-                                      [data[row] for row in rows.tolist()]))
+                                      picked))
         final_min_live = int(min_live[accepted[-1]])
         if self._expired_below is None or final_min_live > self._expired_below:
             self._metrics["expired-segments"] += self._drop_segments_below(final_min_live)
