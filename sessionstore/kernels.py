@@ -74,10 +74,23 @@ class SessionPlan(NamedTuple):
     open_session: Int64Array
 
 
-def _int64_column(name: str, values: Any) -> Int64Array:
+def int64_column(name: str, values: Any, rows: int | None = None) -> Int64Array:
+    """``values`` as a one-dimensional int64 array, or an error naming ``name``.
+
+    Args:
+        name: the argument's name, for messages.
+        values: any integer array-like (an empty list is fine).
+        rows: the length it must have, if any.
+
+    Raises:
+        TypeError: the values are not integers (floats and bools included).
+        ValueError: the shape is wrong, or an unsigned value does not fit in int64 (naming
+            the row).
+    """
     array = np.asarray(values)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.ndim != 1 or (rows is not None and len(array) != rows):
+        wanted = "" if rows is None else f" with {rows} rows"
+        raise ValueError(f"{name} must be one-dimensional{wanted}, got shape {array.shape}")
     if array.dtype.kind not in "iu":
         if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
             return np.empty(0, dtype=np.int64)
@@ -137,13 +150,13 @@ def plan_sessions(
             ``closed_before_ms`` decreases within a key; open sessions overlap. The message
             names the argument and the row.
     """
-    codes = _int64_column("key_codes", key_codes)
-    times = _int64_column("times_ms", times_ms)
-    ends = _int64_column("ends_ms", ends_ms)
-    closed = _int64_column("closed_before_ms", closed_before_ms)
-    o_codes = _int64_column("open_codes", open_codes)
-    o_starts = _int64_column("open_starts_ms", open_starts_ms)
-    o_ends = _int64_column("open_ends_ms", open_ends_ms)
+    codes = int64_column("key_codes", key_codes)
+    times = int64_column("times_ms", times_ms)
+    ends = int64_column("ends_ms", ends_ms)
+    closed = int64_column("closed_before_ms", closed_before_ms)
+    o_codes = int64_column("open_codes", open_codes)
+    o_starts = int64_column("open_starts_ms", open_starts_ms)
+    o_ends = int64_column("open_ends_ms", open_ends_ms)
     n = len(codes)
     for name, array in (("times_ms", times), ("ends_ms", ends), ("closed_before_ms", closed)):
         if len(array) != n:
@@ -407,8 +420,8 @@ def group_events(
         ValueError: lengths differ, an index is outside ``[0, sessions)``, or a session holds no
             event.
     """
-    owner = _int64_column("event_session", event_session)
-    times = _int64_column("times_ms", times_ms)
+    owner = int64_column("event_session", event_session)
+    times = int64_column("times_ms", times_ms)
     if len(times) != len(owner):
         raise ValueError(f"times_ms has {len(times)} rows, event_session has {len(owner)}")
     if len(owner) and (owner.min() < 0 or owner.max() >= sessions):
@@ -425,20 +438,12 @@ def group_events(
 
 def _numeric_column(name: str, values: Any, n: int) -> npt.NDArray[Any]:
     array = np.asarray(values)
-    if array.ndim != 1 or len(array) != n:
-        raise ValueError(f"{name} must be one-dimensional with {n} rows, got shape {array.shape}")
-    if array.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must hold ints or floats, got dtype {array.dtype}")
-    if array.dtype.kind == "u":
-        if n and array.max() > np.iinfo(np.int64).max:
-            row = _first_row(array > np.iinfo(np.int64).max)
-            raise ValueError(f"{name}[{row}] = {array[row]} does not fit in int64")
-        array = array.astype(np.int64)
-    elif array.dtype.kind == "i":
-        array = array.astype(np.int64, copy=False)
-    else:
-        array = array.astype(np.float64, copy=False)
-    return array
+    if array.dtype.kind == "f" and array.ndim == 1 and len(array) == n:
+        return array.astype(np.float64, copy=False)
+    try:
+        return int64_column(name, array, n)
+    except TypeError:
+        raise TypeError(f"{name} must hold ints or floats, got dtype {array.dtype}") from None
 
 
 def count_per_session(groups: EventGroups) -> Int64Array:
@@ -513,22 +518,23 @@ def _fold_add(order: Int64Array, offsets: Int64Array, values: npt.NDArray[np.flo
     return out
 
 
-def min_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The smallest event value of each session; NaN if any value is NaN."""
+def _reduce_per_session(groups: EventGroups, values: Any,
+                        ufunc: np.ufunc) -> npt.NDArray[Any]:
     order, offsets = groups
     data = _numeric_column("values", values, len(order))
     if len(offsets) == 1:
         return data[:0]
-    return np.minimum.reduceat(data[order], offsets[:-1])
+    return ufunc.reduceat(data[order], offsets[:-1])
+
+
+def min_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
+    """The smallest event value of each session; NaN if any value is NaN."""
+    return _reduce_per_session(groups, values, np.minimum)
 
 
 def max_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
     """The largest event value of each session; NaN if any value is NaN."""
-    order, offsets = groups
-    data = _numeric_column("values", values, len(order))
-    if len(offsets) == 1:
-        return data[:0]
-    return np.maximum.reduceat(data[order], offsets[:-1])
+    return _reduce_per_session(groups, values, np.maximum)
 
 
 def first_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
@@ -561,7 +567,7 @@ def group_open_sessions(plan: SessionPlan, open_starts_ms: Any) -> EventGroups:
     Returns:
         :class:`EventGroups` over open-session indices (``order`` lists only absorbed ones).
     """
-    starts = _int64_column("open_starts_ms", open_starts_ms)
+    starts = int64_column("open_starts_ms", open_starts_ms)
     owner = plan.open_session
     if len(starts) != len(owner):
         raise ValueError(f"open_starts_ms has {len(starts)} rows, the plan has {len(owner)}")

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..kernels import sort_order
+from ..kernels import int64_column, sort_order
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
@@ -119,20 +119,6 @@ class BulkSessions(NamedTuple):
     values: list[bytes]
 
 
-def _int64_times(name: str, values: Any, n: int) -> npt.NDArray[np.int64]:
-    array = np.asarray(values)
-    if array.ndim != 1 or len(array) != n:
-        raise ValueError(f"{name} must be one-dimensional with {n} rows, got shape {array.shape}")
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.dtype.kind == "u" and array.max() > INT64_MAX:
-        row = int(np.argmax(array > INT64_MAX))
-        raise ValueError(f"{name}[{row}] = {array[row]} does not fit in int64")
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer milliseconds, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
-
-
 def check_sessions_many(
     keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None
 ) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -150,13 +136,13 @@ def check_sessions_many(
     if key_index is None:
         index = np.arange(len(encoded), dtype=np.int64)
     else:
-        index = _int64_times("key_index", key_index, np.asarray(key_index).size)
+        index = int64_column("key_index", key_index)
         if len(index) and (index.min() < 0 or index.max() >= len(encoded)):
             row = int(np.argmax((index < 0) | (index >= len(encoded))))
             raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {len(encoded)})")
     n = len(index)
-    starts = _int64_times("starts_ms", starts_ms, n)
-    ends = _int64_times("ends_ms", ends_ms, n)
+    starts = int64_column("starts_ms", starts_ms, n)
+    ends = int64_column("ends_ms", ends_ms, n)
     bad = starts > ends
     if bad.any():
         row = int(np.argmax(bad))
