@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from sessionstore import kernels
 
+# Sizes are for the default profile (100 examples); a soak profile with more scales them up.
+PROFILE_SCALE = settings.default.max_examples / 100
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -53,7 +56,7 @@ def same_float(a: float, b: float) -> bool:
     return struct.pack("<d", a) == struct.pack("<d", b)
 
 
-@settings(max_examples=300)
+@settings(max_examples=round(300 * PROFILE_SCALE))
 @given(sessionized(), st.data(), st.booleans())
 def test_aggregations_equal_a_per_event_fold(
     batch: tuple[list[int], list[int], int], data: st.DataObject, by_time: bool
@@ -92,7 +95,7 @@ def test_aggregations_equal_a_per_event_fold(
         [f"e{i}" for i in g] for g in expected_groups]
 
 
-@settings(max_examples=300)
+@settings(max_examples=round(300 * PROFILE_SCALE))
 @given(sessionized(), st.data())
 def test_integer_sums_are_exact_or_refused(batch: tuple[list[int], list[int], int],
                                            data: st.DataObject) -> None:
@@ -166,7 +169,7 @@ def test_values_must_be_numbers() -> None:
         kernels.sum_per_session(groups, [1, 2])
 
 
-@settings(max_examples=300)
+@settings(max_examples=round(300 * PROFILE_SCALE))
 @given(st.integers(1, 4).flatmap(lambda k: st.lists(
     st.tuples(*[st.one_of(st.integers(-3, 3), st.integers(INT64_MIN, INT64_MAX),
                           st.sampled_from([INT64_MIN, INT64_MAX]))] * k), max_size=40)))

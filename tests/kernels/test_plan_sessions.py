@@ -15,6 +15,9 @@ from sessionstore.kernels import SessionPlan, plan_sessions
 
 from .model import run_loop
 
+# Sizes are for the default profile (100 examples); a soak profile with more scales them up.
+PROFILE_SCALE = settings.default.max_examples / 100
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -119,7 +122,7 @@ def plain_python_kernels(enabled: bool) -> Iterator[None]:
         kernels._COMPILED.update(saved)
 
 
-@settings(max_examples=400)
+@settings(max_examples=round(400 * PROFILE_SCALE))
 @given(batches(), st.booleans())
 def test_plan_equals_the_per_event_loop(batch: tuple[list[tuple[int, int, int, int]],
                                                      list[tuple[int, int, int]], bool],
@@ -130,7 +133,7 @@ def test_plan_equals_the_per_event_loop(batch: tuple[list[tuple[int, int, int, i
         _check_against_model(events, opens, inclusive)
 
 
-@settings(max_examples=40)
+@settings(max_examples=round(40 * PROFILE_SCALE))
 @given(seed=st.integers(0, 2**32 - 1), inclusive=st.booleans(),
        keys=st.sampled_from([1, 3, 50]), lag=st.sampled_from([0, 100, 5_000]))
 def test_plan_equals_the_loop_on_long_batches(seed: int, inclusive: bool, keys: int,

@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 from sessionstore import InMemorySessionStore, Session, SessionStore
 from sessionstore.store.base import SegmentedSessionStore
 
+# Sizes are for the default profile (100 examples); a soak profile with more scales them up.
+PROFILE_SCALE = settings.default.max_examples / 100
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 ALL_KEYS = ["a", "ab", b"a", 0, 1, 300, -7, ("a", 1), "", "é" * 40, 2**40]
@@ -119,7 +122,7 @@ def apply(bulk: SegmentedSessionStore, loop: SegmentedSessionStore, operation: s
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
-@settings(max_examples=60)
+@settings(max_examples=round(60 * PROFILE_SCALE))
 @given(config=configurations(), operations=OPERATIONS, distinct_keys=st.booleans())
 def test_bulk_calls_equal_loops_of_single_calls(
     backend: str, config: dict[str, Any], operations: list[tuple[str, Any]],
