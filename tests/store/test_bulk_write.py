@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import InMemorySessionStore, Session, SessionStore
+from sessionstore import InMemorySessionStore, Session, SessionStore, keyschema
 from sessionstore.store.base import SegmentedSessionStore
 
 # Sizes are for the default profile (100 examples); a soak profile with more scales them up.
@@ -200,3 +200,33 @@ def test_bulk_writes_survive_commit_and_reopen(tmp_path: Path) -> None:
         assert sorted(found, key=lambda row: row[1]) == [
             (keys[i], int(starts[i]), i) for i in range(n)]
         assert [v for _, v in store.fetch("user5")] == list(range(5, n, 700))
+
+
+KEY_PARTS = st.one_of(st.text(max_size=6), st.binary(max_size=6), st.integers(INT64_MIN, INT64_MAX),
+                      st.sampled_from(["a", "a\x00", b"\x00", "x" * 300, 0, -1, 128]))
+
+
+@settings(max_examples=round(150 * PROFILE_SCALE))
+@given(keys=st.lists(st.one_of(KEY_PARTS, st.tuples(KEY_PARTS, KEY_PARTS)), min_size=1,
+                     max_size=8),
+       rows=st.lists(st.tuples(st.integers(0, 7), st.integers(INT64_MIN, INT64_MAX),
+                               st.integers(INT64_MIN, INT64_MAX)), max_size=30),
+       by_width=st.booleans())
+def test_vectorised_record_keys_equal_the_per_record_encoders(
+    keys: list[Any], rows: list[tuple[int, int, int]], by_width: bool
+) -> None:
+    """Any widths, in any order or grouped by width (the two code paths), bounds included."""
+    encoded = [keyschema.encode_key(k) for k in keys]
+    rows = [(k % len(keys), a, b) for k, a, b in rows]
+    if by_width:
+        rows.sort(key=lambda row: len(encoded[row[0]]))
+    index = np.array([k for k, _, _ in rows], dtype=np.int64)
+    ends = np.array([e for _, e, _ in rows], dtype=np.int64)
+    starts = np.array([s for _, _, s in rows], dtype=np.int64)
+    assert keyschema.key_first_many(encoded, index, ends, starts) == [
+        keyschema.key_first(encoded[k], e, s) for k, e, s in rows]
+    assert keyschema.time_first_many(encoded, index, ends, starts) == [
+        keyschema.time_first(encoded[k], e, s) for k, e, s in rows]
+    ranks = keyschema.key_order(encoded).tolist()
+    distinct = sorted(set(encoded))
+    assert ranks == [distinct.index(e) for e in encoded]
