@@ -579,13 +579,15 @@ def group_open_sessions(plan: SessionPlan, open_starts_ms: Any) -> EventGroups:
     return EventGroups(order.astype(np.int64), offsets)
 
 
-def sort_order(columns: list[Int64Array]) -> Int64Array:
+def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Array:
     """A stable permutation sorting rows by ``columns``, the most significant first.
 
     The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
     columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
     once (what bulk writes sort by, key rank, end and start within one batch, nearly always
-    fits); otherwise it falls back to ``np.lexsort``.
+    fits); otherwise it falls back to ``np.lexsort``. ``distinct=True`` promises that no two
+    rows are equal in every column, so that an unstable sort gives the same permutation (about
+    four times faster again).
     """
     if not columns or len(columns[0]) == 0:
         return np.zeros(0, dtype=np.int64)
@@ -601,4 +603,4 @@ def sort_order(columns: list[Int64Array]) -> Int64Array:
             # as unsigned (two's complement wraps to the right value).
             offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
             packed = (packed << width) | offset
-    return np.argsort(packed, kind="stable").astype(np.int64)
+    return np.argsort(packed, kind="quicksort" if distinct else "stable").astype(np.int64)

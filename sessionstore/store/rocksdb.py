@@ -344,28 +344,30 @@ class SessionStore(SegmentedSessionStore):
     def _write_many(self, sessions: BulkSessions) -> None:
         # One WriteBatch for the whole call, each layout inserted in its on-disk order: RocksDB's
         # memtable takes sorted keys several times faster than random ones. put_many hands the
-        # sessions over by (key, end, start); that is already the key-first order unless they
-        # span segments.
+        # sessions over by (key, end, start), each session once; that is already the key-first
+        # order unless they span segments.
         encoded, key_rank, index, starts, ends, values = sessions
         segments = ends // self._interval
+        rank = key_rank[index]
         batch = rocksdict.WriteBatch(raw_mode=True)
-        if len(segments) and segments.min() == segments.max():
-            by_key: Any = None
-            ordered_values = values
+        if segments.min() == segments.max():
+            self._fill_batch(batch, segments,
+                             keyschema.key_first_many(encoded, index, ends, starts), values)
         else:
-            by_key = sort_order([segments, key_rank[index], ends, starts])
-            ordered_values = [values[row] for row in by_key.tolist()]
-        if by_key is None:
-            records = keyschema.key_first_many(encoded, index, ends, starts)
-            self._fill_batch(batch, segments, records, ordered_values)
-        else:
-            records = keyschema.key_first_many(encoded, index[by_key], ends[by_key],
-                                                starts[by_key])
-            self._fill_batch(batch, segments[by_key], records, ordered_values)
-        by_time = sort_order([ends, key_rank[index], starts])
-        records = keyschema.time_first_many(encoded, index[by_time], ends[by_time],
-                                            starts[by_time])
-        self._fill_batch(batch, segments[by_time], records, None)
+            by_key = sort_order([segments, rank, ends, starts], distinct=True)
+            self._fill_batch(
+                batch, segments[by_key],
+                keyschema.key_first_many(encoded, index[by_key], ends[by_key], starts[by_key]),
+                [values[row] for row in by_key.tolist()])
+        # Time-first records go in one sorted run per key width: building them grouped by width
+        # costs about 0.17 us less a record than scattering them into one sorted run, and the
+        # few runs insert nearly as fast.
+        widths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))[index]
+        by_time = sort_order([segments, widths, ends, rank, starts], distinct=True)
+        self._fill_batch(
+            batch, segments[by_time],
+            keyschema.time_first_many(encoded, index[by_time], ends[by_time], starts[by_time]),
+            None)
         self._db.write(batch)
 
     def _fill_batch(self, batch: Any, segments: Any, records: list[bytes],
@@ -398,7 +400,8 @@ class SessionStore(SegmentedSessionStore):
         batch = rocksdict.WriteBatch(raw_mode=True)
         for layout, order in ((keyschema.key_first_many,
                                sort_order([segments, rank, ends, starts])),
-                              (keyschema.time_first_many, sort_order([ends, rank, starts]))):
+                              (keyschema.time_first_many,
+                               sort_order([segments, ends, rank, starts]))):
             order = order[live[order]]
             handles = {segment: self._db.get_column_family_handle(_cf_name(segment))
                        for segment in np.unique(segments[order]).tolist()}

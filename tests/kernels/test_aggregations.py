@@ -181,5 +181,12 @@ def test_sort_order_equals_lexsort(rows: list[tuple[int, ...]]) -> None:
     columns = [np.array(column, dtype=np.int64) for column in zip(*rows, strict=True)]
     expected = sorted(range(len(rows)), key=lambda i: (rows[i], i))
     assert kernels.sort_order(columns).tolist() == expected
+    if len(set(rows)) == len(rows):
+        assert kernels.sort_order(columns, distinct=True).tolist() == expected
+    small = [c % 5 for c in columns]
+    small_rows = list(zip(*(c.tolist() for c in small), strict=True))
+    if len(set(small_rows)) == len(small_rows):  # packed and sorted unstably
+        assert kernels.sort_order(small, distinct=True).tolist() == sorted(
+            range(len(rows)), key=lambda i: small_rows[i])
     assert kernels.sort_order([c % 5 for c in columns]).tolist() == sorted(
         range(len(rows)), key=lambda i: (tuple(v % 5 for v in rows[i]), i))
