@@ -187,14 +187,24 @@ def _times_matrix(first_ms: npt.NDArray[np.int64],
     return times.view(np.uint8).reshape(len(first_ms), 16)
 
 
-def _records_many(
+def records_many(
     tag: bytes,
-    time_first_layout: bool,
     encoded_keys: Sequence[bytes],
     key_index: npt.NDArray[np.int64],
     ends_ms: npt.NDArray[np.int64],
     starts_ms: npt.NDArray[np.int64],
 ) -> list[bytes]:
+    """:func:`key_first` (``tag=KEY_FIRST``) or :func:`time_first` (``TIME_FIRST``) for many
+    sessions: record ``i`` is for ``encoded_keys[key_index[i]]``, ``ends_ms[i]``, ``starts_ms[i]``.
+
+    The arrays must be int64 and of one length; the caller has validated the times.
+
+    Raises:
+        ValueError: ``tag`` is neither layout.
+    """
+    if tag not in (KEY_FIRST, TIME_FIRST):
+        raise ValueError(f"tag must be KEY_FIRST or TIME_FIRST, got {tag!r}")
+    time_first_layout = tag == TIME_FIRST
     n = len(key_index)
     lengths = np.fromiter(map(len, encoded_keys), dtype=np.int64, count=len(encoded_keys))
     record_lengths = lengths[key_index]
@@ -232,26 +242,3 @@ def _records_many(
         else:
             out[rows] = records
     return pieces if out is None else list(out.tolist())
-
-
-def key_first_many(
-    encoded_keys: Sequence[bytes],
-    key_index: npt.NDArray[np.int64],
-    ends_ms: npt.NDArray[np.int64],
-    starts_ms: npt.NDArray[np.int64],
-) -> list[bytes]:
-    """:func:`key_first` for many sessions: record ``i`` is for ``encoded_keys[key_index[i]]``.
-
-    The arrays must be int64 and of one length; the caller has validated the times.
-    """
-    return _records_many(KEY_FIRST, False, encoded_keys, key_index, ends_ms, starts_ms)
-
-
-def time_first_many(
-    encoded_keys: Sequence[bytes],
-    key_index: npt.NDArray[np.int64],
-    ends_ms: npt.NDArray[np.int64],
-    starts_ms: npt.NDArray[np.int64],
-) -> list[bytes]:
-    """:func:`time_first` for many sessions, laid out as :func:`key_first_many`."""
-    return _records_many(TIME_FIRST, True, encoded_keys, key_index, ends_ms, starts_ms)

@@ -212,7 +212,7 @@ KEY_PARTS = st.one_of(st.text(max_size=6), st.binary(max_size=6), st.integers(IN
        rows=st.lists(st.tuples(st.integers(0, 7), st.integers(INT64_MIN, INT64_MAX),
                                st.integers(INT64_MIN, INT64_MAX)), max_size=30),
        by_width=st.booleans())
-def test_vectorised_record_keys_equal_the_per_record_encoders(
+def test_records_many_equals_the_per_record_encoders(
     keys: list[Any], rows: list[tuple[int, int, int]], by_width: bool
 ) -> None:
     """Any widths, in any order or grouped by width (the two code paths), bounds included."""
@@ -223,10 +223,16 @@ def test_vectorised_record_keys_equal_the_per_record_encoders(
     index = np.array([k for k, _, _ in rows], dtype=np.int64)
     ends = np.array([e for _, e, _ in rows], dtype=np.int64)
     starts = np.array([s for _, _, s in rows], dtype=np.int64)
-    assert keyschema.key_first_many(encoded, index, ends, starts) == [
+    assert keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts) == [
         keyschema.key_first(encoded[k], e, s) for k, e, s in rows]
-    assert keyschema.time_first_many(encoded, index, ends, starts) == [
+    assert keyschema.records_many(keyschema.TIME_FIRST, encoded, index, ends, starts) == [
         keyschema.time_first(encoded[k], e, s) for k, e, s in rows]
     ranks = keyschema.key_order(encoded).tolist()
     distinct = sorted(set(encoded))
     assert ranks == [distinct.index(e) for e in encoded]
+
+
+def test_records_many_refuses_an_unknown_layout() -> None:
+    none = np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match="tag must be KEY_FIRST or TIME_FIRST, got b'X'"):
+        keyschema.records_many(b"X", [], none, none, none)
