@@ -43,6 +43,7 @@ def compiled(function: _F) -> _F:
         _COMPILED[function.__name__] = kernel
     return cast(_F, kernel)
 
+
 # Status codes the per-key pass reports instead of raising (a compiled kernel cannot raise with
 # a useful message); plan_sessions turns them into errors that name the argument and the row.
 _OK = 0
@@ -55,15 +56,17 @@ class SessionPlan(NamedTuple):
 
     Attributes:
         session_codes: int64[s], the key code of each resulting session.
-        session_starts_ms: int64[s], its start (the earliest event time it holds).
-        session_ends_ms: int64[s], its end (the latest window end it holds).
+        session_starts_ms: int64[s], its start: the earliest of its events' times and of the
+            starts of the open sessions it absorbed.
+        session_ends_ms: int64[s], its end: the latest of their window ends.
         event_session: int64[n], the index into the session arrays of the session that holds
             each event, in the order the events were given.
         open_session: int64[m], for each open session given, the index of the session that
             absorbed it (possibly with the same bounds), or -1 when no event touched it.
 
     Only sessions that hold at least one event of the batch are listed, ordered by
-    ``(code, start, end)``; untouched open sessions are not listed. Every listed session replaces
+    ``(code, start, end)`` (then by creation, for the equal bounds that only events already
+    final on arrival can produce); untouched open sessions are not listed. Every listed session replaces
     exactly the open sessions that map to it.
     """
 
