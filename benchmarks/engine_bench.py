@@ -1,11 +1,15 @@
-"""Engine benchmark: Nexmark q11 (bids per bidder, 10 s session gap) on one core.
+"""Engine benchmark: q11-like sweeps and Nexmark q11 (bids per bidder) on one core.
 
-Measures the event-at-a-time path (``process``) and the batch path (``process_batch``) on the
-RocksDB store and the in-memory store, with emit-on-close and with a Beam trigger, next to a
-plain-Python dict sessionizer written as a user would. Every run sees the same generated stream
-in the same process. It reports numbers and asserts none::
+Two sweeps over q11-like streams (20k skewed keys, batches of 100k events, a commit after every
+batch): out-of-orderness 0, 200 ms, 2 s and 10 s at about 2.5 events per session, and about 1.5,
+2.5 and 17 events per session at 2 s out of order. Each row runs, in one process on one stream,
+a plain-Python dict sessionizer written as a user would, the event-at-a-time path (``process``)
+and the batch path (``process_batch``), the engine on the RocksDB store and in memory. Then
+Nexmark q11 (10 s gap) with emit-on-close and with a Beam trigger. It reports numbers and
+asserts none::
 
-    python -m benchmarks.engine_bench --events 5000000
+    python -m benchmarks.engine_bench --events 200000      # quick
+    python -m benchmarks.engine_bench                        # full, as make bench runs it
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from sessionstore import (
     AccumulationMode,
@@ -39,6 +45,11 @@ from .common import write_results
 log = logging.getLogger("benchmarks.engine")
 GAP_MS = 10_000
 OUT_OF_ORDER_MS = 200
+BATCH_EVENTS = 100_000
+DISORDER_SWEEP_MS = (0, 200, 2_000, 10_000)
+EVENTS_PER_SESSION_SWEEP = (1.5, 2.5, 17.0)
+SWEEP_EVENTS_PER_SESSION = 2.5
+SWEEP_DISORDER_MS = 2_000
 
 
 def dict_sessionizer(keys: list[int], times: list[int], gap_ms: int = GAP_MS,
@@ -78,17 +89,121 @@ def dict_sessionizer(keys: list[int], times: list[int], gap_ms: int = GAP_MS,
     return emitted + sum(len(v) for v in open_sessions.values())
 
 
+def q11_like_stream(n_events: int, n_keys: int, disorder_ms: int,
+                    seed: int = 11) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, times) in arrival order: bids at 10k/s over skewed keys, each event time up to
+    ``disorder_ms`` behind its place in the stream (uniformly), so the stream is that much out
+    of order."""
+    keys, times = bid_stream(n_events, n_keys, seed=seed)
+    in_order = (np.arange(n_events, dtype=np.int64) * 1000) // 10_000
+    rng = np.random.default_rng(seed + 1)
+    return keys, in_order - rng.integers(0, disorder_ms + 1, size=n_events, dtype=np.int64)
+
+
+def events_per_session(keys: np.ndarray, times: np.ndarray, gap_ms: int) -> float:
+    """Events per session when every event is accepted (windows that touch merge)."""
+    order = np.lexsort((times, keys))
+    k, t = keys[order], times[order]
+    breaks = (k[1:] != k[:-1]) | (t[1:] - t[:-1] > gap_ms)
+    return len(k) / (1 + int(breaks.sum())) if len(k) else 0.0
+
+
+def gap_for(keys: np.ndarray, times: np.ndarray, target: float,
+            max_gap_ms: int = 600_000) -> int:
+    """The smallest gap (ms) that gives at least ``target`` events per session, at most
+    ``max_gap_ms`` (a short stream cannot reach many events per session)."""
+    low, high = 1, 1
+    while events_per_session(keys, times, high) < target and high < max_gap_ms:
+        high = min(2 * high, max_gap_ms)
+    if events_per_session(keys, times, high) < target:
+        return high
+    while low < high:
+        mid = (low + high) // 2
+        if events_per_session(keys, times, mid) >= target:
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def _open_store(store_kind: str, root: Path, name: str, retention_ms: int) -> Any:
+    if store_kind == "rocksdb":
+        return SessionStore(root / name, retention_ms=retention_ms)
+    return InMemorySessionStore(retention_ms=retention_ms)
+
+
+def run_sweep_engine(keys: list[int], times: list[int], gap_ms: int, disorder_ms: int,
+                     store_kind: str, batched: bool, root: Path,
+                     batch_events: int = BATCH_EVENTS) -> tuple[float, int]:
+    """The engine, emit-on-close, counting per key, with a commit after every batch."""
+    windows = SessionWindows(gap_ms)
+    store = _open_store(store_kind, root, f"sweep-{gap_ms}-{disorder_ms}-{batched}",
+                        windows.retention_ms + disorder_ms)
+    engine = SessionAggregator(store, windows, aggregations.count(),
+                               max_out_of_orderness_ms=disorder_ms,
+                               emit=EmitStrategy.ON_WINDOW_CLOSE)
+    emitted = 0
+    gc.collect()
+    start = time.perf_counter()
+    process = engine.process
+    for i in range(0, len(keys), batch_events):
+        batch_keys, batch_times = keys[i:i + batch_events], times[i:i + batch_events]
+        if batched:
+            emitted += len(engine.process_batch(batch_keys, batch_keys, batch_times))
+        else:
+            for key, t in zip(batch_keys, batch_times, strict=True):
+                emitted += len(process(key, key, t))
+        engine.commit()
+    emitted += len(engine.advance_watermark(INT64_MAX))
+    engine.commit()
+    elapsed = time.perf_counter() - start
+    store.close()
+    return elapsed, emitted
+
+
+def sweep_rows(n_events: int, n_keys: int, root: Path) -> list[dict[str, Any]]:
+    """Both sweeps; the row they share (2 s, 2.5 events per session) is run once."""
+    configs = [(d, SWEEP_EVENTS_PER_SESSION) for d in DISORDER_SWEEP_MS]
+    configs += [(SWEEP_DISORDER_MS, e) for e in EVENTS_PER_SESSION_SWEEP
+                if (SWEEP_DISORDER_MS, e) not in configs]
+    rows = []
+    for disorder_ms, target in configs:
+        key_array, time_array = q11_like_stream(n_events, n_keys, disorder_ms)
+        gap_ms = gap_for(key_array, time_array, target)
+        keys, times = key_array.tolist(), time_array.tolist()
+        row: dict[str, Any] = {
+            "disorder_ms": disorder_ms, "target_events_per_session": target, "gap_ms": gap_ms,
+            "events_per_session": events_per_session(key_array, time_array, gap_ms),
+            "sweep": ("disorder" if target == SWEEP_EVENTS_PER_SESSION else "") + (
+                "+" if target == SWEEP_EVENTS_PER_SESSION and disorder_ms == SWEEP_DISORDER_MS
+                else "") + ("events_per_session" if disorder_ms == SWEEP_DISORDER_MS else ""),
+            "events_per_s": {}, "emitted": {},
+        }
+        timings = {"dict": _timed_dict(keys, times, gap_ms, disorder_ms)}
+        for store_kind in ("rocksdb", "memory"):
+            for batched in (False, True):
+                timings[f"{'batch' if batched else 'event'}/{store_kind}"] = run_sweep_engine(
+                    keys, times, gap_ms, disorder_ms, store_kind, batched, root)
+        for name, (elapsed, emitted) in timings.items():
+            row["events_per_s"][name] = n_events / elapsed
+            row["emitted"][name] = emitted
+        rows.append(row)
+        if len(set(row["emitted"].values())) != 1:
+            log.warning("the runs emitted different numbers of sessions: %s", row["emitted"])
+        base = row["events_per_s"]["dict"]
+        log.info("disorder %6d ms, %5.1f events/session (gap %d ms): %s", disorder_ms,
+                 row["events_per_session"], gap_ms, ", ".join(
+                     f"{name} {rate / base:.2f}x" for name, rate in row["events_per_s"].items()))
+    return rows
+
+
 def run_engine(
     keys: list[int], times: list[int], store_kind: str, batched: bool, trigger: bool,
     root: Path, chunk: int = 100_000,
 ) -> tuple[float, int]:
     windows = SessionWindows(GAP_MS)
-    retention = windows.retention_ms + OUT_OF_ORDER_MS
-    store: Any
-    if store_kind == "rocksdb":
-        store = SessionStore(root / f"q11-{batched}-{trigger}", retention_ms=retention)
-    else:
-        store = InMemorySessionStore(retention_ms=retention)
+    store = _open_store(store_kind, root, f"q11-{batched}-{trigger}",
+                        windows.retention_ms + OUT_OF_ORDER_MS)
     options: dict[str, Any] = (
         {"trigger": AfterWatermark(early=AfterCount(100)),
          "accumulation": AccumulationMode.ACCUMULATING}
@@ -116,21 +231,40 @@ def run_engine(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--events", type=int, default=1_000_000,
+                        help="events per sweep row (and for q11)")
     parser.add_argument("--bidders", type=int, default=20_000)
+    parser.add_argument("--skip-q11", action="store_true", help="run the sweeps only")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    bidders, event_times = bid_stream(args.events, args.bidders)
+    root = Path(tempfile.mkdtemp(prefix="engine-bench-"))
+    try:
+        sweeps = sweep_rows(args.events, args.bidders, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows: list[dict[str, Any]] = []
+    if not args.skip_q11:
+        rows = q11_rows(args.events, args.bidders)
+    if not args.no_write:
+        path = write_results("engine", {"events": args.events, "bidders": args.bidders,
+                                        "gap_ms": GAP_MS, "batch_events": BATCH_EVENTS,
+                                        "sweeps": sweeps, "runs": rows})
+        log.info("wrote %s", path)
+
+
+def q11_rows(n_events: int, n_bidders: int) -> list[dict[str, Any]]:
+    """Nexmark q11 with a 10 s gap: emit-on-close and a Beam trigger, every path and store."""
+    bidders, event_times = bid_stream(n_events, n_bidders)
     keys, times = bidders.tolist(), event_times.tolist()
     root = Path(tempfile.mkdtemp(prefix="engine-bench-"))
     rows: list[dict[str, Any]] = []
 
     def record(name: str, fn: Callable[[], tuple[float, int]]) -> None:
         elapsed, emitted = fn()
-        rows.append({"name": name, "events_per_s": args.events / elapsed,
+        rows.append({"name": name, "events_per_s": n_events / elapsed,
                      "seconds": elapsed, "emitted": emitted})
-        log.info("%-50s %12.0f events/s  %8d emitted", name, args.events / elapsed, emitted)
+        log.info("%-50s %12.0f events/s  %8d emitted", name, n_events / elapsed, emitted)
 
     try:
         record("plain-Python dict sessionizer (in memory)", lambda: _timed_dict(keys, times))
@@ -143,15 +277,14 @@ def main(argv: list[str] | None = None) -> None:
                            run_engine(keys, times, s, b, tr, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if not args.no_write:
-        path = write_results("engine", {"events": args.events, "bidders": args.bidders,
-                                        "gap_ms": GAP_MS, "runs": rows})
-        log.info("wrote %s", path)
+    return rows
 
 
-def _timed_dict(keys: list[int], times: list[int]) -> tuple[float, int]:
+def _timed_dict(keys: list[int], times: list[int], gap_ms: int = GAP_MS,
+                out_of_order_ms: int = OUT_OF_ORDER_MS) -> tuple[float, int]:
+    gc.collect()
     start = time.perf_counter()
-    emitted = dict_sessionizer(keys, times)
+    emitted = dict_sessionizer(keys, times, gap_ms, out_of_order_ms)
     return time.perf_counter() - start, emitted
 
 

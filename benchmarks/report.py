@@ -73,6 +73,10 @@ def store_section() -> list[str]:
         "|---|---:|---:|---|",
     ]
     lines += [f"| {name} | {_fmt(a)} | {_fmt(b)} | {unit} |" for name, a, b, unit in rows]
+    if "segmented_put_many_per_s" in data:
+        lines.append(
+            f"| put_many (bulk write, chunks of 100,000) | "
+            f"{_fmt(data['segmented_put_many_per_s'])} | n/a | sessions per s |")
     lines += [
         f"| find_sessions (3 s end range, cross-key) | "
         f"{_fmt(data['segmented_find_sessions_rows_per_s'])} rows/s | not possible without a "
@@ -84,19 +88,111 @@ def store_section() -> list[str]:
         "the segment; the key-value layout must read and rewrite every key.",
         "",
     ]
+    if "segmented_put_many_per_s" in data:
+        lines += [
+            f"`put_many` writes both records of every session (key-first with the value, "
+            f"time-first empty) in one WriteBatch, each layout sorted in its on-disk order: "
+            f"**{_fmt(data['segmented_put_many_per_s'])} sessions/s** on RocksDB "
+            f"({data['segmented_put_many_per_s'] / data['segmented_put_per_s']:.1f}x `put`), "
+            f"{_fmt(data['memory_put_many_per_s'])} sessions/s in memory; committing them took "
+            f"{_fmt(data['segmented_put_many_commit_ms'])} ms.",
+            "",
+        ]
     return lines
+
+
+SWEEP_RUNS = [("event/rocksdb", "event path, RocksDB"), ("batch/rocksdb", "batch path, RocksDB"),
+              ("event/memory", "event path, memory"), ("batch/memory", "batch path, memory")]
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One table row per stream: the dict sessionizer's rate, then each run as a multiple."""
+    lines = [
+        "| out of order | events/session | gap | plain-Python dict (events/s) | "
+        + " | ".join(label for _, label in SWEEP_RUNS) + " | sessions |",
+        "|---:|---:|---:|---:|" + "---:|" * len(SWEEP_RUNS) + "---|",
+    ]
+    for row in rows:
+        rates = row["events_per_s"]
+        base = rates["dict"]
+        emitted = set(row["emitted"].values())
+        check = f"{emitted.pop():,} (all equal)" if len(emitted) == 1 else "differ: " + ", ".join(
+            f"{name} {count:,}" for name, count in row["emitted"].items())
+        lines.append(
+            f"| {row['disorder_ms']:,} ms | {row['events_per_session']:.1f} | "
+            f"{row['gap_ms']:,} ms | {_fmt(base)} | "
+            + " | ".join(f"{rates[name] / base:.2f}x" for name, _ in SWEEP_RUNS)
+            + f" | {check} |"
+        )
+    return lines
+
+
+def sweep_plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(SWEEP_RUNS)
+    for i, (name, label) in enumerate(SWEEP_RUNS):
+        ax.bar([x + i * width for x in range(len(rows))],
+               [row["events_per_s"][name] / row["events_per_s"]["dict"] for row in rows],
+               width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
+    ax.set_xticklabels([f"{row['disorder_ms']:,} ms\n{row['events_per_session']:.1f} ev/session"
+                        for row in rows])
+    ax.set_ylabel("x plain-Python dict sessionizer")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def engine_section() -> list[str]:
     data = _load("engine")
     if data is None:
         return []
-    runs = data["runs"]
+    lines = []
+    sweeps = data.get("sweeps", [])
+    if sweeps:
+        by_disorder = [r for r in sweeps if "disorder" in r["sweep"]]
+        by_density = sorted((r for r in sweeps if "events_per_session" in r["sweep"]),
+                            key=lambda r: r["events_per_session"])
+        lines += [
+            "## Engine sweeps: out-of-orderness and events per session",
+            "",
+            f"`python -m benchmarks.engine_bench`: q11-like streams of {data['events']:,} events "
+            f"over {data['bidders']:,} skewed keys at 10k events/s of event time, each event up to "
+            f"the given time out of order; the gap is chosen to give the events per session shown. "
+            f"The engine counts per key with emit-on-close and `max_out_of_orderness_ms` equal to "
+            f"the disorder, in batches of {data.get('batch_events', 100_000):,} events with a "
+            f"commit after every batch (event path too). Every run of a row is in one process on "
+            f"one stream ({_machine(data)}); multiples are against the plain-Python dict "
+            f"sessionizer of that row.",
+            "",
+            "### Out-of-orderness sweep",
+            "",
+            *sweep_table(by_disorder),
+            "",
+            "![disorder sweep](bench/engine_disorder_sweep.png)",
+            "",
+            "### Events-per-session sweep",
+            "",
+            *sweep_table(by_density),
+            "",
+            "![events-per-session sweep](bench/engine_density_sweep.png)",
+            "",
+        ]
+        sweep_plot(DOCS / "bench" / "engine_disorder_sweep.png", by_disorder,
+                   "Out-of-orderness sweep (x plain-Python sessionizer)")
+        sweep_plot(DOCS / "bench" / "engine_density_sweep.png", by_density,
+                   "Events-per-session sweep (x plain-Python sessionizer)")
+    runs = data.get("runs", [])
+    if not runs:
+        return lines
     baseline = next(r for r in runs if r["name"].startswith("process_batch on rocksdb, ON_WIN"))
     plot = DOCS / "bench" / "engine_q11.png"
     _bar_plot(plot, [r["name"] for r in runs], [r["events_per_s"] for r in runs],
               f"Nexmark q11, {data['events']:,} events, one core", "events/s")
-    lines = [
+    lines += [
         "## Engine: Nexmark q11 (bids per bidder, 10 s session gap), one core",
         "",
         f"`python -m benchmarks.engine_bench`: {data['events']:,} generated bids over "

@@ -16,9 +16,12 @@ order for negative times too.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import numpy as np
+import numpy.typing as npt
 
 from .timeutil import INT64_MAX, INT64_MIN
 
@@ -140,3 +143,102 @@ def split_time_first(record: bytes) -> tuple[int, bytes, int]:
 def time_first_to_key_first(record: bytes) -> bytes:
     """The key-first record that a time-first index key points to."""
     return KEY_FIRST + record[9:-8] + record[1:9] + record[-8:]
+
+
+# -- vectorised encoders for bulk writes -----------------------------------------------------
+#
+# One Python call per record is what made a put cost microseconds, so the bulk encoders lay the
+# records of a batch out as rows of a byte matrix (one matrix per encoded-key length, since rows
+# must have one width) and cut it into bytes objects in one C-level step.
+
+
+_FIXED_WIDTH_SORT_LIMIT = 256
+
+
+def key_order(encoded_keys: Sequence[bytes]) -> npt.NDArray[np.int64]:
+    """The rank of each encoded key in byte order; equal encodings get equal ranks.
+
+    Sorting records by ``(rank, end, start)`` puts key-first records in their on-disk order, and
+    by ``(end, rank, start)`` time-first ones.
+    """
+    n = len(encoded_keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if max(map(len, encoded_keys)) > _FIXED_WIDTH_SORT_LIMIT:  # a fixed-width copy would be huge
+        distinct = sorted(set(encoded_keys))
+        position = {key: rank for rank, key in enumerate(distinct)}
+        return np.fromiter((position[key] for key in encoded_keys), dtype=np.int64, count=n)
+    # numpy's fixed-width bytes compare as padded with zeros; two encodings of different
+    # lengths already differ in their length prefix, so this is plain byte order (about 6x
+    # faster than sorting Python bytes).
+    fixed = np.array(encoded_keys, dtype=bytes)
+    order = np.argsort(fixed, kind="stable")
+    ordered = fixed[order]
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
+    return ranks
+
+
+def _times_matrix(first_ms: npt.NDArray[np.int64],
+                  second_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+    times = np.empty((len(first_ms), 2), dtype=">u8")
+    times[:, 0] = first_ms.astype(np.uint64) ^ np.uint64(_SIGN)
+    times[:, 1] = second_ms.astype(np.uint64) ^ np.uint64(_SIGN)
+    return times.view(np.uint8).reshape(len(first_ms), 16)
+
+
+def records_many(
+    tag: bytes,
+    encoded_keys: Sequence[bytes],
+    key_index: npt.NDArray[np.int64],
+    ends_ms: npt.NDArray[np.int64],
+    starts_ms: npt.NDArray[np.int64],
+) -> list[bytes]:
+    """:func:`key_first` (``tag=KEY_FIRST``) or :func:`time_first` (``TIME_FIRST``) for many
+    sessions: record ``i`` is for ``encoded_keys[key_index[i]]``, ``ends_ms[i]``, ``starts_ms[i]``.
+
+    The arrays must be int64 and of one length; the caller has validated the times.
+
+    Raises:
+        ValueError: ``tag`` is neither layout.
+    """
+    if tag not in (KEY_FIRST, TIME_FIRST):
+        raise ValueError(f"tag must be KEY_FIRST or TIME_FIRST, got {tag!r}")
+    time_first_layout = tag == TIME_FIRST
+    n = len(key_index)
+    lengths = np.fromiter(map(len, encoded_keys), dtype=np.int64, count=len(encoded_keys))
+    record_lengths = lengths[key_index]
+    times = _times_matrix(ends_ms, starts_ms)
+    distinct_lengths = np.unique(record_lengths).tolist()
+    # Records in key order come grouped by width already (the length prefix leads), so the
+    # groups can simply be concatenated; otherwise they are scattered back into place.
+    grouped = bool((record_lengths[1:] >= record_lengths[:-1]).all())
+    out: npt.NDArray[Any] | None = None if grouped else np.empty(n, object)
+    pieces: list[bytes] = []
+    for width in distinct_lengths:
+        keys_of_width = np.flatnonzero(lengths == width)
+        local = np.full(len(encoded_keys), -1, dtype=np.int64)
+        local[keys_of_width] = np.arange(len(keys_of_width))
+        key_bytes = np.frombuffer(
+            b"".join([encoded_keys[k] for k in keys_of_width.tolist()]), dtype=np.uint8
+        ).reshape(len(keys_of_width), width)
+        rows = np.flatnonzero(record_lengths == width)
+        row_keys = key_bytes[local[key_index[rows]]]
+        row_times = times[rows]
+        matrix = np.empty((len(row_keys), 1 + width + 16), dtype=np.uint8)
+        matrix[:, 0] = tag[0]
+        if time_first_layout:
+            matrix[:, 1:9] = row_times[:, :8]
+            matrix[:, 9:9 + width] = row_keys
+            matrix[:, 9 + width:] = row_times[:, 8:]
+        else:
+            matrix[:, 1:1 + width] = row_keys
+            matrix[:, 1 + width:] = row_times
+        # A void view cuts rows into bytes without dropping trailing zero bytes (an "S" view
+        # would drop them).
+        records: list[bytes] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
+        if out is None:
+            pieces += records
+        else:
+            out[rows] = records
+    return pieces if out is None else list(out.tolist())

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
+from ..kernels import int64_column, sort_order
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
@@ -103,6 +107,68 @@ def check_session(session: Any) -> tuple[bytes, int, int]:
     if start > end:
         raise ValueError(f"session.start must be <= session.end, got start={start} end={end}")
     return keyschema.encode_key(key), start, end
+
+
+class BulkSessions(NamedTuple):
+    """Validated sessions of a bulk write or remove, each session once.
+
+    Session ``i`` is ``(encoded_keys[key_index[i]], starts_ms[i], ends_ms[i])``; ``key_rank``
+    gives each entry of ``encoded_keys`` its rank in byte order (see
+    :func:`keyschema.key_order`), for backends that write in on-disk order. ``values`` holds the
+    serialised values, and is empty for a remove.
+    """
+
+    encoded_keys: list[bytes]
+    key_rank: npt.NDArray[np.int64]
+    key_index: npt.NDArray[np.int64]
+    starts_ms: npt.NDArray[np.int64]
+    ends_ms: npt.NDArray[np.int64]
+    values: list[bytes]
+
+
+def check_sessions_many(
+    keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None
+) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Validate the sessions of a bulk operation; return ``(encoded_keys, index, starts, ends)``.
+
+    Raises:
+        TypeError / ValueError: naming the argument and the row.
+    """
+    encoded = []
+    for row, key in enumerate(keys):
+        try:
+            encoded.append(keyschema.encode_key(key))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"keys[{row}]: {exc}") from None
+    if key_index is None:
+        index = np.arange(len(encoded), dtype=np.int64)
+    else:
+        index = int64_column("key_index", key_index)
+        if len(index) and (index.min() < 0 or index.max() >= len(encoded)):
+            row = int(np.argmax((index < 0) | (index >= len(encoded))))
+            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {len(encoded)})")
+    n = len(index)
+    starts = int64_column("starts_ms", starts_ms, n)
+    ends = int64_column("ends_ms", ends_ms, n)
+    bad = starts > ends
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(
+            f"starts_ms[{row}] must be <= ends_ms[{row}], got start={starts[row]} end={ends[row]}"
+        )
+    return encoded, index, starts, ends
+
+
+def _floor_segments(times_ms: npt.NDArray[np.int64], minus_ms: int,
+                    interval_ms: int) -> npt.NDArray[np.int64]:
+    """``(times_ms - minus_ms) // interval_ms`` without int64 overflow (Python ints for the few
+    times within ``minus_ms`` of the int64 minimum)."""
+    safe = times_ms >= INT64_MIN + minus_ms
+    result = np.empty(len(times_ms), dtype=np.int64)
+    result[safe] = (times_ms[safe] - minus_ms) // interval_ms
+    for row in np.flatnonzero(~safe).tolist():
+        result[row] = (int(times_ms[row]) - minus_ms) // interval_ms
+    return result
 
 
 class SegmentedSessionStore(ABC):
@@ -260,6 +326,110 @@ class SegmentedSessionStore(ABC):
         encoded, start, end = check_session(session)
         self._delete(encoded, end, start)
 
+    def put_many(
+        self,
+        keys: Sequence[Any],
+        starts_ms: Any,
+        ends_ms: Any,
+        values: Sequence[Any],
+        *,
+        key_index: Any = None,
+    ) -> npt.NDArray[np.bool_]:
+        """Store many sessions at once; the same outcome as calling :meth:`put` on each in turn.
+
+        Stream time advances session by session as it would with ``put``, so a session whose
+        segment an earlier session of the same call has expired is dropped and counted in
+        ``metrics["dropped-records"]``; segments are expired whole. When one session appears
+        twice, the later value wins. Everything is validated and every value serialised before
+        anything changes, so a bad call raises and leaves the store as it was.
+
+        Args:
+            keys: the record keys, one per session, or each distinct key once with ``key_index``.
+            starts_ms, ends_ms: int64 per session, ``start <= end``.
+            values: one per session.
+            key_index: optional int per session, indexing ``keys``.
+
+        Returns:
+            bool per session: False where ``put`` would have returned False (dropped).
+
+        Raises:
+            TypeError / ValueError: a bad key, time or value, naming the argument and the row.
+        """
+        self._check_open()
+        encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
+        n = len(index)
+        if len(values) != n:
+            raise ValueError(f"values has {len(values)} rows, there are {n} sessions")
+        data = self._dumps_all(values)
+        if n == 0:
+            return np.zeros(0, dtype=np.bool_)
+        running = np.maximum.accumulate(ends)
+        if self._stream_time is not None:
+            running = np.maximum(running, self._stream_time)
+        cap = self._expiry_cap
+        reference = running if cap is None else np.minimum(running, cap)
+        interval = self._interval
+        min_live = _floor_segments(reference, self._retention_ms, interval)
+        written = ends // interval >= min_live
+        self._stream_time = int(running[-1])
+        accepted = np.flatnonzero(written)
+        self._metrics["dropped-records"] += n - len(accepted)
+        if len(accepted) == 0:
+            return written
+        # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
+        # only the last write of a session that appears twice, as consecutive puts would.
+        key_rank = keyschema.key_order(encoded)
+        rank = key_rank[index[accepted]]
+        rows = accepted[sort_order([rank, ends[accepted], starts[accepted]])]
+        ranks = key_rank[index[rows]]
+        last = np.ones(len(rows), dtype=np.bool_)
+        last[:-1] = ((ranks[1:] != ranks[:-1]) | (ends[rows[1:]] != ends[rows[:-1]])
+                     | (starts[rows[1:]] != starts[rows[:-1]]))
+        rows = rows[last]
+        if len(rows) == n and (rows == np.arange(n)).all():
+            picked = data
+        else:  # an object array gathers about twice as fast as a list comprehension
+            boxed = np.empty(n, dtype=object)
+            boxed[:] = data
+            picked = boxed[rows].tolist()
+        self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
+                                      picked))
+        final_min_live = int(min_live[accepted[-1]])
+        if self._expired_below is None or final_min_live > self._expired_below:
+            self._metrics["expired-segments"] += self._drop_segments_below(final_min_live)
+            self._expired_below = final_min_live
+        return written
+
+    def _dumps_all(self, values: Sequence[Any]) -> list[bytes]:
+        """Serialise every value, or raise naming the first row that cannot be."""
+        dumps = self._serde.dumps
+        try:
+            return list(map(dumps, values))
+        except Exception:  # find the row, then report it with the serde's own error type
+            for row, value in enumerate(values):
+                try:
+                    dumps(value)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"values[{row}] cannot be serialised: {exc}") from None
+                except Exception as exc:  # a custom serde may raise anything
+                    raise TypeError(f"values[{row}] cannot be serialised: {exc}") from None
+            raise
+
+    def remove_many(
+        self, keys: Sequence[Any], starts_ms: Any, ends_ms: Any, *, key_index: Any = None
+    ) -> None:
+        """Delete many sessions, those present; the same outcome as :meth:`remove` on each.
+
+        Arguments are those of :meth:`put_many`, without values. Everything is validated before
+        anything is deleted.
+        """
+        self._check_open()
+        encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
+        if len(index):
+            self._delete_many(
+                BulkSessions(encoded, keyschema.key_order(encoded), index, starts, ends, [])
+            )
+
     # -- reads ------------------------------------------------------------------------------
 
     def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
@@ -367,6 +537,20 @@ class SegmentedSessionStore(ABC):
 
     @abstractmethod
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None: ...
+
+    def _write_many(self, sessions: BulkSessions) -> None:
+        """Write validated, accepted sessions (expiry runs after); backends override to batch."""
+        keys = sessions.encoded_keys
+        for k, start, end, data in zip(sessions.key_index.tolist(), sessions.starts_ms.tolist(),
+                                       sessions.ends_ms.tolist(), sessions.values, strict=True):
+            self._write(keys[k], end, start, data)
+
+    def _delete_many(self, sessions: BulkSessions) -> None:
+        """Delete validated sessions; backends override to batch."""
+        keys = sessions.encoded_keys
+        for k, start, end in zip(sessions.key_index.tolist(), sessions.starts_ms.tolist(),
+                                 sessions.ends_ms.tolist(), strict=True):
+            self._delete(keys[k], end, start)
 
     @abstractmethod
     def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None: ...

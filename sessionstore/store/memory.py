@@ -6,7 +6,7 @@ import bisect
 from collections.abc import Iterator
 
 from ..types import ValueSerde
-from .base import CommittedState, SegmentedSessionStore
+from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
 
 class _Segment:
@@ -60,6 +60,28 @@ class InMemorySessionStore(SegmentedSessionStore):
         if (end, start) not in sessions:
             bisect.insort(segment.by_time, (end, encoded_key, start))
         sessions[(end, start)] = data
+
+    def _write_many(self, sessions: BulkSessions) -> None:
+        # Index entries are appended and each touched segment's index sorted once: one insort
+        # per session would move the whole list every time.
+        interval = self._interval
+        keys = sessions.encoded_keys
+        added: dict[int, list[tuple[int, bytes, int]]] = {}
+        for k, start, end, data in zip(sessions.key_index.tolist(), sessions.starts_ms.tolist(),
+                                       sessions.ends_ms.tolist(), sessions.values, strict=True):
+            seg = end // interval
+            segment = self._segments.get(seg)
+            if segment is None:
+                segment = self._segments[seg] = _Segment()
+            key = keys[k]
+            stored = segment.by_key.setdefault(key, {})
+            if (end, start) not in stored:
+                added.setdefault(seg, []).append((end, key, start))
+            stored[(end, start)] = data
+        for seg, entries in added.items():
+            index = self._segments[seg].by_time
+            index.extend(entries)
+            index.sort()
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         segment = self._segments.get(end // self._interval)

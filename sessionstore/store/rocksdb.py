@@ -18,7 +18,9 @@ database is opened in raw mode and values go through msgpack (or the serde you p
 
 from __future__ import annotations
 
+import collections
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -26,12 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import rocksdict
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
+from ..kernels import sort_order
 from ..types import ValueSerde
-from .base import CommittedState, SegmentedSessionStore
+from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .checkpoint import (
     CHECKPOINTS_DIR,
     DELETING_PREFIX,
@@ -364,6 +368,76 @@ class SessionStore(SegmentedSessionStore):
         cf = self._segment(end // self._interval)
         cf[keyschema.key_first(encoded_key, end, start)] = data
         cf[keyschema.time_first(encoded_key, end, start)] = b""
+
+    def _write_many(self, sessions: BulkSessions) -> None:
+        # One WriteBatch for the whole call, each layout inserted in its on-disk order: RocksDB's
+        # memtable takes sorted keys several times faster than random ones. put_many hands the
+        # sessions over by (key, end, start), each session once; that is already the key-first
+        # order unless they span segments.
+        encoded, key_rank, index, starts, ends, values = sessions
+        segments = ends // self._interval
+        rank = key_rank[index]
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        if segments.min() == segments.max():
+            self._fill_batch(batch, segments,
+                             keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts), values)
+        else:
+            by_key = sort_order([segments, rank, ends, starts], distinct=True)
+            self._fill_batch(
+                batch, segments[by_key],
+                keyschema.records_many(keyschema.KEY_FIRST, encoded, index[by_key], ends[by_key], starts[by_key]),
+                [values[row] for row in by_key.tolist()])
+        # Time-first records go in one sorted run per key width: building them grouped by width
+        # costs about 0.17 us less a record than scattering them into one sorted run, and the
+        # few runs insert nearly as fast.
+        widths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))[index]
+        by_time = sort_order([segments, widths, ends, rank, starts], distinct=True)
+        self._fill_batch(
+            batch, segments[by_time],
+            keyschema.records_many(keyschema.TIME_FIRST, encoded, index[by_time], ends[by_time], starts[by_time]),
+            None)
+        self._db.write(batch)
+
+    def _fill_batch(self, batch: Any, segments: Any, records: list[bytes],
+                    values: list[bytes] | None) -> None:
+        """Add ``records`` (grouped by segment) to ``batch``; None values mean empty ones."""
+        bounds = np.flatnonzero(np.diff(segments)).tolist()
+        firsts = [0] + [b + 1 for b in bounds]
+        stops = [b + 1 for b in bounds] + [len(records)]
+        for first, stop in zip(firsts, stops, strict=True):
+            segment = int(segments[first])
+            if values is not None:
+                self._segment(segment)  # creates the column family on first use
+            batch.set_default_column_family(
+                self._db.get_column_family_handle(_cf_name(segment)))
+            whole = first == 0 and stop == len(records)
+            chunk = records if whole else records[first:stop]
+            if values is None:
+                collections.deque(map(batch.put, chunk, itertools.repeat(b"")), maxlen=0)
+            else:
+                chunk_values = values if whole else values[first:stop]
+                collections.deque(map(batch.put, chunk, chunk_values), maxlen=0)
+
+    def _delete_many(self, sessions: BulkSessions) -> None:
+        encoded, key_rank, index, starts, ends, _ = sessions
+        segments = ends // self._interval
+        live = np.isin(segments, np.fromiter(self._cfs, dtype=np.int64, count=len(self._cfs)))
+        if not live.any():
+            return
+        rank = key_rank[index]
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for tag, order in ((keyschema.KEY_FIRST, sort_order([segments, rank, ends, starts])),
+                           (keyschema.TIME_FIRST, sort_order([segments, ends, rank, starts]))):
+            order = order[live[order]]
+            handles = {segment: self._db.get_column_family_handle(_cf_name(segment))
+                       for segment in np.unique(segments[order]).tolist()}
+            for record_segment, record in zip(
+                segments[order].tolist(),
+                keyschema.records_many(tag, encoded, index[order], ends[order], starts[order]),
+                strict=True,
+            ):
+                batch.delete(record, handles[record_segment])
+        self._db.write(batch)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         cf = self._cfs.get(end // self._interval)
