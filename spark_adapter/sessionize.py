@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -16,23 +17,14 @@ from sessionstore import AccumulationMode, AfterWatermark, aggregations
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
-from .processor import (
-    BUCKET_COLUMN,
-    END_MS,
-    START_MS,
-    TIME_MS,
-    SessionizeConfig,
-    SessionizeProcessor,
-    static_bucket,
-)
+from . import arrow, columns
+from .config import SessionizeConfig, duration_us
 from .provider import check_name, open_filesystem
 
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _BUILTIN = ("sum", "min", "max", "first", "last", "collect")
-_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
-            T.DecimalType)
 
 
 def _column(index: int) -> Any:
@@ -78,24 +70,12 @@ def _plan_aggregations(
         elif isinstance(item, tuple) and len(item) == 2 and item[0] in _BUILTIN:
             kind, col = item
             pick = _column(index_of(col, name))
-            data_type = schema[col]
-            if kind == "sum":
-                if not isinstance(data_type, _NUMERIC):
-                    raise ValueError(f"aggregation {name!r}: sum needs a numeric column, "
-                                     f"{col!r} is {data_type.simpleString()}")
-                out_type: T.DataType = (T.DoubleType() if isinstance(
-                    data_type, T.FloatType | T.DoubleType | T.DecimalType) else T.LongType())
-                parts[name] = aggregations.sum_of(pick)
-            elif kind == "collect":
-                out_type = T.ArrayType(data_type)
-                parts[name] = aggregations.collect(pick)
-            else:
-                out_type = data_type
-                parts[name] = {"min": aggregations.min_of, "max": aggregations.max_of,
-                               "first": aggregations.first_of,
-                               "last": aggregations.last_of}[kind](pick)
+            out_type = columns.output_type(name, kind, col, schema[col])
+            parts[name] = columns.builtin(kind, pick)
             fields.append(T.StructField(name, out_type))
         elif isinstance(item, Aggregation):
+            for col in value_columns:
+                columns.check_custom_input(name, col, schema[col])
             parts[name] = _WholeRow(item, value_columns)
             fields.append(T.StructField(name, T.StringType()))
             json_outputs.append(name)
@@ -146,13 +126,16 @@ def sessionize(
     local_dir: str | None = None,
     trigger: AfterWatermark | None = None,
     accumulation: AccumulationMode | None = None,
+    engine: str = "arrow",
 ) -> DataFrame:
     """Session windows over ``df``, static or streaming, with the sessionstore engine.
 
     Args:
         key: the key column, or a list of them.
-        timestamp: the event-time column (a timestamp).
-        gap: the inactivity gap: ``"10 minutes"``, a ``timedelta`` or milliseconds.
+        timestamp: the event-time column (a timestamp or timestamp_ntz). Rows whose time is
+            null are dropped (as Spark's ``session_window`` does) and counted.
+        gap: the inactivity gap: ``"10 minutes"``, ``"250 microseconds"``, a ``timedelta``
+            (microseconds kept) or an int of milliseconds.
         aggregations: output name -> ``"count"``, ``(kind, column)`` with kind one of sum, min,
             max, first, last, collect, or a ``sessionstore.aggregations`` object (called with each
             row as a dict of the columns the other aggregations use; its result is a JSON string).
@@ -160,25 +143,32 @@ def sessionize(
             ``outputMode("append")``) or ``"update"`` (every change plus retractions, with a
             ``retracted`` column; use ``outputMode("update")``).
         watermark_delay: required for streaming input: how far Spark's watermark trails the
-            largest event time.
+            largest event time (whole milliseconds, as Spark's own watermark).
         inclusive_gap: events exactly ``gap`` apart share a session (as Spark's session_window).
         state_location: where versioned snapshots go (a path or a ``pyarrow.fs`` URI such as
             ``s3://bucket/prefix``), visible to every executor. Defaults to
             ``<spark.sql.streaming.checkpointLocation>/sessionstore`` when that is set.
-        n_buckets: how many groups rows are spread over (default: 4 x shuffle partitions).
+        n_buckets: ``engine="processor"`` only: how many groups rows are spread over (default:
+            4 x shuffle partitions). The Arrow engine uses one engine per shuffle partition.
         local_dir: where executors keep working copies (default: a temp directory).
         trigger: a Beam ``AfterWatermark(early=..., late=...)``; replaces ``emit`` and adds
             ``pane_timing``, ``pane_index``, ``pane_is_first`` and ``pane_is_last`` columns.
             Processing-time sub-triggers are evaluated at micro-batch boundaries.
         accumulation: the trigger's ``AccumulationMode`` (DISCARDING by default).
+        engine: ``"arrow"`` (default: ``mapInArrow`` over the key-partitioned input, state in
+            this project's versioned store; Spark >= 3.3) or ``"processor"``
+            (``transformWithStateInPandas`` with Spark-managed timers; Spark >= 4). Both give
+            the same rows on the same input.
 
     Returns:
-        The key column(s), ``session_start`` and ``session_end`` (timestamps; the end is
-        exclusive, last event + gap), then one column per aggregation.
+        The key column(s), ``session_start`` and ``session_end`` (of the time column's type;
+        the end is exclusive, last event + gap), then one column per aggregation, typed as
+        Spark's own aggregate functions type them.
 
     Raises:
-        ValueError: a missing column, a non-timestamp time column, a bad gap or aggregation,
-            a streaming input without ``watermark_delay``, or null keys in a static input.
+        ValueError: a missing column, a non-timestamp time column, a bad gap or aggregation, a
+            column type an aggregation cannot use (naming the column and its type), a streaming
+            input without ``watermark_delay``, or null keys in a static input.
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
@@ -187,17 +177,21 @@ def sessionize(
     key_columns = [key] if isinstance(key, str) else list(key)
     if not key_columns or not all(isinstance(k, str) for k in key_columns):
         raise ValueError(f"key must be a column name or a list of them, got {key!r}")
+    if engine not in ("arrow", "processor"):
+        raise ValueError(f"engine must be 'arrow' or 'processor', got {engine!r}")
     schema = {f.name: f.dataType for f in df.schema.fields}
     for column in [*key_columns, timestamp]:
         if column not in schema:
             raise ValueError(f"column {column!r} is not in the DataFrame (columns: "
                              f"{sorted(schema)})")
-    if not isinstance(schema[timestamp], T.TimestampType | T.TimestampNTZType):
+    for column in key_columns:
+        columns.check_key_type(column, schema[column])
+    if not isinstance(schema[timestamp], columns.TIMES):
         raise ValueError(f"timestamp column {timestamp!r} must be a timestamp, got "
                          f"{schema[timestamp].simpleString()}")
-    gap_ms = duration_ms(gap, "gap")
-    if gap_ms <= 0:
-        raise ValueError(f"gap must be > 0, got {gap_ms} ms")
+    gap_us = duration_us(gap, "gap")
+    if gap_us <= 0:
+        raise ValueError(f"gap must be > 0, got {gap_us} us")
     if emit not in ("final", "update"):
         raise ValueError(f"emit must be 'final' or 'update', got {emit!r}")
     if trigger is not None and not isinstance(trigger, AfterWatermark):
@@ -210,44 +204,23 @@ def sessionize(
         df, aggregations, key_columns, timestamp
     )
     spark = df.sparkSession
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
     if n_buckets is None:
-        n_buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+        n_buckets = 4 * partitions
     if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
         raise ValueError(f"n_buckets must be an int >= 1, got {n_buckets!r}")
-
-    key_fields = [T.StructField(k, schema[k]) for k in key_columns]
-    out_fields = [*key_fields, T.StructField(START_MS, T.LongType()),
-                  T.StructField(END_MS, T.LongType()), *agg_fields]
-    if emit == "update":
-        out_fields.append(T.StructField("retracted", T.BooleanType()))
-    pane_fields = [T.StructField("pane_timing", T.StringType()),
-                   T.StructField("pane_index", T.LongType()),
-                   T.StructField("pane_is_first", T.BooleanType()),
-                   T.StructField("pane_is_last", T.BooleanType())] if trigger is not None else []
-    out_fields += pane_fields
-    out_schema = T.StructType(out_fields)
-    final_columns = [
-        *[F.col(k) for k in key_columns],
-        F.timestamp_millis(F.col(START_MS)).alias("session_start"),
-        F.timestamp_millis(F.col(END_MS)).alias("session_end"),
-        *[F.col(f.name) for f in agg_fields],
-        *([F.col("retracted")] if emit == "update" else []),
-        *[F.col(f.name) for f in pane_fields],
-    ]
     config = SessionizeConfig(
-        key_columns=key_columns, time_column=timestamp, value_columns=value_columns,
-        gap_ms=gap_ms, inclusive_gap=bool(inclusive_gap), emit=emit, aggregation=agg,
-        output_names=output_names, json_outputs=json_outputs, local_dir=local_dir,
-        trigger=trigger, accumulation=accumulation,
+        key_columns=key_columns, key_types=[schema[k] for k in key_columns],
+        time_column=timestamp, time_type=schema[timestamp],
+        value_columns=value_columns, value_types=[schema[c] for c in value_columns],
+        gap_us=gap_us, inclusive_gap=bool(inclusive_gap), emit=emit, aggregation=agg,
+        output_names=output_names, output_fields=agg_fields, json_outputs=json_outputs,
+        timezone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
+        n_partitions=partitions, local_dir=local_dir, trigger=trigger,
+        accumulation=accumulation,
     )
     carried = [c for c in value_columns if c not in key_columns and c != timestamp]
-    selected = df.select(
-        *key_columns, timestamp, *carried,
-        F.unix_millis(F.col(timestamp).cast("timestamp")).alias(TIME_MS),
-    )
-    bucketed = selected.withColumn(
-        BUCKET_COLUMN, F.pmod(F.hash(*[F.col(k) for k in key_columns]), F.lit(n_buckets))
-    )
+    selected = df.select(*key_columns, timestamp, *carried)
 
     if not df.isStreaming:
         nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
@@ -255,12 +228,13 @@ def sessionize(
         if nulls:
             raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
                              f"key set")
-
-        def run_bucket(frame: Any) -> Any:
-            return static_bucket(config, frame)
-
-        return bucketed.groupBy(BUCKET_COLUMN).applyInPandas(run_bucket, out_schema) \
-            .select(*final_columns)
+        if engine == "processor":
+            from .processor import static_frame
+            bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
+            return bucketed.groupBy(BUCKET_COLUMN).applyInPandas(
+                partial(static_frame, config), config.output_schema())
+        return selected.repartition(partitions, *key_columns).mapInArrow(
+            partial(arrow.static_partition, config), config.output_schema())
 
     if watermark_delay is None:
         raise ValueError("watermark_delay is required for a streaming DataFrame: sessions are "
@@ -268,26 +242,75 @@ def sessionize(
     delay_ms = duration_ms(watermark_delay, "watermark_delay")
     if delay_ms < 0:
         raise ValueError(f"watermark_delay must be >= 0, got {delay_ms} ms")
+    config.delay_ms = delay_ms
     config.state_location = _state_location(spark, state_location)
     open_filesystem(config.state_location)  # fail on the driver for a bad URI
-    config.retention_ms = gap_ms + delay_ms + 1
     config.keep_versions = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain") or "100")
     digest = hashlib.sha1(
-        repr((key_columns, timestamp, gap_ms, inclusive_gap, emit, output_names,
+        repr((engine, key_columns, timestamp, gap_us, inclusive_gap, emit, output_names,
               repr(trigger), repr(accumulation))).encode()
     ).hexdigest()[:10]
     config.operator = check_name(f"sessionize-{digest}", "operator")
+    if engine == "processor":
+        return _processor_stream(spark, selected, config, n_buckets)
+    # Spark's own watermark is declared on the event time, as for native session_window: it
+    # reports it in the query progress and drives the no-data batches (see spark_adapter.arrow)
+    watermarked = selected.withWatermark(timestamp, f"{delay_ms} milliseconds")
+    shuffled = watermarked.repartition(partitions, *key_columns)
+    sessions = shuffled.mapInArrow(partial(arrow.stream_partition, config),
+                                   config.output_schema())
+    return sessions.unionByName(_ticker(shuffled, config))
+
+
+BUCKET_COLUMN = "sessionstore_bucket"
+
+
+def _bucket(key_columns: list[str], n_buckets: int) -> Any:
+    return F.pmod(F.hash(*[F.col(k) for k in key_columns]), F.lit(n_buckets))
+
+
+def _ticker(shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
+    """An always-empty streaming aggregation over the same shuffle (Spark reuses the exchange).
+
+    It is the plan's one stateful operator, so Spark runs a no-data micro-batch whenever the
+    watermark advances, as it does for native session_window; its filter is false for every row
+    and non-deterministic, so the optimizer neither removes it nor pushes it below the shuffle.
+    """
+    never = shuffled.filter(F.rand(0) < F.lit(-1.0))
+    counted = never.groupBy(F.window(config.time_column, "1 day")).count()
+    return counted.select(*[F.lit(None).cast(f.dataType).alias(f.name)
+                            for f in config.output_schema().fields])
+
+
+def _processor_stream(spark: SparkSession, selected: DataFrame, config: SessionizeConfig,
+                      n_buckets: int) -> DataFrame:
+    """The ``transformWithStateInPandas`` engine (Spark >= 4)."""
+    try:
+        from .processor import WINDOW_END_COLUMN, SessionizeProcessor
+    except ImportError as exc:
+        raise ValueError(f"engine='processor' needs transformWithStateInPandas (Spark >= 4): "
+                         f"{exc}") from None
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", None)
     if provider != ROCKSDB_PROVIDER:
         raise ValueError(
-            "transformWithStateInPandas needs spark.sql.streaming.stateStore.providerClass="
-            f"{ROCKSDB_PROVIDER}; set it on the SparkSession before starting the query"
+            "engine='processor' (transformWithStateInPandas) needs "
+            f"spark.sql.streaming.stateStore.providerClass={ROCKSDB_PROVIDER}; set it on the "
+            "SparkSession before starting the query"
         )
-    watermarked = bucketed.withWatermark(timestamp, f"{delay_ms} milliseconds")
-    return watermarked.groupBy(BUCKET_COLUMN).transformWithStateInPandas(
-        SessionizeProcessor(config), out_schema,
-        "append" if emit == "final" else "update", "EventTime",
-    ).select(*final_columns)
+    # Spark drops rows whose *declared* column is at or behind the previous batch's watermark.
+    # Declared on the event's own window end, t + gap (rounded up to whole ms) with the delay
+    # grown by the same amount, the watermark value equals native's and the rows Spark drops
+    # are exactly native's late rows.
+    ceil_gap_ms = config.ceil_gap_ms()
+    end = F.timestamp_micros(F.unix_micros(F.col(config.time_column).cast("timestamp"))
+                             + F.lit(ceil_gap_ms * 1000))
+    watermarked = selected.withColumn(WINDOW_END_COLUMN, end).withWatermark(
+        WINDOW_END_COLUMN, f"{config.delay_ms + ceil_gap_ms} milliseconds")
+    bucketed = watermarked.withColumn(BUCKET_COLUMN, _bucket(config.key_columns, n_buckets))
+    return bucketed.groupBy(BUCKET_COLUMN).transformWithStateInPandas(
+        SessionizeProcessor(config), config.output_schema(),
+        "append" if config.emit == "final" else "update", "EventTime",
+    )
 
 
 def _state_location(spark: SparkSession, state_location: str | None) -> str:

@@ -1,0 +1,227 @@
+"""The Arrow engine: each Spark partition's rows reach the engine as Arrow record batches.
+
+Streaming (``repartition(n, key).mapInArrow``): every micro-batch runs one task per partition,
+rows or not, because the input is shuffled to a fixed ``n``. A task
+
+1. opens its partition's store at exactly version ``batchId - 1`` (the provider);
+2. decides the micro-batch's watermark ``W_b`` (below) and keeps the previous one, ``W_{b-1}``,
+   which the store already holds, for lateness;
+3. feeds its rows to the engine: a row whose own window ``[t, t + gap)`` ended at or before
+   ``W_{b-1}`` is late, dropped and counted, which is native ``session_window``'s rule (its late
+   rows are judged against the previous batch's watermark, its sessions closed with the current);
+4. advances the engine to ``W_b``, emitting every session that ends at or before it;
+5. when the iterator ends, commits version ``batchId`` with ``W_b``, the partition's largest event
+   time and its counters, then records that event time in the watermark log.
+
+**How the watermark reaches the task.** Spark computes ``W_b = max(W_{b-1}, max event time in
+batches < b - delay)`` (0 at first) and never shows it to a ``mapInArrow`` task. The task
+computes the same value from what the previous micro-batch committed: each partition records its
+largest event time of batches ``<= b-1`` as the *name* of an empty object under
+``progress/<b-1>/`` beside the snapshots, so one listing per task reads every partition's value.
+Spark starts batch ``b`` only after every task of ``b - 1`` succeeded, so the listing is
+complete, and it never changes afterwards: a replayed batch (task retry, executor loss, driver
+restart) decides exactly the same ``W_b``; a task that finds its own manifest of ``b`` already
+published reuses the ``W_b`` recorded there.
+
+**Why every micro-batch runs.** A query with no stateful operator runs no "no-data" batch, so
+after the last input the watermark would never close the last sessions. ``sessionize`` therefore
+unions the output with an always-empty streaming aggregation over the same (reused) shuffle: its
+watermark makes Spark run a no-data batch exactly when native ``session_window`` would.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark import TaskContext
+
+from sessionstore import InMemorySessionStore, SessionAggregator
+from sessionstore.engine import Emit
+from sessionstore.timeutil import INT64_MAX
+
+from . import columns
+from .config import SessionizeConfig, emits_batch, engine_rows
+from .provider import SessionStoreProvider, SnapshotError, open_filesystem
+
+log = logging.getLogger(__name__)
+SPARK_INITIAL_WATERMARK_MS = 0  # Spark's watermark starts at 0 and never goes below it
+COUNTERS = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped")
+_MARKER = re.compile(r"^(\d{1,9})=(-?\d{1,19}|none)$")
+
+
+def sessionize_rows(engine: SessionAggregator, config: SessionizeConfig,
+                    table: pa.Table | pa.RecordBatch, sort: bool) -> tuple[pa.RecordBatch,
+                                                                           dict[str, int],
+                                                                           int | None]:
+    """Feed one batch of input rows to the engine: the one place that calls its batch API.
+
+    Returns the emitted rows, the counters (rows in, null times and null keys dropped) and the
+    largest event time seen (us), or None for no row.
+    """
+    rows = engine_rows(config, table, sort=sort)
+    emits = engine.process_batch(rows.keys, rows.values, rows.times_us)
+    counts = {"null_times_dropped": rows.null_times, "null_keys_dropped": rows.null_keys}
+    return emits_batch(config, emits), counts, rows.max_time_us
+
+
+class WatermarkLog:
+    """Per micro-batch, every partition's largest event time so far, as object names.
+
+    Layout: ``<state>/<operator>/progress/<batch>/<partition>=<max event ms | none>``.
+    """
+
+    def __init__(self, state_location: str, operator: str, n_partitions: int) -> None:
+        self.fs, base = open_filesystem(state_location)
+        self.root = f"{base}/{operator}/progress"
+        self.n_partitions = n_partitions
+
+    def record(self, batch: int, partition: int, max_event_ms: int | None) -> None:
+        directory = f"{self.root}/{batch}"
+        self.fs.create_dir(directory, recursive=True)
+        label = "none" if max_event_ms is None else str(max_event_ms)
+        with self.fs.open_output_stream(f"{directory}/{partition}={label}"):
+            pass
+
+    def max_event_ms(self, batch: int) -> int | None:
+        """The largest event time (ms) any partition saw up to ``batch``; None if none.
+
+        Raises:
+            SnapshotError: some partition's record of ``batch`` is missing.
+        """
+        selector = pafs.FileSelector(f"{self.root}/{batch}", allow_not_found=True)
+        seen: dict[int, int | None] = {}
+        for info in self.fs.get_file_info(selector):
+            match = _MARKER.match(info.base_name)
+            if not match:
+                continue
+            partition, label = int(match.group(1)), match.group(2)
+            value = None if label == "none" else int(label)
+            previous = seen.get(partition)
+            # replays record the same value; if a source replayed differently, the larger
+            # value is still an event that was seen
+            seen[partition] = value if previous is None else max(previous, value or previous)
+        missing = sorted(set(range(self.n_partitions)) - set(seen))
+        if missing:
+            raise SnapshotError(
+                f"the watermark log of batch {batch} at {self.root}/{batch} lacks partitions "
+                f"{missing[:10]} of {self.n_partitions}: the state location is incomplete, or "
+                f"the partition count changed"
+            )
+        known = [v for v in seen.values() if v is not None]
+        return max(known) if known else None
+
+    def purge(self, before_batch: int) -> None:
+        """Delete the records of batches older than ``before_batch``."""
+        selector = pafs.FileSelector(self.root, allow_not_found=True)
+        for info in self.fs.get_file_info(selector):
+            if info.base_name.isdigit() and int(info.base_name) < before_batch:
+                self.fs.delete_dir(info.path)
+
+
+def next_watermark_ms(previous_ms: int, max_event_ms: int | None, delay_ms: int) -> int:
+    """Spark's rule: the watermark is the largest event time minus the delay, never going back."""
+    if max_event_ms is None:
+        return previous_ms
+    return max(previous_ms, max_event_ms - delay_ms)
+
+
+def previous_metadata(committed: Any) -> dict[str, Any]:
+    if isinstance(committed, dict) and isinstance(committed.get("spark"), dict):
+        return dict(committed["spark"])
+    return {}
+
+
+def _task_batch_and_partition() -> tuple[int, int]:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("sessionize: not inside a Spark task")
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    if batch is None:
+        raise RuntimeError("sessionize: no streaming batch id; is this a streaming query?")
+    return int(batch), context.partitionId()
+
+
+def stream_partition(config: SessionizeConfig,
+                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of the streaming Arrow engine (see the module docstring)."""
+    batch_id, partition = _task_batch_and_partition()
+    assert config.state_location is not None
+    provider = SessionStoreProvider(
+        config.state_location, config.operator, partition, local_root=config.local_dir,
+        retention_ms=config.retention_us, keep_versions=config.keep_versions,
+    )
+    watermarks = WatermarkLog(config.state_location, config.operator, config.n_partitions)
+    store = provider.load(batch_id - 1)
+    try:
+        engine = SessionAggregator(store, config.windows(), config.aggregation,
+                                   watermark="external", **config.engine_options())
+        previous = previous_metadata(engine.committed_metadata)
+        previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
+        opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
+        watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
+        table = pa.Table.from_batches(list(batches), config.arrow_input_schema())
+        out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
+        if opening:
+            yield emits_batch(config, opening)
+        if out.num_rows:
+            yield out
+        closing: list[Emit] = engine.advance_watermark(watermark_ms * 1000)
+        if config.trigger is not None:
+            closing += engine.poll()  # processing-time triggers fire at micro-batch boundaries
+        if closing:
+            yield emits_batch(config, closing)
+        max_event_ms = previous.get("max_event_ms")
+        if max_us is not None:
+            batch_max = columns.micros_to_millis_java(max_us)
+            max_event_ms = batch_max if max_event_ms is None else max(max_event_ms, batch_max)
+        metrics = engine.metrics
+        totals = {name: int(previous.get(name, 0)) for name in COUNTERS}
+        totals["records_in"] += int(metrics["records-in"])
+        totals["dropped_records"] += int(metrics["dropped-records"])
+        for name, count in counts.items():
+            totals[name] += count
+        provider.commit(engine.commit, batch_id, {
+            **totals, "watermark_ms": watermark_ms, "max_event_ms": max_event_ms,
+        })
+        watermarks.record(batch_id, partition, max_event_ms)
+        if partition == 0 and batch_id % 10 == 0:
+            watermarks.purge(batch_id - config.keep_versions)
+    finally:
+        provider.close()
+
+
+def _decide_watermark(provider: SessionStoreProvider, watermarks: WatermarkLog,
+                      config: SessionizeConfig, batch_id: int, previous_ms: int) -> int:
+    """``W_b``: the one a first attempt already committed, else Spark's rule over the log."""
+    try:
+        published = provider.read_manifest(batch_id)
+    except SnapshotError:
+        published = None
+    if published is not None:
+        decided = previous_metadata({"spark": published.get("spark")}).get("watermark_ms")
+        if isinstance(decided, int):
+            return decided
+    seen = watermarks.max_event_ms(batch_id - 1) if batch_id > 0 else None
+    return next_watermark_ms(previous_ms, seen, config.delay_ms)
+
+
+def static_partition(config: SessionizeConfig,
+                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of the static Arrow engine: a partition's rows, all at once,
+    on an in-memory engine, then every session closed."""
+    engine = SessionAggregator(
+        InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+        config.aggregation, watermark="external", **config.engine_options(),
+    )
+    for batch in batches:
+        out, _, _ = sessionize_rows(engine, config, batch, sort=False)
+        if out.num_rows:
+            yield out
+    closing = engine.advance_watermark(INT64_MAX)
+    if closing:
+        yield emits_batch(config, closing)

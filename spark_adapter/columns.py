@@ -1,0 +1,243 @@
+"""Spark column types at the engine's edge: what each aggregation accepts, and the codecs.
+
+The engine keeps accumulators in the session store, so every value it holds must be
+msgpack-encodable. Each supported Spark type therefore has one *engine representation*, chosen so
+that the engine's comparisons and additions give Spark's answers:
+
+=================================  ==============================================================
+Spark type                         engine value
+=================================  ==============================================================
+byte, short, int, long             int
+float, double                      float
+decimal(p, s)                      int, the unscaled value (value x 10^s): exact, ordered, summable
+string, binary, boolean            str, bytes, bool
+date                               int, days since 1970-01-01
+timestamp, timestamp_ntz           int, microseconds since the epoch
+array<one of the above>            list (first, last and collect only)
+=================================  ==============================================================
+
+What no representation can serve (a sum of strings, min over an array, any aggregation over a
+struct or a map) is refused on the driver, naming the column and its type, before a task runs.
+Null values follow Spark: sum, min, max and collect skip them (a session of nulls sums to null),
+first and last do not.
+"""
+
+from __future__ import annotations
+
+import decimal
+import operator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import types as T
+
+from sessionstore import aggregations
+from sessionstore.aggregations import Aggregation
+
+INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+FRACTIONAL = (T.FloatType, T.DoubleType)
+TIMES = (T.TimestampType, T.TimestampNTZType)
+SIMPLE = (*INTEGRAL, *FRACTIONAL, T.DecimalType, T.StringType, T.BinaryType, T.BooleanType,
+          T.DateType, *TIMES)
+MAX_DECIMAL_PRECISION = 38
+
+
+def is_simple(data_type: T.DataType) -> bool:
+    return isinstance(data_type, SIMPLE)
+
+
+def _refuse(name: str, kind: str, column: str, data_type: T.DataType, why: str) -> ValueError:
+    return ValueError(f"aggregation {name!r}: {kind} cannot run over column {column!r} of type "
+                      f"{data_type.simpleString()}: {why}")
+
+
+def check_key_type(column: str, data_type: T.DataType) -> None:
+    """Key columns must have an engine representation.
+
+    Raises:
+        ValueError: naming the column and its type.
+    """
+    if not is_simple(data_type):
+        raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; keys must "
+                         f"be numbers, decimals, strings, binary, booleans, dates or timestamps")
+
+
+def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:
+    """The Spark type of ``kind`` over ``column``, as Spark's own aggregate function gives it.
+
+    Raises:
+        ValueError: the aggregation cannot run over that type (naming column and type).
+    """
+    if kind == "sum":
+        if isinstance(data_type, INTEGRAL):
+            return T.LongType()
+        if isinstance(data_type, FRACTIONAL):
+            return T.DoubleType()
+        if isinstance(data_type, T.DecimalType):  # Spark widens a decimal sum by 10 digits
+            return T.DecimalType(min(MAX_DECIMAL_PRECISION, data_type.precision + 10),
+                                 data_type.scale)
+        raise _refuse(name, kind, column, data_type, "sum needs a numeric column")
+    if kind in ("min", "max"):
+        if is_simple(data_type):
+            return data_type
+        raise _refuse(name, kind, column, data_type,
+                      "min and max need an atomic (non-nested) column")
+    if kind in ("first", "last", "collect"):
+        if not (is_simple(data_type) or (isinstance(data_type, T.ArrayType)
+                                         and is_simple(data_type.elementType))):
+            raise _refuse(name, kind, column, data_type,
+                          "only atomic columns and arrays of them are supported")
+        return T.ArrayType(data_type) if kind == "collect" else data_type
+    raise ValueError(f"aggregation {name!r}: unknown kind {kind!r}")
+
+
+def check_custom_input(name: str, column: str, data_type: T.DataType) -> None:
+    """A custom aggregation sees every value column in its engine representation.
+
+    Raises:
+        ValueError: the column has none (naming the aggregation, column and type).
+    """
+    if not (is_simple(data_type) or (isinstance(data_type, T.ArrayType)
+                                     and is_simple(data_type.elementType))):
+        raise ValueError(
+            f"aggregation {name!r} (a custom aggregation) receives column {column!r} of type "
+            f"{data_type.simpleString()}, which has no engine representation; drop or cast the "
+            f"column before sessionize"
+        )
+
+
+class _SkipNulls(Aggregation):
+    """Spark's rule for sum, min, max and collect: a null value is no input at all."""
+
+    def __init__(self, inner: Aggregation, pick: Any) -> None:
+        self.inner = inner
+        self.pick = pick
+        self.name = inner.name
+
+    def initial(self) -> Any:
+        return self.inner.initial()
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        item = self.pick(value)
+        return acc if item is None else self.inner.add(key, item, timestamp_ms, seq, acc)
+
+    def add_run(self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int],
+                acc: Any) -> Any:
+        pick = self.pick
+        kept = [(item, t, s) for item, t, s in zip(map(pick, values), times_ms, seqs, strict=True)
+                if item is not None]
+        if not kept:
+            return acc
+        items, times, kept_seqs = (list(part) for part in zip(*kept, strict=True))
+        return self.inner.add_run(key, items, times, kept_seqs, acc)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        return self.inner.merge(key, acc1, acc2)
+
+    def result(self, acc: Any) -> Any:
+        return self.inner.result(acc)
+
+
+def builtin(kind: str, pick: Any) -> Aggregation:
+    """The engine aggregation of a built-in ``kind`` reading ``pick(row)``, with Spark's nulls."""
+    if kind == "sum":
+        return _SkipNulls(aggregations.reduce(operator.add), pick)  # all nulls: null, as Spark
+    if kind == "min":
+        return _SkipNulls(aggregations.min_of(), pick)
+    if kind == "max":
+        return _SkipNulls(aggregations.max_of(), pick)
+    if kind == "collect":
+        return _SkipNulls(aggregations.collect(), pick)
+    if kind == "first":
+        return aggregations.first_of(pick)
+    if kind == "last":
+        return aggregations.last_of(pick)
+    raise ValueError(f"unknown aggregation kind {kind!r}")
+
+
+# -- codecs --------------------------------------------------------------------------------------
+
+def to_engine(array: pa.Array | pa.ChunkedArray, data_type: T.DataType) -> list[Any]:
+    """The engine values of one Arrow column of Spark type ``data_type`` (None for nulls)."""
+    if isinstance(data_type, TIMES):
+        return list(array.cast(pa.int64()).to_pylist())
+    if isinstance(data_type, T.DateType):
+        return list(array.cast(pa.int32()).to_pylist())
+    if isinstance(data_type, T.DecimalType):
+        scale = data_type.scale
+        return [None if v is None else int(v.scaleb(scale)) for v in array.to_pylist()]
+    if isinstance(data_type, T.ArrayType):
+        element = data_type.elementType
+        if isinstance(element, TIMES):
+            return list(array.cast(pa.list_(pa.int64())).to_pylist())
+        if isinstance(element, T.DateType):
+            return list(array.cast(pa.list_(pa.int32())).to_pylist())
+        if isinstance(element, T.DecimalType):
+            scale = element.scale
+            return [None if row is None else
+                    [None if v is None else int(v.scaleb(scale)) for v in row]
+                    for row in array.to_pylist()]
+    return list(array.to_pylist())
+
+
+def arrow_type(data_type: T.DataType, timezone: str) -> pa.DataType:
+    """The Arrow type Spark exchanges for ``data_type`` with Python workers."""
+    if isinstance(data_type, T.TimestampType):
+        return pa.timestamp("us", tz=timezone)
+    if isinstance(data_type, T.TimestampNTZType):
+        return pa.timestamp("us")
+    if isinstance(data_type, T.DateType):
+        return pa.date32()
+    if isinstance(data_type, T.DecimalType):
+        return pa.decimal128(data_type.precision, data_type.scale)
+    if isinstance(data_type, T.ArrayType):
+        return pa.list_(arrow_type(data_type.elementType, timezone))
+    simple = {T.ByteType: pa.int8(), T.ShortType: pa.int16(), T.IntegerType: pa.int32(),
+              T.LongType: pa.int64(), T.FloatType: pa.float32(), T.DoubleType: pa.float64(),
+              T.StringType: pa.string(), T.BinaryType: pa.binary(), T.BooleanType: pa.bool_()}
+    for spark_type, arrow in simple.items():
+        if isinstance(data_type, spark_type):
+            return arrow
+    raise ValueError(f"no Arrow type for {data_type.simpleString()}")
+
+
+def from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.Array:
+    """An Arrow column of Spark type ``data_type`` from engine values."""
+    target = arrow_type(data_type, timezone)
+    if isinstance(data_type, TIMES):
+        return pa.array(values, pa.int64()).cast(target)
+    if isinstance(data_type, T.DateType):
+        return pa.array(values, pa.int32()).cast(target)
+    if isinstance(data_type, T.DecimalType):
+        scale = data_type.scale
+        return pa.array([None if v is None else decimal.Decimal(v).scaleb(-scale)
+                         for v in values], target)
+    if isinstance(data_type, T.ArrayType):
+        element = data_type.elementType
+        if isinstance(element, (*TIMES, T.DateType, T.DecimalType)):
+            flat = [v for row in values if row is not None for v in row]
+            offsets = [0]
+            for row in values:
+                offsets.append(offsets[-1] + (len(row) if row is not None else 0))
+            inner = from_engine(flat, element, timezone)
+            mask = pa.array([row is None for row in values])
+            return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
+        return pa.array(values, target)
+    if isinstance(data_type, T.LongType):
+        return pa.array(values, pa.int64())
+    return pa.array(values, target)
+
+
+def micros_to_millis_java(micros: int) -> int:
+    """Spark's event-time statistic: microseconds / 1000 with Java's truncation toward zero."""
+    quotient = abs(micros) // 1000
+    return quotient if micros >= 0 else -quotient
+
+
+def null_count(array: pa.Array | pa.ChunkedArray) -> int:
+    return int(array.null_count)
+
+
+def not_null_mask(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return pc.is_valid(array)

@@ -1,0 +1,207 @@
+"""What a Spark task needs to run the engine, shared by both engines, and its row codecs.
+
+The engine counts time in integer units; the Spark adapter feeds it **microseconds**, Spark's own
+timestamp unit, so gaps, session bounds and ordering keep their full precision. (The engine's
+``*_ms`` arguments are in whatever unit its caller uses; here every such value is microseconds.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import types as T
+
+from sessionstore import AccumulationMode, AfterWatermark, EmitStrategy, SessionWindows
+from sessionstore.aggregations import Aggregation
+from sessionstore.engine import Emit
+from sessionstore.timeutil import duration_ms
+
+from . import columns
+
+SESSION_START = "session_start"
+SESSION_END = "session_end"
+PANE_FIELDS = [T.StructField("pane_timing", T.StringType()),
+               T.StructField("pane_index", T.LongType()),
+               T.StructField("pane_is_first", T.BooleanType()),
+               T.StructField("pane_is_last", T.BooleanType())]
+_MICROS = re.compile(r"^\s*(\d+)\s*(us|micro|micros|microsecond|microseconds)\s*$")
+
+
+def duration_us(value: Any, name: str) -> int:
+    """A duration in microseconds: a ``timedelta`` (exact), ``"250 microseconds"``, a Spark-style
+    string such as ``"10 minutes"``, or an int of milliseconds.
+
+    Raises:
+        TypeError / ValueError: naming ``name``.
+    """
+    if isinstance(value, dt.timedelta):
+        return value // dt.timedelta(microseconds=1)
+    if isinstance(value, str):
+        match = _MICROS.match(value)
+        if match:
+            return int(match.group(1))
+    return duration_ms(value, name) * 1000
+
+
+@dataclass
+class SessionizeConfig:
+    """Everything a worker needs; pickled by Spark with the task function. Times are in us."""
+
+    key_columns: list[str]
+    key_types: list[T.DataType]
+    time_column: str
+    time_type: T.DataType
+    value_columns: list[str]
+    value_types: list[T.DataType]
+    gap_us: int
+    inclusive_gap: bool
+    emit: str  # "final" or "update"
+    aggregation: Aggregation
+    output_names: list[str]
+    output_fields: list[T.StructField]
+    json_outputs: list[str]
+    timezone: str = "UTC"
+    delay_ms: int = 0
+    n_partitions: int = 1
+    state_location: str | None = None
+    operator: str = "sessionize"
+    keep_versions: int = 100
+    local_dir: str | None = None
+    trigger: AfterWatermark | None = None
+    accumulation: AccumulationMode | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def retention_us(self) -> int:
+        """How long the store keeps a session after its end: until Spark's watermark, which
+        trails the newest event by the delay, has passed it for certain."""
+        return self.gap_us + self.delay_ms * 1000 + 1
+
+    def windows(self) -> SessionWindows:
+        return SessionWindows(self.gap_us, 0, self.inclusive_gap, retention_ms=self.retention_us)
+
+    def engine_options(self) -> dict[str, Any]:
+        """Emission keyword arguments of SessionAggregator."""
+        if self.trigger is not None:
+            return {"trigger": self.trigger, "accumulation": self.accumulation}
+        return {"emit": EmitStrategy.ON_WINDOW_CLOSE if self.emit == "final"
+                else EmitStrategy.ON_WINDOW_UPDATE}
+
+    @property
+    def order_sensitive(self) -> bool:
+        """Whether the output depends on the order of rows with equal times (then each
+        partition's rows are sorted before the engine sees them, so a replay repeats it)."""
+        return self.emit == "update" or self.trigger is not None or bool(self.json_outputs) \
+            or any(getattr(part, "name", "") in ("first", "last", "collect")
+                   for part in getattr(self.aggregation, "parts", []))
+
+    def output_schema(self) -> T.StructType:
+        fields = [*[T.StructField(k, t) for k, t in zip(self.key_columns, self.key_types,
+                                                         strict=True)],
+                  T.StructField(SESSION_START, self.time_type),
+                  T.StructField(SESSION_END, self.time_type), *self.output_fields]
+        if self.emit == "update":
+            fields.append(T.StructField("retracted", T.BooleanType()))
+        if self.trigger is not None:
+            fields += PANE_FIELDS
+        return T.StructType(fields)
+
+    def arrow_output_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(f.name, columns.arrow_type(f.dataType, self.timezone))
+                          for f in self.output_schema().fields])
+
+    def arrow_input_schema(self) -> pa.Schema:
+        """The rows a task receives: keys, the event time, then the other value columns."""
+        named = dict(zip(self.key_columns, self.key_types, strict=True))
+        named[self.time_column] = self.time_type
+        for name, data_type in zip(self.value_columns, self.value_types, strict=True):
+            named.setdefault(name, data_type)
+        return pa.schema([pa.field(n, columns.arrow_type(t, self.timezone))
+                          for n, t in named.items()])
+
+    def ceil_gap_ms(self) -> int:
+        return math.ceil(self.gap_us / 1000)
+
+
+@dataclass
+class Rows:
+    """One batch of rows in engine form, and what was dropped on the way (counted)."""
+
+    keys: list[Any]
+    values: list[Any]
+    times_us: Any
+    max_time_us: int | None
+    null_times: int
+    null_keys: int
+
+
+def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
+                sort: bool = False) -> Rows:
+    """Keys, values and int64 microsecond times of one Arrow batch of input rows.
+
+    Rows with a null event time or a null key are dropped and counted (Spark's
+    ``session_window`` also drops null times). With ``sort``, rows are put in one canonical order
+    (time, then keys and values) so that a replay of the same rows repeats the same output.
+    """
+    time_array = table.column(config.time_column)
+    valid = pc.is_valid(time_array)
+    null_times = len(time_array) - int(pc.sum(valid).as_py() or 0)
+    for name in config.key_columns:
+        valid = pc.and_(valid, pc.is_valid(table.column(name)))
+    kept_count = int(pc.sum(valid).as_py() or 0)
+    null_keys = len(time_array) - null_times - kept_count
+    if kept_count != len(time_array):
+        table = table.filter(valid)
+    if sort and table.num_rows > 1:
+        sortable = [config.time_column, *config.key_columns,
+                    *[c for c, t in zip(config.value_columns, config.value_types, strict=True)
+                      if columns.is_simple(t) and c not in config.key_columns]]
+        table = table.take(pc.sort_indices(table, sort_keys=[(c, "ascending")
+                                                             for c in dict.fromkeys(sortable)]))
+    times = table.column(config.time_column).cast(pa.int64()).to_numpy()
+    key_lists = [columns.to_engine(table.column(k), t)
+                 for k, t in zip(config.key_columns, config.key_types, strict=True)]
+    keys = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists, strict=True))
+    if config.value_columns:
+        value_lists = [columns.to_engine(table.column(c), t)
+                       for c, t in zip(config.value_columns, config.value_types, strict=True)]
+        values: list[Any] = list(zip(*value_lists, strict=True))
+    else:
+        values = [None] * table.num_rows
+    max_time = int(times.max()) if len(times) else None
+    return Rows(keys, values, times, max_time, null_times, null_keys)
+
+
+def emits_batch(config: SessionizeConfig, emits: list[Emit]) -> pa.RecordBatch:
+    """The output rows, typed as :meth:`SessionizeConfig.output_schema` says."""
+    tz = config.timezone
+    arrays: list[pa.Array] = []
+    keys = [e.session.key for e in emits]
+    for i, (name, data_type) in enumerate(zip(config.key_columns, config.key_types,
+                                               strict=True)):
+        del name
+        column = keys if len(config.key_columns) == 1 else [k[i] for k in keys]
+        arrays.append(columns.from_engine(column, data_type, tz))
+    arrays.append(columns.from_engine([e.session.start for e in emits], config.time_type, tz))
+    arrays.append(columns.from_engine([e.session.end for e in emits], config.time_type, tz))
+    for name, out_field in zip(config.output_names, config.output_fields, strict=True):
+        values = [e.value[name] for e in emits]
+        if name in config.json_outputs:
+            values = [json.dumps(v) for v in values]
+        arrays.append(columns.from_engine(values, out_field.dataType, tz))
+    if config.emit == "update":
+        arrays.append(pa.array([e.retraction for e in emits], pa.bool_()))
+    if config.trigger is not None:
+        panes = [e.pane for e in emits]
+        arrays.append(pa.array([p.timing.value if p else None for p in panes], pa.string()))
+        arrays.append(pa.array([p.index if p else None for p in panes], pa.int64()))
+        arrays.append(pa.array([p.is_first if p else None for p in panes], pa.bool_()))
+        arrays.append(pa.array([p.is_last if p else None for p in panes], pa.bool_()))
+    return pa.RecordBatch.from_arrays(arrays, schema=config.arrow_output_schema())
