@@ -221,7 +221,7 @@ def from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.A
             for row in values:
                 offsets.append(offsets[-1] + (len(row) if row is not None else 0))
             inner = from_engine(flat, element, timezone)
-            mask = pa.array([row is None for row in values])
+            mask = pa.array([row is None for row in values], pa.bool_())
             return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
         return pa.array(values, target)
     if isinstance(data_type, T.LongType):
