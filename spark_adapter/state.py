@@ -18,7 +18,8 @@ def read_state_metrics(state_location: str) -> dict[str, int]:
     across task retries and query restarts.
     """
     fs, base = open_filesystem(state_location)
-    totals = {"records_in": 0, "dropped_records": 0, "partitions": 0}
+    counters = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped")
+    totals = dict.fromkeys(counters, 0) | {"partitions": 0}
     for operator in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         if operator.type != pafs.FileType.Directory:
             continue
@@ -35,7 +36,7 @@ def read_state_metrics(state_location: str) -> dict[str, int]:
                 manifest: dict[str, Any] = json.loads(handle.read())
             spark = _spark_metadata(manifest)
             totals["partitions"] += 1
-            for name in ("records_in", "dropped_records"):
+            for name in counters:
                 totals[name] += int(spark.get(name, 0))
     return totals
 

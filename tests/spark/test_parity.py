@@ -37,8 +37,8 @@ BATCHES: list[list[tuple[str, str | None, int]]] = [
     [("a", at(91), 4), ("c", at(84, 999_999), 5), ("c", at(85), 6), ("n", None, 7),
      ("d", at(200), 8)],
     # W = 195 s: closes a's and the microsecond sessions, also in partitions without rows here
-    [("d", at(205, 500), 9)],
-    [],  # no new file: the no-data batch must close d's session like native's
+    [("d", at(205, 500), 9), ("z", at(300), 1)],
+    [],  # no new file: W = 295 s, Spark's no-data batch must close d's session as native's does
 ]
 
 
@@ -96,13 +96,16 @@ def test_streaming_equals_native_batch_by_batch(spark, tmp_path, native_batches,
     assert ours == native_batches
     sessions = {(r[0], r[1]): r for rows in ours.values() for r in rows}
     # the late-row rule: 91 s joined a's session; 84.999999 s and 85 s were late
-    assert sessions["a", EPOCH][2] == EPOCH + dt.timedelta(seconds=101)
+    assert sessions["a", EPOCH + dt.timedelta(seconds=91)][2:4] == \
+        (EPOCH + dt.timedelta(seconds=110), 2)
     assert not any(user == "c" for user, _ in sessions)
     # microseconds kept in bounds and in the gap test
     assert sessions["m", EPOCH + dt.timedelta(seconds=30, microseconds=1)][3] == 1
     assert sessions["e", EPOCH + dt.timedelta(seconds=40)][2] == EPOCH + dt.timedelta(seconds=60)
     assert sessions["d", EPOCH + dt.timedelta(seconds=200)][2] == \
         EPOCH + dt.timedelta(seconds=215, microseconds=500)
+    # d's session closes in the no-data batch that follows the last file, as native's does
+    assert [r[0] for r in ours[max(ours)]] == ["d"] and max(ours) == max(native_batches)
     totals = read_state_metrics(str(state))
     assert totals["null_times_dropped"] == 1
     if engine == "arrow":
