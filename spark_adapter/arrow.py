@@ -123,6 +123,18 @@ class WatermarkLog:
                 self.fs.delete_dir(info.path)
 
 
+def running_totals(previous: dict[str, Any], metrics: dict[str, float],
+                   counts: dict[str, int]) -> dict[str, int]:
+    """The partition's counters after this micro-batch: committed with its state, so a retried
+    or replayed batch counts nothing twice."""
+    totals = {name: int(previous.get(name, 0)) for name in COUNTERS}
+    totals["records_in"] += int(metrics["records-in"])
+    totals["dropped_records"] += int(metrics["dropped-records"])
+    for name, count in counts.items():
+        totals[name] += count
+    return totals
+
+
 def next_watermark_ms(previous_ms: int, max_event_ms: int | None, delay_ms: int) -> int:
     """Spark's rule: the watermark is the largest event time minus the delay, never going back."""
     if max_event_ms is None:
@@ -179,12 +191,7 @@ def stream_partition(config: SessionizeConfig,
         if max_us is not None:
             batch_max = columns.micros_to_millis_java(max_us)
             max_event_ms = batch_max if max_event_ms is None else max(max_event_ms, batch_max)
-        metrics = engine.metrics
-        totals = {name: int(previous.get(name, 0)) for name in COUNTERS}
-        totals["records_in"] += int(metrics["records-in"])
-        totals["dropped_records"] += int(metrics["dropped-records"])
-        for name, count in counts.items():
-            totals[name] += count
+        totals = running_totals(previous, engine.metrics, counts)
         provider.commit(engine.commit, batch_id, {
             **totals, "watermark_ms": watermark_ms, "max_event_ms": max_event_ms,
         })

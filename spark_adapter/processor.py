@@ -150,12 +150,7 @@ class SessionizeProcessor(StatefulProcessor):
         engine = self.engine
         try:
             previous = arrow.previous_metadata(engine.committed_metadata)
-            totals = {name: int(previous.get(name, 0)) for name in arrow.COUNTERS}
-            metrics = engine.metrics
-            totals["records_in"] += int(metrics["records-in"])
-            totals["dropped_records"] += int(metrics["dropped-records"])
-            for name, count in self.counts.items():
-                totals[name] += count
+            totals = arrow.running_totals(previous, engine.metrics, self.counts)
             self.provider.commit(engine.commit, self.batch, totals)
         finally:
             self.provider.close()
