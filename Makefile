@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 clean
+.PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 soak clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
