@@ -12,6 +12,7 @@ engine also passes the event time and an arrival sequence number to :meth:`Aggre
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,8 @@ class Aggregation:
     """Base class of aggregations. Subclasses override the four methods."""
 
     name = "aggregation"
+    column: str | None = None
+    """The column a built-in reads (``process_table``; a mapping's item on the event path)."""
     acc_always_encodable = False
     """True when the accumulator of encodable values is always encodable, so the engine need
     not check it after every change (the built-ins without a user function)."""
@@ -53,6 +56,18 @@ class Aggregation:
         """What is emitted for a session with accumulator ``acc``."""
         return acc
 
+    @property
+    def columnar_kind(self) -> str | None:
+        """``"count"``, ``"sum"``, ``"min"``, ``"max"``, ``"first"``, ``"last"`` or
+        ``"collect"`` for a built-in the batch path computes with array operations (it reads the
+        values themselves or one column of them); None for one that needs a Python call per
+        event (a user function, ``reduce``, ``aggregate``)."""
+        return None
+
+    def _plain(self) -> bool:
+        fn = getattr(self, "fn", None)
+        return fn is _identity or self.column is not None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -79,6 +94,10 @@ class _Count(Aggregation):
     ) -> int:
         return acc + len(values)
 
+    @property
+    def columnar_kind(self) -> str | None:
+        return "count"
+
 
 class _Sum(Aggregation):
     name = "sum"
@@ -99,6 +118,10 @@ class _Sum(Aggregation):
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
     ) -> Any:
         return sum(map(self.fn, values), acc)  # the same left-to-right additions as add()
+
+    @property
+    def columnar_kind(self) -> str | None:
+        return "sum" if self._plain() else None
 
 
 class _Extreme(Aggregation):
@@ -127,6 +150,10 @@ class _Extreme(Aggregation):
     ) -> Any:
         best = self.pick(map(self.fn, values))
         return best if acc is None else self.pick(acc, best)
+
+    @property
+    def columnar_kind(self) -> str | None:
+        return self.name if self._plain() else None
 
 
 class _Collect(Aggregation):
@@ -162,6 +189,10 @@ class _Collect(Aggregation):
 
     def result(self, acc: list[Any]) -> list[Any]:
         return [entry[2] for entry in acc]
+
+    @property
+    def columnar_kind(self) -> str | None:
+        return "collect" if self._plain() else None
 
 
 class _First(Aggregation):
@@ -202,6 +233,10 @@ class _First(Aggregation):
 
     def result(self, acc: Any) -> Any:
         return None if acc is None else acc[2]
+
+    @property
+    def columnar_kind(self) -> str | None:
+        return self.name if self._plain() else None
 
 
 class _Reduce(Aggregation):
@@ -299,51 +334,75 @@ def _check_callable(fn: Any, name: str) -> None:
         raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
 
 
+def _reader(fn: Any, column: Any) -> Callable[[Any], Any]:
+    """The function a built-in applies to each value: ``fn``, the ``column`` item, or identity.
+
+    A ``column`` names what the built-in reads: a column of ``process_table``'s table, or the
+    item of that name of each value (a mapping) on the event path and ``process_batch``.
+    """
+    if fn is not None and column is not None:
+        raise ValueError("pass fn or column, not both")
+    if fn is not None:
+        _check_callable(fn, "fn")
+        return fn  # type: ignore[no-any-return]
+    if column is not None:
+        if not isinstance(column, str):
+            raise TypeError(f"column must be a str, got {type(column).__name__}")
+        return operator.itemgetter(column)
+    return _identity
+
+
+def _with_column(aggregation: Aggregation, column: str | None) -> Aggregation:
+    aggregation.column = column
+    if column is not None:
+        aggregation.acc_always_encodable = True  # the item of an encodable value is encodable
+    return aggregation
+
+
 def count() -> Aggregation:
     """The number of events in the session."""
     return _Count()
 
 
-def sum_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """The sum of ``fn(value)`` (of the values themselves by default)."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _Sum(fn or _identity)
+def sum_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
+    """The sum of ``fn(value)`` (of the ``column`` item, or of the values themselves).
+
+    Raises:
+        ValueError: both ``fn`` and ``column``. TypeError: ``fn`` not callable, ``column`` not
+            a str.
+    """
+    return _with_column(_Sum(_reader(fn, column)), column)
 
 
-def min_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """The smallest ``fn(value)``; None for an empty pane."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _Extreme(fn or _identity, min, "min")
+def min_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
+    """The smallest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
+    return _with_column(_Extreme(_reader(fn, column), min, "min"), column)
 
 
-def max_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """The largest ``fn(value)``; None for an empty pane."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _Extreme(fn or _identity, max, "max")
+def max_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
+    """The largest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
+    return _with_column(_Extreme(_reader(fn, column), max, "max"), column)
 
 
-def first_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """``fn(value)`` of the earliest event (ties: the first to arrive)."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _First(fn or _identity, last=False)
+def first_of(fn: Callable[[Any], Any] | None = None, *,
+             column: str | None = None) -> Aggregation:
+    """``fn(value)`` (or ``column`` item, or value) of the earliest event (ties: the first to
+    arrive)."""
+    return _with_column(_First(_reader(fn, column), last=False), column)
 
 
-def last_of(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """``fn(value)`` of the latest event (ties: the last to arrive)."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _First(fn or _identity, last=True)
+def last_of(fn: Callable[[Any], Any] | None = None, *,
+            column: str | None = None) -> Aggregation:
+    """``fn(value)`` (or ``column`` item, or value) of the latest event (ties: the last to
+    arrive)."""
+    return _with_column(_First(_reader(fn, column), last=True), column)
 
 
-def collect(fn: Callable[[Any], Any] | None = None) -> Aggregation:
-    """The values (or ``fn(value)``) in event-time order, ties by arrival."""
-    if fn is not None:
-        _check_callable(fn, "fn")
-    return _Collect(fn or _identity)
+def collect(fn: Callable[[Any], Any] | None = None, *,
+            column: str | None = None) -> Aggregation:
+    """The values (or ``fn(value)``, or ``column`` items) in event-time order, ties by
+    arrival."""
+    return _with_column(_Collect(_reader(fn, column)), column)
 
 
 def reduce(fn: Callable[[Any, Any], Any]) -> Aggregation:

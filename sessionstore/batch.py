@@ -94,42 +94,61 @@ def factorize_keys(keys: list[Any]) -> tuple[np.ndarray, list[Any]]:
     Raises:
         ValueError / TypeError: a key the store refuses, naming its row: ``keys[3]: ...``.
     """
-    try:
-        arr = pa.array(keys)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-        arr = None
+    codes, uniques, _ = factorize_keys_arrow(keys)
+    return codes, uniques
+
+
+def factorize_keys_arrow(keys: Any, name: str = "keys") -> tuple[np.ndarray, list[Any], Any]:
+    """:func:`factorize_keys`, also returning the uniques as an Arrow array (None when the keys
+    are not homogeneous ints, str or bytes). ``keys`` may be a list or an Arrow array."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if isinstance(keys, pa.Array):
+        arr: Any = keys
+        if arr.null_count:
+            row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+            raise ValueError(f"{name}[{row}] is null: a key must not be None")
+    else:
+        try:
+            arr = pa.array(keys)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            arr = None
     if arr is not None and arr.null_count == 0 and (
         pa.types.is_integer(arr.type) or pa.types.is_string(arr.type)
         or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type)
+        or pa.types.is_large_binary(arr.type)
     ):
         encoded = arr.dictionary_encode()
         arrow_codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        arrow_uniques: list[Any] = encoded.dictionary.to_pylist()
+        dictionary = encoded.dictionary
+        arrow_uniques: list[Any] = dictionary.to_pylist()
         for code, key in enumerate(arrow_uniques):
             try:
                 keyschema.encode_key(key)
             except (TypeError, ValueError):
-                _check_key(key, int(np.argmax(arrow_codes == code)))
-        return arrow_codes, arrow_uniques
+                _check_key(key, int(np.argmax(arrow_codes == code)), name)
+        return arrow_codes, arrow_uniques, dictionary
+    if isinstance(keys, pa.Array):
+        keys = keys.to_pylist()
     mapping: dict[tuple[type, Any], int] = {}
     codes = np.empty(len(keys), dtype=np.int64)
     uniques: list[Any] = []
     for row, key in enumerate(keys):
-        _check_key(key, row)
+        _check_key(key, row, name)
         marker = (type(key), key)
         found = mapping.get(marker)
         if found is None:
             found = mapping[marker] = len(uniques)
             uniques.append(key)
         codes[row] = found
-    return codes, uniques
+    return codes, uniques, None
 
 
-def _check_key(key: Any, row: int) -> None:
+def _check_key(key: Any, row: int, name: str = "keys") -> None:
     try:
         keyschema.encode_key(key)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"keys[{row}]: {exc}") from None
+        raise type(exc)(f"{name}[{row}]: {exc}") from None
 
 
 @dataclass

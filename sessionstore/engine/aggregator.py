@@ -23,8 +23,10 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .. import keyschema
-from ..aggregations import Aggregation
+from ..aggregations import Aggregation, Combined
 from ..store.caching import CachingSessionStore
 from ..store.metered import MeteredSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
@@ -32,6 +34,7 @@ from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
+from .columnar import OpenTable, columnar_parts
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .merge import merge_event
@@ -158,6 +161,13 @@ class SessionAggregator:
                 trigger, self.accumulation, self.clock, aggregation, self._times,
                 self._metrics, self._put_record)
         )
+        parts = None if trigger is not None or write_cache else columnar_parts(aggregation)
+        self._columnar_kinds = None if parts is None else [kind for kind, _ in parts]
+        self._columnar_columns = [] if parts is None else [column for _, column in parts]
+        self._result_names = aggregation.names if isinstance(aggregation, Combined) else None
+        # the open sessions as columns, while the fast batch path runs (None otherwise); the
+        # store holds everything it holds after every batch, so it can be dropped at any time
+        self._table: OpenTable | None = None
         self._reset_indexes()
         self._restore()
 
@@ -210,6 +220,8 @@ class SessionAggregator:
             t = self._check_timestamp(timestamp_ms)
         keyschema.encode_key(key)
         check_encodable(value, "value")
+        if self._table is not None:
+            self._leave_table()
         out: list[Emit] = []
         self._process_one(key, value, t, out)
         if self._forwarded:
@@ -273,6 +285,7 @@ class SessionAggregator:
 
     def abort(self) -> None:
         """Discard everything since the last commit: state, cursors and the write cache."""
+        self._table = None
         self._state.abort()
         self._forwarded.clear()
         self._times = TimeKeeper(self.config)
@@ -420,7 +433,11 @@ class SessionAggregator:
         w = times.watermark
         close_upto = w - self.config.grace_ms
         if close_upto > times.last_close:
-            if not self._tracks_close:
+            if self._table is not None:
+                closed = self._advance_table()
+                if closed is not None:
+                    out.extend(closed.emits(self._result_names))
+            elif not self._tracks_close:
                 times.last_close = close_upto
             elif (self._close_heap and self._close_heap[0] <= close_upto) \
                     or not self._close_heap_complete:
@@ -432,6 +449,58 @@ class SessionAggregator:
             self._cap_expiry()
         if self._runner is not None:
             self._fire_on_time(w, out)
+
+    # -- the open sessions as columns (the fast batch path) ------------------------------------
+
+    def _open_table(self) -> OpenTable:
+        """The columnar open sessions, loaded from the store on first use.
+
+        Raises:
+            NotColumnar: stored accumulators the fast path cannot hold exactly.
+        """
+        if self._table is None:
+            assert self._columnar_kinds is not None
+            last_close = self._times.last_close
+            low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+            rows = [(session, SessionRecord.from_wire(raw).acc)
+                    for session, raw in self._state.find_sessions(low, INT64_MAX)]
+            table = OpenTable.from_rows(self._columnar_kinds, rows)
+            self._state.evict()  # the table now answers for these keys; no view may go stale
+            self._table = table
+        return self._table
+
+    def _leave_table(self) -> None:
+        """Hand the open sessions back to the event path (the store already holds them)."""
+        table = self._table
+        if table is None:
+            return
+        self._table = None
+        if self._tracks_close:
+            self._close_heap.extend(table.ends_ms.tolist())
+            heapq.heapify(self._close_heap)
+            self._close_heap_complete = True  # the table held every session not yet closed
+
+    def _advance_table(self) -> OpenTable | None:
+        """Close (and, with ON_WINDOW_CLOSE, return for emission, in store order) the table's
+        sessions up to ``W - grace``; forget them; move the close cursor and the expiry cap."""
+        table = self._table
+        assert table is not None
+        times = self._times
+        upto = times.watermark - self.config.grace_ms
+        if upto <= times.last_close:
+            return None
+        closing = table.ends_ms <= upto
+        closed = None
+        if self._tracks_close and closing.any():
+            closed = table.take(np.flatnonzero(closing))
+            closed = closed.take(closed.store_order())
+            self._metrics.emitted += len(closed)
+            self._metrics.record_finals(times.watermark - (closed.ends_ms + self.config.grace_ms))
+        if closing.any():
+            self._table = table.take(np.flatnonzero(~closing))
+        times.last_close = upto
+        self._cap_expiry()
+        return closed
 
     def _close_up_to(self, upto: int, out: list[Emit]) -> None:
         """Emit every session with ``last_close < end <= upto`` as closed, in end order."""

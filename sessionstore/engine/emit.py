@@ -58,6 +58,15 @@ class EngineMetrics:
         if latency_ms > self.final_latency_max:
             self.final_latency_max = latency_ms
 
+    def record_finals(self, latencies_ms: Any) -> None:
+        """:meth:`record_final` for a whole array of sessions at once."""
+        count = len(latencies_ms)
+        if count == 0:
+            return
+        self.final.record(count)  # only its rate is reported; the latencies are kept here
+        self.final_latency_sum += int(latencies_ms.sum())
+        self.final_latency_max = max(self.final_latency_max, int(latencies_ms.max()))
+
     def snapshot(self, store_metrics: Mapping[str, float]) -> dict[str, float]:
         rate, _, _ = self.final.snapshot()
         total = self.final.total

@@ -167,7 +167,8 @@ def _floor_segments(times_ms: npt.NDArray[np.int64], minus_ms: int,
     result = np.empty(len(times_ms), dtype=np.int64)
     result[safe] = (times_ms[safe] - minus_ms) // interval_ms
     for row in np.flatnonzero(~safe).tolist():
-        result[row] = (int(times_ms[row]) - minus_ms) // interval_ms
+        # below every segment there can be: INT64_MIN compares the same way
+        result[row] = max((int(times_ms[row]) - minus_ms) // interval_ms, INT64_MIN)
     return result
 
 

@@ -144,6 +144,24 @@ class CachingSessionStore:
         else:
             self._dirty.pop(session, None)  # never written: nothing to undo downstream
 
+    def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
+                 key_index: Any = None) -> Any:
+        """Bulk write straight to the wrapped store (its ``put_many``), after writing and
+        forgetting everything cached, so that no cached view goes stale."""
+        self.evict()
+        return self.wrapped.put_many(keys, starts_ms, ends_ms, values, key_index=key_index)
+
+    def remove_many(self, keys: Any, starts_ms: Any, ends_ms: Any, *,
+                    key_index: Any = None) -> None:
+        """Bulk remove from the wrapped store, after writing and forgetting the cache."""
+        self.evict()
+        self.wrapped.remove_many(keys, starts_ms, ends_ms, key_index=key_index)
+
+    @property
+    def holds_nothing(self) -> bool:
+        """True when nothing is cached: the wrapped store alone answers every query."""
+        return not self._views and not self._dirty
+
     def _track(self, session: Session) -> None:
         self._seq += 1
         heapq.heappush(self._pending, (session.end, self._seq, session))

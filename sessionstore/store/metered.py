@@ -95,16 +95,22 @@ class MeteredSessionStore:
         self._timed("put", started)
         return written
 
-    def put_many(self, rows: list[tuple[Session, Any]]) -> None:
-        """Write many sessions; one bulk write when the wrapped store has ``put_many``."""
+    def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
+                 key_index: Any = None) -> Any:
+        """The wrapped store's ``put_many`` (same arguments and result), measured as puts."""
         started = self._clock()
-        bulk = getattr(self.wrapped, "put_many", None)
-        if bulk is not None:
-            bulk(rows)
-        else:
-            for session, value in rows:
-                self.wrapped.put(session, value)
-        self._timed("put", started, len(rows))
+        written = self.wrapped.put_many(  # type: ignore[attr-defined]
+            keys, starts_ms, ends_ms, values, key_index=key_index)
+        self._timed("put", started, len(written))
+        return written
+
+    def remove_many(self, keys: Any, starts_ms: Any, ends_ms: Any, *,
+                    key_index: Any = None) -> None:
+        """The wrapped store's ``remove_many``, measured as removes."""
+        started = self._clock()
+        self.wrapped.remove_many(  # type: ignore[attr-defined]
+            keys, starts_ms, ends_ms, key_index=key_index)
+        self._timed("remove", started, len(starts_ms))
 
     def remove(self, session: Session) -> None:
         started = self._clock()
