@@ -235,6 +235,43 @@ class SessionAggregator:
 
         return process_batch(self, keys, values, timestamps_ms)
 
+    def process_table(self, table: Any, *, key: str | list[str], time: str,
+                      value: str | None = None) -> Any:
+        """Add a batch of events given as columns; return what it emits as columns.
+
+        Args:
+            table: a ``pyarrow.Table`` or ``RecordBatch``, one event per row, in arrival order.
+            key: the key column, or a list of them (the engine key is then the tuple).
+            time: the event-time column: integers in engine units (int64 ms), no nulls.
+            value: the column that built-ins without ``column=`` read (``sum_of()``, ...), and
+                the value custom aggregations and ``on_late`` receive. Without it, the exact
+                slower path hands custom aggregations each row as a dict.
+
+        Returns:
+            A ``pyarrow.Table`` with one row per emitted session, in emission order: the key
+            column(s) as given, ``session_start_ms``, ``session_end_ms`` (exclusive),
+            ``retraction`` (bool, with ``ON_WINDOW_UPDATE`` only), then one column per
+            aggregation output (the ``combine`` names, or the aggregation's name:
+            ``count``, ``sum``, ``min``, ``max``, ``first``, ``last``, ``collect``; collect is
+            a list column). The rows are what :meth:`process_batch` returns for the same
+            events, in the same order. The built-ins take the columnar path and build no
+            Python object per session; custom aggregations take the exact slower path.
+
+        Raises:
+            TypeError: ``table`` is not Arrow; a time column that is not integer; a value
+                msgpack cannot store (naming the column and the row). A trigger is configured
+                (use :meth:`process_batch`).
+            ValueError: a missing column, a null key, time or aggregated value (naming the
+                column and the row), an output name colliding with a key column. A batch is
+                atomic: nothing changes then.
+        """
+        from .batch import process_table
+
+        if self._runner is not None:
+            raise TypeError("process_table does not emit panes: with trigger=, use "
+                            "process_batch")
+        return process_table(self, table, key=key, time=time, value=value)
+
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
         to = check_int64(to_ms, "to_ms")
