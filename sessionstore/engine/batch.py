@@ -29,7 +29,10 @@ sum beyond int64) takes the path above.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import operator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -94,17 +97,18 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if n == 0:
         return out
     if engine._columnar_kinds is not None:
-        try:
-            part_values = _part_values_of_list(engine, value_list)
-            blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                           value_list)
-        except NotColumnar:
-            pass
-        else:
-            names = engine._result_names
-            for block, flags in blocks:
-                out.extend(block.emits(names, flags))
-            return out
+        with _collector_paused():
+            try:
+                part_values = _part_values_of_list(engine, value_list)
+                blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
+                               value_list)
+            except NotColumnar:
+                pass
+            else:
+                names = engine._result_names
+                for block, flags in blocks:
+                    out.extend(block.emits(names, flags))
+                return out
     engine._leave_table()
     if engine._runner is not None:
         _precheck_accumulators(engine, key_list, value_list, times)
@@ -242,6 +246,21 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
 
 
 # -- the fast path ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a batch builds its many small lists and
+    tuples (none of them cyclic): each allocation burst otherwise triggers collections that
+    traverse the whole heap, which measured as the largest cost of building a batch's emits
+    and records. The previous setting is restored, also on error."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 Block = tuple[OpenTable, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
@@ -422,15 +441,17 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
         if part_values is not None:
             if n == 0:
                 return _blocks_to_table(engine, [], key_names, table, types)
-            try:
-                late_values = (table.column(value).to_pylist()
-                               if value is not None and engine.on_late is not None else None)
-                blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                               late_values)
-            except NotColumnar:
-                pass
-            else:
-                return _blocks_to_table(engine, blocks, key_names, table, types)
+            with _collector_paused():
+                try:
+                    late_values = (table.column(value).to_pylist()
+                                   if value is not None and engine.on_late is not None
+                                   else None)
+                    blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
+                                   late_values)
+                except NotColumnar:
+                    pass
+                else:
+                    return _blocks_to_table(engine, blocks, key_names, table, types)
     # the exact slower path: the event values are the ``value`` column, or each row as a dict
     values = table.column(value).to_pylist() if value is not None else table.to_pylist()
     keys_list = [uniques[c] for c in codes.tolist()]
