@@ -1,0 +1,101 @@
+"""Quick harness for the batch paths: the plain-Python dict sessionizer, the event path,
+``process_batch`` and ``process_table``, on RocksDB and in memory, on the adverse q11-like rows
+(disorder, short sessions, skew). Ratios to the dict sessionizer, repeated; it asserts nothing::
+
+    python -m benchmarks.batch_paths --events 300000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sessionstore import EmitStrategy, SessionAggregator, SessionWindows, aggregations
+from sessionstore.timeutil import INT64_MAX
+
+from .engine_bench import BATCH_EVENTS, _open_store, _timed_dict, gap_for, q11_like_stream
+
+ROWS = ((2_000, 2.5), (10_000, 2.5), (2_000, 1.5), (0, 2.5), (2_000, 17.0))
+PATHS = ("event", "process_batch", "process_table")
+
+
+def run_path(path: str, keys: np.ndarray, times: np.ndarray, gap_ms: int, disorder_ms: int,
+             store_kind: str, root: Path) -> tuple[float, int]:
+    """Seconds and sessions emitted: count per key, emit-on-close, a commit per batch."""
+    windows = SessionWindows(gap_ms)
+    store = _open_store(store_kind, root, f"{path}-{time.monotonic_ns()}",
+                        windows.retention_ms + disorder_ms)
+    engine = SessionAggregator(store, windows, aggregations.count(),
+                               max_out_of_orderness_ms=disorder_ms,
+                               emit=EmitStrategy.ON_WINDOW_CLOSE)
+    key_list, time_list = keys.tolist(), times.tolist()
+    emitted = 0
+    gc.collect()
+    start = time.perf_counter()
+    for i in range(0, len(keys), BATCH_EVENTS):
+        j = i + BATCH_EVENTS
+        if path == "event":
+            process = engine.process
+            for key, t in zip(key_list[i:j], time_list[i:j], strict=True):
+                emitted += len(process(key, key, t))
+        elif path == "process_batch":
+            emitted += len(engine.process_batch(keys[i:j], keys[i:j], times[i:j]))
+        else:
+            table = pa.table({"k": keys[i:j], "t": times[i:j]})
+            emitted += engine.process_table(table, key="k", time="t").num_rows
+        engine.commit()
+    emitted += len(engine.advance_watermark(INT64_MAX))
+    engine.commit()
+    elapsed = time.perf_counter() - start
+    store.close()
+    return elapsed, emitted
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-event", action="store_true", help="skip the slow event path")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="batch-paths-"))
+    try:
+        for disorder_ms, target in ROWS:
+            keys, times = q11_like_stream(args.events, args.keys, disorder_ms)
+            gap_ms = gap_for(keys, times, target)
+            ratios: dict[str, list[float]] = {}
+            counts: set[int] = set()
+            for _ in range(args.repeat):
+                base, dict_count = _timed_dict(keys.tolist(), times.tolist(), gap_ms,
+                                               disorder_ms)
+                counts.add(dict_count)
+                for store_kind in ("rocksdb", "memory"):
+                    for path in PATHS:
+                        if path == "event" and args.skip_event:
+                            continue
+                        elapsed, emitted = run_path(path, keys, times, gap_ms, disorder_ms,
+                                                    store_kind, root)
+                        counts.add(emitted)
+                        ratios.setdefault(f"{path}/{store_kind}", []).append(base / elapsed)
+            summary: dict[str, Any] = {name: f"{statistics.median(r):.2f}x "
+                                       f"({min(r):.2f}-{max(r):.2f})"
+                                       for name, r in ratios.items()}
+            print(f"disorder {disorder_ms} ms, {target} events/session, gap {gap_ms} ms, "
+                  f"sessions {sorted(counts)}:")
+            for name, text in summary.items():
+                print(f"    {name:24s} {text}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
