@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import keyschema
 from .timeutil import timestamp_ms as to_timestamp_ms
@@ -122,6 +123,8 @@ def factorize_keys_arrow(keys: Any, name: str = "keys") -> tuple[np.ndarray, lis
         arrow_codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         dictionary = encoded.dictionary
         arrow_uniques: list[Any] = dictionary.to_pylist()
+        if _all_valid_keys(dictionary):
+            return arrow_codes, arrow_uniques, dictionary
         for code, key in enumerate(arrow_uniques):
             try:
                 keyschema.encode_key(key)
@@ -142,6 +145,18 @@ def factorize_keys_arrow(keys: Any, name: str = "keys") -> tuple[np.ndarray, lis
             uniques.append(key)
         codes[row] = found
     return codes, uniques, None
+
+
+def _all_valid_keys(keys: pa.Array) -> bool:
+    """True when every key of an Arrow int or string/binary array is one the store takes:
+    ints that fit in int64, and strings short enough (checked in bulk, not key by key)."""
+    if pa.types.is_integer(keys.type):
+        return not pa.types.is_uint64(keys.type) or len(keys) == 0 \
+            or pc.max(keys).as_py() <= np.iinfo(np.int64).max
+    if len(keys) == 0:
+        return True
+    longest = pc.max(pc.binary_length(keys)).as_py()
+    return longest is not None and longest < keyschema.MAX_KEY_BYTES // 2
 
 
 def _check_key(key: Any, row: int, name: str = "keys") -> None:

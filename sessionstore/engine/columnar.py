@@ -261,9 +261,14 @@ class OpenTable:
 
     def store_order(self) -> Int64Array:
         """Rows in (end, encoded key, start) order: the store's ``find_sessions`` order."""
-        keys = self.key_list()
-        encoded = list(map(keyschema.encode_key, keys))
-        return kernels.sort_order([self.ends_ms, keyschema.key_order(encoded), self.starts_ms])
+        if isinstance(self.keys, pa.Array):  # encode each distinct key once
+            dictionary = self.keys.dictionary_encode()
+            distinct = list(map(keyschema.encode_key, dictionary.dictionary.to_pylist()))
+            indices = dictionary.indices.to_numpy(zero_copy_only=False)
+            rank = keyschema.key_order(distinct)[indices]
+        else:
+            rank = keyschema.key_order(list(map(keyschema.encode_key, self.keys.tolist())))
+        return kernels.sort_order([self.ends_ms, rank, self.starts_ms])
 
     def wire_records(self) -> list[Any]:
         """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``."""
