@@ -89,3 +89,40 @@ def test_store_transcript(scenario, backend, tmp_path):
                 assert got == step["expect"]
             elif "segment_id" in step:
                 assert [store.segment_id(t) for t in step["segment_id"]] == step["expect"]
+
+
+BATCH_WINDOW_SCENARIOS = [pytest.param(s, id=s["name"]) for s in load("batch_windows.yaml")]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["process", "process_batch"])
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+@pytest.mark.parametrize("scenario", BATCH_WINDOW_SCENARIOS)
+def test_batch_windows_transcripts(scenario, backend, batched, tmp_path):
+    from sessionstore import BatchAggregator, BatchWindows, aggregations
+
+    size = scenario["size_ms"]
+    store = (SessionStore(tmp_path / "state", retention_ms=4 * size) if backend == "rocksdb"
+             else InMemorySessionStore(retention_ms=4 * size))
+    engine = BatchAggregator(store, BatchWindows(size), aggregations.collect())
+    out: list[Any] = []
+    pending: list[dict[str, Any]] = []
+
+    def drain() -> None:
+        if pending:
+            out.extend(engine.process_batch([e["key"] for e in pending],
+                                            [e["value"] for e in pending],
+                                            [e["t"] for e in pending]))
+            pending.clear()
+
+    for step in scenario["input"]:
+        if "watermark" in step:
+            drain()
+            out.extend(engine.advance_watermark(step["watermark"]))
+        elif batched:
+            pending.append(step)
+        else:
+            out.extend(engine.process(step["key"], step["value"], step["t"]))
+    drain()
+    store.close()
+    assert [{"key": e.session.key, "start": e.session.start, "end": e.session.end,
+             "value": e.value} for e in out] == scenario["expect"]
