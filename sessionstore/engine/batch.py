@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import operator
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ import pyarrow as pa
 
 from .. import batch as columns
 from .. import keyschema
+from ..timeutil import INT64_MIN
 from ..types import Session
 from .columnar import (
     NUMERIC_KINDS,
@@ -358,12 +360,6 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
                 engine.on_late(uniques[codes[i]], None if late_values is None
                                else late_values[i], int(times[i]))
     clock.seq += m
-    state = engine._state
-    if len(removed):
-        state.remove_many(removed.key_list(), removed.starts_ms, removed.ends_ms)
-    if len(new):
-        state.put_many(uniques, new.starts_ms, new.ends_ms, records,
-                       key_index=plan.session_codes)
     engine._table = table.take(np.flatnonzero(kept)).concat(new)
     blocks: list[Block] = []
     if engine._updates:
@@ -375,10 +371,24 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
         metrics.emitted += len(changes)
     elif engine._record_close_times:
         engine._new_close_times.extend(new.ends_ms.tolist())
+    # close first (from the table), then write, then let expiry run: the write below is what
+    # expires segments, with the cap the close just moved, as the event loop's later puts would
     if m and clock.observe(int(acc_times.max())):
         closed = engine._advance_table()
         if closed is not None and len(closed):
             blocks.append((closed, None))
+    state = engine._state
+    if len(removed):
+        state.remove_many(removed.key_list(), removed.starts_ms, removed.ends_ms)
+    if len(new):
+        # sessions that closed inside the batch and lie below the expiry boundary were emitted
+        # above; the loop would have written them and expired them by now, so they are not
+        # written (a put would only count them as dropped)
+        boundary = state.expiry_boundary_ms(int(new.ends_ms.max()))
+        live = new.ends_ms >= (INT64_MIN if boundary is None else boundary)
+        state.put_many(uniques, new.starts_ms[live], new.ends_ms[live],
+                       list(itertools.compress(records, live.tolist())),
+                       key_index=plan.session_codes[live])
     return blocks
 
 

@@ -274,8 +274,9 @@ class OpenTable:
         """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``."""
         accs = self.parts[0].wire() if len(self.parts) == 1 else \
             list(map(list, zip(*(part.wire() for part in self.parts), strict=True)))
+        # tuples pack as the same msgpack arrays as the event path's lists, and cost less
         zero = itertools.repeat(0)
-        return list(map(list, zip(accs, zero, zero, zero, itertools.repeat(None))))
+        return list(zip(accs, zero, zero, zero, itertools.repeat(None)))
 
     def results(self, names: list[str] | None) -> list[Any]:
         """What each row emits: the single part's result, or ``{name: result}``."""
