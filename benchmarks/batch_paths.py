@@ -66,10 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-event", action="store_true", help="skip the slow event path")
+    parser.add_argument("--rows", type=int, default=len(ROWS), help="run the first N rows")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="batch-paths-"))
     try:
-        for disorder_ms, target in ROWS:
+        for disorder_ms, target in ROWS[:args.rows]:
             keys, times = q11_like_stream(args.events, args.keys, disorder_ms)
             gap_ms = gap_for(keys, times, target)
             ratios: dict[str, list[float]] = {}
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"disorder {disorder_ms} ms, {target} events/session, gap {gap_ms} ms, "
                   f"sessions {sorted(counts)}:")
             for name, text in summary.items():
-                print(f"    {name:24s} {text}")
+                print(f"    {name:24s} {text}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
