@@ -87,13 +87,17 @@ class CachingSessionStore:
 
     def _forget_before(self, key: Any, view: dict[tuple[int, int], list[Any]],
                        floor_ms: int) -> None:
-        """Drop a key's sessions ending at or before the floor (writing them first)."""
+        """Drop a key's sessions ending at or before the floor from its view.
+
+        A change among them stays dirty (and counted in the size) until the next flush writes
+        it with all the others, in (end, key, start) order: writing it now would forward it
+        ahead of changes of other keys that end earlier, an order no flush produces.
+        """
+        dirty = self._dirty
         for bounds in [b for b in view if b[1] <= floor_ms]:
-            session = Session(key, bounds[0], bounds[1])
-            if session in self._dirty:
-                self._flush_one(session)
             del view[bounds]
-            self._size -= 1
+            if Session(key, bounds[0], bounds[1]) not in dirty:
+                self._size -= 1
         self._floors[key] = floor_ms
 
     @property
