@@ -1,15 +1,23 @@
 """The ``sessionstore`` command: sessionize files, inspect a state directory, run a benchmark.
 
-Errors are one line on stderr (exit status 2); ``--debug`` shows the traceback instead.
+Errors are one line on stderr (exit status 2); ``--debug`` shows the traceback instead. A run
+never loses input: it refuses an output or state that overlaps the input, records the input's
+identity and the output's place with every commit, and refuses to resume against anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import fnmatch
+import glob
 import hashlib
 import json
 import logging
 import os
+import re
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -17,67 +25,39 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import aggregations
-from .aggregations import Aggregation
-from .engine import EmitStrategy, SessionAggregator
-from .io import InputError, SessionWriter, read_batches, rows_of, time_column_ms
-from .store import SessionStore
-from .timeutil import INT64_MAX, duration_ms
+import pyarrow as pa
+
+from . import aggregations, aggspec
+from .aggspec import AggSpec
+from .engine import Emit, EmitStrategy, SessionAggregator
+from .io import (
+    KEY_TYPES,
+    InputError,
+    InputSource,
+    SessionWriter,
+    engine_columns,
+    file_format,
+    identity_difference,
+    input_identity,
+    iter_batches,
+    open_input,
+    time_column_ms,
+)
+from .metrics_export import MetricsSnapshot, serve_metrics
+from .report import SessionSummary
+from .store import ReadOnlySessionStore, SessionStore
+from .store.base import CommittedState
+from .store.rocksdb import read_manifest
+from .timeutil import INT64_MAX, INT64_MIN, duration_ms
 from .windows import SessionWindows
 
 log = logging.getLogger("sessionstore.cli")
-_AGG_KINDS = {"sum": aggregations.sum_of, "min": aggregations.min_of,
-              "max": aggregations.max_of, "first": aggregations.first_of,
-              "last": aggregations.last_of, "collect": aggregations.collect}
+_TEMP_PREFIX = "sessionstore-cli-"
+_TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(\d+)-")
 
 
 class CliError(ValueError):
     """A problem with the command line or its inputs, shown as one line."""
-
-
-def parse_aggregations(specs: Sequence[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]]:
-    """``["n=count", "total=sum:amount"]`` -> ({name: (kind, column)}, value columns)."""
-    plan: dict[str, tuple[str, str | None]] = {}
-    columns: list[str] = []
-    for spec in specs or ["events=count"]:
-        name, sep, rest = spec.partition("=")
-        if not sep or not name:
-            raise CliError(f"--agg {spec!r}: expected NAME=count or NAME=KIND:COLUMN")
-        if name in plan:
-            raise CliError(f"--agg {spec!r}: {name!r} is given twice")
-        if rest == "count":
-            plan[name] = ("count", None)
-            continue
-        kind, sep, col = rest.partition(":")
-        if not sep or kind not in _AGG_KINDS or not col:
-            raise CliError(f"--agg {spec!r}: KIND must be count or one of "
-                           f"{', '.join(_AGG_KINDS)}, as NAME=KIND:COLUMN")
-        plan[name] = (kind, col)
-        if col not in columns:
-            columns.append(col)
-    return plan, columns
-
-
-def build_aggregation(plan: dict[str, tuple[str, str | None]], columns: list[str]) -> Aggregation:
-    parts: dict[str, Aggregation] = {}
-    for name, (kind, col) in plan.items():
-        if kind == "count":
-            parts[name] = aggregations.count()
-        else:
-            assert col is not None
-            parts[name] = _AGG_KINDS[kind](_Picker(columns.index(col), len(columns)))
-    return aggregations.combine(parts)
-
-
-class _Picker:
-    """Reads one value column of a row (rows are tuples when there are several columns)."""
-
-    def __init__(self, index: int, width: int) -> None:
-        self.index = index
-        self.width = width
-
-    def __call__(self, row: Any) -> Any:
-        return row if self.width == 1 else row[self.index]
 
 
 def _duration(text: str, name: str) -> int:
@@ -85,6 +65,108 @@ def _duration(text: str, name: str) -> int:
         return duration_ms(text, name)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_paths(source: InputSource, out: str, state: str | None) -> None:
+    """Refuse an ``--out`` or ``--state`` that is, holds or lies inside the input, and a
+    ``--state`` that overlaps ``--out``. Paths are compared resolved (symlinks, ``..``), and
+    existing files by inode too (hard links).
+
+    Raises:
+        CliError: naming both paths.
+    """
+    out_path = Path(out).resolve()
+    state_path = Path(state).resolve() if state is not None else None
+    roots = [source.root.resolve()] if source.root is not None else []
+    for f in source.files:
+        real = f.resolve()
+        same = out_path.exists() and os.path.samefile(out_path, real)
+        if same or _inside(real, out_path):
+            raise CliError(f"--out {out!r} resolves to the input file {str(f)!r}: writing it "
+                           f"would destroy the input")
+        if state_path is not None and _inside(real, state_path):
+            raise CliError(f"--state {state!r} holds the input file {str(f)!r}")
+    for root in roots:
+        if _inside(out_path, root):
+            raise CliError(f"--out {out!r} is inside the input directory {str(root)!r}: the "
+                           f"output would be read as input")
+        if state_path is not None and _inside(state_path, root):
+            raise CliError(f"--state {state!r} is inside the input directory {str(root)!r}")
+    if glob.has_magic(source.spec) and fnmatch.fnmatch(str(out_path),
+                                                         os.path.abspath(source.spec)):
+        raise CliError(f"--out {out!r} matches the input glob {source.spec!r}: the output "
+                       f"would be read as input")
+    if state_path is not None and (_inside(state_path, out_path) or _inside(out_path,
+                                                                          state_path)):
+        raise CliError(f"--state {state!r} and --out {out!r} overlap; give them separate "
+                       f"places")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def sweep_stale_temp_states(root: Path | None = None) -> int:
+    """Remove temporary state directories left by CLI runs that died (SIGKILL, power loss).
+
+    Each run names its directory after its process id; a directory whose process is gone is
+    removed. Returns how many were removed.
+    """
+    removed = 0
+    folder = Path(root or tempfile.gettempdir())
+    for entry in folder.glob(_TEMP_PREFIX + "*"):
+        match = _TEMP_NAME.match(entry.name)
+        if match and entry.is_dir() and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so that ``finally`` blocks clean up
+    raise SystemExit(128 + signum)
+
+
+def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[AggSpec],
+                         windows: tuple[int, int, int]) -> str:
+    described = [keys, args.time, *windows, args.emit, args.key_type,
+                 [(s.name, s.kind, s.column) for s in specs]]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
+
+
+def _check_resume(committed: dict[str, Any], state: str, options: str,
+                  identity: dict[str, Any], out: Path, out_format: str) -> None:
+    if committed.get("options") != options:
+        raise CliError(f"--state {state!r} was written with other options (key, time, gap, "
+                       f"grace, lateness, emit, aggregations or key type); use a new state "
+                       f"directory")
+    change = identity_difference(committed.get("input", {}), identity)
+    if change is not None:
+        raise CliError(f"--state {state!r} belongs to another input: {change}; resuming would "
+                       f"skip or repeat rows. Use a new state directory")
+    output = committed.get("output", {})
+    if output.get("format") != out_format or output.get("path") != str(out):
+        raise CliError(f"--state {state!r} writes {output.get('format')} output to "
+                       f"{output.get('path')!r}; resume with that --out, or use a new state "
+                       f"directory")
+
+
+def _close_quietly(store: SessionStore) -> None:
+    # after a failure, a second error from close() must not hide the first one
+    try:
+        store.close()
+    except Exception as exc:  # noqa: BLE001 - reported at debug level, the first error wins
+        log.debug("closing the store after an error also failed: %s", exc)
 
 
 def cmd_sessionize(args: argparse.Namespace) -> int:
@@ -95,90 +177,187 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         windows = SessionWindows(gap, grace)
     except ValueError as exc:
         raise CliError(str(exc).replace("gap_ms", "--gap").replace("grace_ms", "--grace")) from None
-    plan, value_columns = parse_aggregations(args.agg)
-    aggregation = build_aggregation(plan, value_columns)
+    if lateness < 0:
+        raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
+    if args.commit_every < 1 or args.batch_rows < 1:
+        raise CliError("--commit-every and --batch-rows must be >= 1")
+    try:
+        specs = aggspec.parse_specs(args.agg)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     keys = [k.strip() for k in args.key.split(",") if k.strip()]
+    if not keys:
+        raise CliError(f"--key {args.key!r} names no column")
+    counts = [s.name for s in specs if s.kind == "count"]
+    if args.summary and not counts:
+        raise CliError("--summary counts events per session: add an aggregation NAME=count")
+    source = open_input(args.input, key_columns=keys, key_type=args.key_type,
+                        batch_rows=args.batch_rows)
+    for name in [*keys, args.time]:
+        if name not in source.schema.names:
+            raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")
+    try:
+        planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
+    except ValueError as exc:
+        raise CliError(f"--agg: {exc}") from None
+    out_format = file_format(args.out, "output")
+    check_paths(source, args.out, args.state)
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
-    fingerprint = hashlib.sha1(json.dumps(
-        [os.path.abspath(args.input), keys, args.time, gap, grace, lateness, args.emit,
-         sorted(plan.items())]).encode()).hexdigest()
-    temp = None
+    options = _options_fingerprint(args, keys, specs, (gap, grace, lateness))
+    identity = input_identity(source)
+    out_path = Path(args.out).resolve()
+    temp: Path | None = None
     state = args.state
     if state is None:
-        temp = tempfile.TemporaryDirectory(prefix="sessionstore-")
-        state = temp.name
-    store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
+        sweep_stale_temp_states()
+        temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
+        state = str(temp)
     try:
-        engine = SessionAggregator(store, windows, aggregation, emit=emit,
-                                   max_out_of_orderness_ms=lateness)
-        committed = engine.committed_metadata or {}
-        if committed and committed.get("fingerprint") != fingerprint:
-            raise CliError(f"--state {state!r} belongs to another input or other options; use a "
-                           f"new state directory")
-        offset = int(committed.get("offset", 0))
-        writer = SessionWriter(args.out, keys, list(plan), emit is EmitStrategy.ON_WINDOW_UPDATE,
-                               committed.get("output"))
-        if committed:
-            log.info("resuming at input row %d (state version %d)", offset,
-                     store.committed_version)
-        summary = _run(args, engine, writer, keys, value_columns, offset, fingerprint)
-    finally:
+        store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
+        try:
+            engine = SessionAggregator(store, windows, planned.aggregation, emit=emit,
+                                       max_out_of_orderness_ms=lateness)
+            committed = engine.committed_metadata or {}
+            if committed:
+                _check_resume(committed, state, options, identity, out_path, out_format)
+            key_fields = [source.schema.field(k) for k in keys]
+            schema = pa.schema([*key_fields, pa.field("session_start_ms", pa.int64()),
+                                pa.field("session_end_ms", pa.int64()), *planned.output_fields,
+                                *([pa.field("retracted", pa.bool_())]
+                                  if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
+            writer = SessionWriter(args.out, keys, planned.output_names,
+                                   emit is EmitStrategy.ON_WINDOW_UPDATE,
+                                   committed.get("output"), schema=schema)
+            if committed:
+                log.info("resuming at input row %d (state version %d)", committed["offset"],
+                         store.committed_version)
+            run = _Run(args, engine, writer, source, keys, planned.value_columns,
+                       {"options": options, "input": identity,
+                        "output_path": str(out_path)},
+                       SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE)
+                       if args.summary else None)
+            summary = run.execute(int(committed.get("offset", 0)))
+        except BaseException:
+            _close_quietly(store)
+            raise
         store.close()
+    finally:
         if temp is not None:
-            temp.cleanup()
+            shutil.rmtree(temp, ignore_errors=True)
+    if run.summary is not None:
+        sys.stderr.write(run.summary.table() + "\n")
+        try:
+            png = run.summary.histogram(args.summary_png or
+                                        out_path.parent / f"{out_path.stem}_session_lengths.png")
+            summary["summary_png"] = str(png)
+            sys.stderr.write(f"histogram: {png}\n")
+        except ImportError as exc:
+            sys.stderr.write(f"{exc}\n")
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 
 
-def _run(args: argparse.Namespace, engine: SessionAggregator, writer: SessionWriter,
-         keys: list[str], value_columns: list[str], offset: int, fingerprint: str) -> dict[str, Any]:
-    seen = 0
-    since_commit = 0
-    pending: list[Any] = []
-    started = time.perf_counter()
-    processed = 0
-    progress = _progress(args.progress, "events")
+class _Run:
+    """One sessionize run: reads, feeds the engine, writes, commits, and publishes metrics."""
 
-    def commit(position: int) -> None:
-        writer.write(pending + engine.flush())
-        pending.clear()
-        engine.commit({"fingerprint": fingerprint, "offset": position,
-                       "output": writer.position()})
+    def __init__(self, args: argparse.Namespace, engine: SessionAggregator,
+                 writer: SessionWriter, source: InputSource, keys: list[str],
+                 value_columns: list[str], identity: dict[str, Any],
+                 summary: SessionSummary | None) -> None:
+        self.args = args
+        self.engine = engine
+        self.writer = writer
+        self.source = source
+        self.keys = keys
+        self.value_columns = value_columns
+        self.identity = identity
+        self.summary = summary
+        self.pending: list[Emit] = []
+        self.processed = 0
+        self.floored = 0
+        self.snapshot = MetricsSnapshot(self.metrics())
 
-    for batch in read_batches(args.input, args.batch_rows):
-        rows = batch.num_rows
-        if seen + rows <= offset:
-            seen += rows
-            continue
-        if seen < offset:
-            batch = batch.slice(offset - seen)
-            seen = offset
-        times = time_column_ms(batch, args.time)
-        key_values = rows_of(batch, keys)
-        values = rows_of(batch, value_columns) if value_columns else [None] * batch.num_rows
+    def metrics(self) -> dict[str, float]:
+        """The engine's metrics and the CLI's own counters."""
+        return {**self.engine.metrics, "cli-input-records-total": self.processed,
+                "cli-output-records-total": self.writer.rows_written,
+                "cli-times-floored-to-ms-total": self.floored}
+
+    def commit(self, position: int) -> None:
+        emits = self.pending + self.engine.flush()
+        self.pending = []
+        self.writer.write(emits)  # durable (fsynced) before the state that records it
+        if self.summary is not None:
+            self.summary.add(emits)
+        output = {**self.writer.position(), "path": self.identity["output_path"]}
         try:
-            pending.extend(engine.process_batch(key_values, values, times))
-        except (TypeError, ValueError) as exc:
-            raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: {exc}") from None
-        seen += batch.num_rows
-        processed += batch.num_rows
-        since_commit += batch.num_rows
-        progress.update(batch.num_rows)
-        if since_commit >= args.commit_every:
-            commit(seen)
-            since_commit = 0
-    pending.extend(engine.advance_watermark(INT64_MAX))
-    commit(seen)
-    progress.close()
-    elapsed = time.perf_counter() - started
-    metrics = engine.metrics
-    return {
-        "events_in": processed,
-        "sessions_out": writer.rows_written,
-        "late_dropped": int(metrics["dropped-records"]),
-        "events_per_s": round(processed / elapsed) if elapsed > 0 else None,
-        "output": str(args.out),
-    }
+            self.engine.commit({"options": self.identity["options"],
+                                "input": self.identity["input"], "offset": position,
+                                "output": output})
+        except OSError:
+            raise
+        except Exception as exc:  # RocksDB reports I/O errors as a bare Exception
+            if "No space left on device" in str(exc):
+                raise OSError(errno.ENOSPC, f"No space left on device while committing the "
+                                            f"state in {self.args.state or 'a temporary dir'}"
+                              ) from None
+            raise
+
+    def feed(self, batch: pa.RecordBatch) -> list[Emit]:
+        """The one place input reaches the engine; the engine's columnar ``process_table``
+        replaces ``process_batch`` here when it lands."""
+        times = time_column_ms(batch, self.args.time)
+        self.floored += times.floored
+        key_values, values = engine_columns(batch, self.keys, self.value_columns)
+        return self.engine.process_batch(key_values, values, times.millis)
+
+    def execute(self, offset: int) -> dict[str, Any]:
+        args = self.args
+        seen = offset
+        since_commit = 0
+        started = time.perf_counter()
+        progress = _progress(args.progress, "events")
+        server = serve_metrics(self.snapshot, args.metrics_port) \
+            if args.metrics_port is not None else None
+        try:
+            columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns]))
+            for batch in iter_batches(self.source, columns, skip_rows=offset,
+                                      batch_rows=args.batch_rows, key_columns=self.keys,
+                                      key_type=args.key_type):
+                try:
+                    self.pending.extend(self.feed(batch))
+                except (TypeError, ValueError) as exc:
+                    raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: "
+                                   f"{exc}") from None
+                seen += batch.num_rows
+                self.processed += batch.num_rows
+                since_commit += batch.num_rows
+                progress.update(batch.num_rows)
+                if since_commit >= args.commit_every:
+                    self.commit(seen)
+                    since_commit = 0
+                self.snapshot.publish(self.metrics())
+            self.pending.extend(self.engine.advance_watermark(INT64_MAX))
+            self.commit(seen)
+            self.snapshot.publish(self.metrics())
+        finally:
+            progress.close()
+            if server is not None:
+                server.close()
+        elapsed = time.perf_counter() - started
+        metrics = self.metrics()
+        if self.floored:
+            log.warning("%d event times had a sub-millisecond part; each was floored to its "
+                        "millisecond", self.floored)
+        return {
+            "events_in": self.processed,
+            "sessions_out": self.writer.rows_written,
+            "late_dropped": int(metrics["dropped-records"]),
+            "times_floored_to_ms": self.floored,
+            "events_per_s": round(self.processed / elapsed) if elapsed > 0 else None,
+            "output": str(args.out),
+            "metrics": metrics,
+        }
 
 
 class _NoProgress:
@@ -198,28 +377,52 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
                 mininterval=0.5)
 
 
+def _open_committed_view(path: Path) -> tuple[ReadOnlySessionStore, CommittedState]:
+    """A read-only view of the newest committed version and that version's manifest; takes no
+    lock, so it works while a writer runs (retrying if the writer commits meanwhile)."""
+    root = path / "checkpoints"
+    for _ in range(10):
+        versions = sorted(p for p in root.iterdir() if re.fullmatch(r"v\d{12}", p.name))
+        if not versions:
+            raise CliError(f"{str(path)!r} holds no committed version")
+        try:
+            state = read_manifest(versions[-1])
+        except ValueError:
+            if versions[-1].exists():
+                raise
+            continue  # the writer removed it after a newer commit
+        view = ReadOnlySessionStore(path)
+        if view.version == state.version:
+            return view, state
+        view.close()
+    raise CliError(f"{str(path)!r} kept changing while it was read; try again")
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.state)
     if not (path / "checkpoints").is_dir():
         raise CliError(f"{str(path)!r} is not a sessionstore state directory (no checkpoints/)")
-    versions = sorted(p.name for p in (path / "checkpoints").iterdir() if p.name.startswith("v"))
-    with SessionStore(path, retention_ms=0) as store:
-        segments = []
-        interval = store.segment_interval_ms
-        for seg in store.live_segments():
-            lo, hi = seg * interval, (seg + 1) * interval - 1
-            sessions = list(store.find_sessions(lo, hi))
-            segments.append({
-                "segment": seg, "end_from_ms": lo, "end_to_ms": hi, "sessions": len(sessions),
-                "sample": [[repr(s.key), s.start, s.end] for s, _ in sessions[: args.sample]],
-            })
+    view, state = _open_committed_view(path)
+    with view:
+        interval = state.segment_interval_ms
+        assert interval is not None
+        by_segment: dict[int, list[tuple[Any, int, int]]] = {}
+        for session, _ in view.find_sessions(INT64_MIN, INT64_MAX):
+            by_segment.setdefault(session.end // interval, []).append(
+                (session.key, session.start, session.end))
+        segments = [{
+            "segment": seg, "end_from_ms": seg * interval, "end_to_ms": (seg + 1) * interval - 1,
+            "sessions": len(items),
+            "sample": [[repr(k), s, e] for k, s, e in items[: args.sample]],
+        } for seg, items in sorted(by_segment.items())]
         report = {
             "path": str(path),
-            "versions": versions,
-            "committed_version": store.committed_version,
-            "metadata": store.committed_metadata,
+            "versions": sorted(p.name for p in (path / "checkpoints").iterdir()
+                               if re.fullmatch(r"v\d{12}", p.name)),
+            "committed_version": view.version,
+            "metadata": view.metadata,
             "segment_interval_ms": interval,
-            "observed_stream_time_ms": store.observed_stream_time,
+            "observed_stream_time_ms": state.stream_time_ms,
             "segments": segments,
         }
     sys.stdout.write(json.dumps(report, indent=2, default=repr) + "\n")
@@ -264,11 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("sessionize", help="sessionize a JSON Lines, CSV or Parquet file",
+    s = sub.add_parser("sessionize", help="sessionize JSON Lines, CSV or Parquet files",
                        description="Sessionize INPUT and write one row per session to --out. "
                                    "With --state, a crashed or interrupted run resumes where "
                                    "it committed, without losing or duplicating sessions.")
-    s.add_argument("input", help="input file: .jsonl, .csv or .parquet")
+    s.add_argument("input", help="a .jsonl, .csv or .parquet file, a directory of them "
+                                 "(Hive partitions name=value/ included), or a quoted glob")
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
                    help="event-time column: integer ms, timestamps or ISO-8601 strings")
@@ -287,6 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--commit-every", type=int, default=200_000, metavar="ROWS",
                    help="commit state and output every ROWS input rows (default 200000)")
     s.add_argument("--batch-rows", type=int, default=65_536, help=argparse.SUPPRESS)
+    s.add_argument("--key-type", choices=sorted(KEY_TYPES),
+                   help="declare the key type; without it, keys in CSV files and partition "
+                        "paths are read as strings (so 007 and 7 are two keys)")
+    s.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while running "
+                        "(needs the prometheus extra)")
+    s.add_argument("--summary", action="store_true",
+                   help="print the longest and busiest sessions and write a histogram PNG")
+    s.add_argument("--summary-png", metavar="PATH",
+                   help="where --summary writes its histogram (default: beside --out)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar on stderr")
     s.set_defaults(func=cmd_sessionize)
@@ -312,14 +526,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "sessionize":
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGHUP, _terminate)
     try:
         result: int = args.func(args)
         return result
-    except (CliError, InputError, ValueError, TypeError, OSError) as exc:
+    except (CliError, InputError, ValueError, TypeError, OSError, ImportError) as exc:
         if args.debug:
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.stderr.write(f"sessionstore: error: {message}\n")
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, OSError):  # name it: "disk full" must read as such, not as a bug
+            message = f"{type(exc).__name__}: {message}"
+        sys.stderr.write(f"sessionstore: error: {message or type(exc).__name__}\n")
         return 2
 
 

@@ -1,24 +1,35 @@
 """Reading events from files and writing sessions to files, for the CLI and the main job.
 
-Inputs are JSON Lines, CSV or Parquet, read as Arrow record batches so that large files stream
-through the engine's batch path. Outputs are written so that a run resumed from its committed
-state neither loses nor duplicates rows: a JSON Lines or CSV file is truncated back to the size
-recorded at the last commit, and a Parquet output is a directory of one part per commit.
+Inputs are read through ``pyarrow.dataset``: one file, a directory (Hive-partitioned or not), or
+a glob, of JSON Lines, CSV or Parquet. Files are read one after another in path order, as Arrow
+record batches, so that large inputs stream through the engine's batch path and a resumed run can
+skip exactly the rows it already committed. :func:`input_identity` fingerprints every file so that
+a run never resumes against changed input.
+
+Outputs are written so that a run resumed from its committed state neither loses nor duplicates
+rows: a JSON Lines or CSV file is truncated back to the size recorded at the last commit, and a
+Parquet output is a directory of one part per commit. Everything written is fsynced, with its
+directory, before the caller commits the state that records it.
 """
 
 from __future__ import annotations
 
 import csv
+import glob
+import hashlib
 import io
 import json
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
@@ -26,6 +37,14 @@ from .engine import Emit
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}
+#: Deeper JSON values are refused before the JSON parser sees them: the parser recurses and
+#: crashes the process (a value 20,000 deep segfaults it). 1,000 is Jackson's default
+#: ``maxNestingDepth``, which Spark's JSON reader inherits.
+MAX_JSON_DEPTH = 1000
+#: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
+KEY_TYPES = {"string": pa.string(), "int64": pa.int64()}
+_TIME_UNIT_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
+_BLOCK = 1 << 22
 
 
 class InputError(ValueError):
@@ -41,71 +60,353 @@ def file_format(path: str | os.PathLike[str], name: str) -> str:
     return FORMATS[suffix]
 
 
-def read_batches(path: str | os.PathLike[str], batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Stream the rows of a JSON Lines, CSV or Parquet file as Arrow record batches.
-
-    Raises:
-        InputError: the file is missing, unreadable or not valid for its format.
-    """
-    fmt = file_format(path, "input")
-    if not os.path.isfile(path):
-        raise InputError(f"input {str(path)!r} does not exist or is not a file")
-    try:
-        if fmt == "parquet":
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
-        elif fmt == "csv":
-            reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 22))
-            yield from reader
-        else:
-            opener = getattr(pajson, "open_json", None)
-            if opener is not None:
-                yield from opener(path, read_options=pajson.ReadOptions(block_size=1 << 22))
-            else:
-                yield from pajson.read_json(path).to_batches(max_chunksize=batch_rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {str(path)!r} as {fmt}: {_first_line(exc)}") from None
-
-
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def column(batch: pa.RecordBatch, name: str) -> pa.Array:
-    """A column by name. Raises InputError naming the columns there are."""
+def _hidden(relative: Path) -> bool:
+    # Spark and Hadoop mark metadata (_SUCCESS, .crc, _temporary/) this way; pyarrow skips it too
+    return any(part.startswith((".", "_")) for part in relative.parts)
+
+
+@dataclass
+class InputSource:
+    """The files of one input and how to read them (see :func:`open_input`).
+
+    Attributes:
+        spec: the input as the user gave it.
+        files: the data files, in the order they are read (sorted paths).
+        format: ``jsonl``, ``csv`` or ``parquet``.
+        root: the directory partition values are relative to (a directory input), else None.
+        dataset: the ``pyarrow.dataset`` over ``files``.
+    """
+
+    spec: str
+    files: list[Path]
+    format: str
+    root: Path | None
+    dataset: ds.Dataset
+    partition_columns: list[str] = field(default_factory=list)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns every file is read with (partition columns included)."""
+        return self.dataset.schema
+
+
+def resolve_files(spec: str) -> tuple[list[Path], Path | None]:
+    """The data files named by ``spec`` (a file, a directory or a glob), sorted, and the
+    directory they are relative to.
+
+    Raises:
+        InputError: nothing matches, or a directory holds no data file.
+    """
+    path = Path(spec)
+    if path.is_file():
+        return [path], None
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and not _hidden(p.relative_to(path)))
+        if not files:
+            raise InputError(f"input directory {spec!r} holds no data files")
+        return files, path
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+        if not files:
+            raise InputError(f"input glob {spec!r} matches no file")
+        return files, None
+    raise InputError(f"input {spec!r} does not exist (give a file, a directory or a glob)")
+
+
+def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None,
+               batch_rows: int = 65_536) -> InputSource:
+    """Resolve ``spec`` and open it as a dataset.
+
+    Args:
+        spec: a file, a directory (``name=value`` sub-directories are Hive partitions) or a glob.
+        key_columns: read as strings in CSV files and partition paths, where types are guessed,
+            unless ``key_type`` declares another type (``007`` and ``7`` stay two keys).
+        key_type: ``"string"`` or ``"int64"``: cast the key columns to it in every format.
+        batch_rows: the largest record batch read.
+
+    Raises:
+        InputError: no such input, mixed or unknown formats, unreadable files, or a JSON file
+            nested deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    files, root = resolve_files(spec)
+    formats = {file_format(f, "input") for f in files}
+    if len(formats) > 1:
+        raise InputError(f"input {spec!r} mixes formats {sorted(formats)}; give one format")
+    fmt = formats.pop()
+    key_arrow = KEY_TYPES[key_type] if key_type is not None else pa.string()
+    if fmt == "parquet":
+        file_format_obj: ds.FileFormat = ds.ParquetFileFormat()
+    elif fmt == "csv":
+        file_format_obj = ds.CsvFileFormat(
+            read_options=pacsv.ReadOptions(block_size=_BLOCK),
+            convert_options=pacsv.ConvertOptions(
+                column_types={k: key_arrow for k in key_columns}))
+    else:
+        for f in files:
+            check_json_depth(f)
+        file_format_obj = ds.JsonFileFormat(read_options=pajson.ReadOptions(block_size=_BLOCK))
+    partitioning = None
+    partition_columns: list[str] = []
+    try:
+        if root is not None and any("=" in part for f in files
+                                    for part in f.relative_to(root).parts[:-1]):
+            found = ds.dataset([str(f) for f in files], format=file_format_obj,
+                               partitioning=ds.HivePartitioning.discover(infer_dictionary=False),
+                               partition_base_dir=str(root)).partitioning
+            assert found is not None
+            fields = [pa.field(f.name, key_arrow if f.name in key_columns else f.type)
+                      for f in found.schema]
+            partitioning = ds.HivePartitioning(pa.schema(fields))
+            partition_columns = [f.name for f in fields]
+        dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
+                             partitioning=partitioning,
+                             partition_base_dir=str(root) if root is not None else None)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {spec!r} as {fmt}: {_first_line(exc)}") from None
+    return InputSource(spec, files, fmt, root, dataset, partition_columns)
+
+
+def iter_batches(source: InputSource, columns: Sequence[str], *, skip_rows: int = 0,
+                 batch_rows: int = 65_536, key_columns: Sequence[str] = (),
+                 key_type: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream ``columns`` of every file in order, after the first ``skip_rows`` rows.
+
+    Parquet files wholly inside ``skip_rows`` are skipped from their metadata, unread.
+
+    Raises:
+        InputError: a missing column, or a file that cannot be read; the message names the file.
+    """
+    missing = [c for c in columns if c not in source.schema.names]
+    if missing:
+        raise InputError(f"input has no column {missing[0]!r} (columns: {source.schema.names})")
+    seen = 0
+    for fragment in source.dataset.get_fragments():
+        try:
+            if source.format == "parquet" and skip_rows > seen:
+                rows = fragment.count_rows()
+                if seen + rows <= skip_rows:
+                    seen += rows
+                    continue
+            for batch in fragment.to_batches(schema=source.schema, columns=list(columns),
+                                             batch_size=batch_rows, use_threads=False):
+                if seen + batch.num_rows <= skip_rows:
+                    seen += batch.num_rows
+                    continue
+                if seen < skip_rows:
+                    batch = batch.slice(skip_rows - seen)
+                    seen = skip_rows
+                seen += batch.num_rows
+                if key_type is not None:
+                    batch = _cast_keys(batch, key_columns, KEY_TYPES[key_type], fragment.path)
+                yield batch
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError,
+                UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read {fragment.path!r} as {source.format}: "
+                             f"{_first_line(exc)}") from None
+
+
+def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataType,
+               path: str) -> pa.RecordBatch:
+    arrays = list(batch.columns)
+    for name in key_columns:
+        index = batch.schema.get_field_index(name)
+        if arrays[index].type != to:
+            try:
+                arrays[index] = pc.cast(arrays[index], to)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InputError(f"{path!r}: key column {name!r} is not --key-type "
+                                 f"{to}: {_first_line(exc)}") from None
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int = 1 << 20) -> None:
+    """Refuse a JSON Lines file with a value nested deeper than ``limit``, before parsing.
+
+    The scan is vectorised: quotes not escaped by an odd run of backslashes toggle "inside a
+    string", brackets outside strings move the depth, and each line starts afresh. The file is
+    read in blocks; the state at a block's end is carried into the next one.
+
+    Raises:
+        InputError: naming the file, the line and the limit.
+    """
+    prefix = b""
+    lines_before = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            scan = _scan_depth(prefix + block)
+            if scan.deepest > limit:
+                raise InputError(f"input {str(path)!r} line {lines_before + scan.line + 1}: "
+                                 f"JSON nested deeper than {limit} levels; refused before "
+                                 f"parsing")
+            lines_before += block.count(b"\n")
+            prefix = (b"[" * max(scan.end_level, 0) + (b'"' if scan.end_in_string else b"")
+                      + (b"\\" if scan.end_escaping else b""))
+
+
+@dataclass
+class _DepthScan:
+    deepest: int  # the deepest nesting of any line
+    line: int  # the line it is on, counted from the start of the scanned bytes
+    end_level: int  # the state after the last byte, for the next block
+    end_in_string: bool
+    end_escaping: bool
+
+
+def _scan_depth(data: bytes) -> _DepthScan:
+    a = np.frombuffer(data, dtype=np.uint8)
+    n = len(a)
+    index = np.arange(n, dtype=np.int64)
+    last_plain = np.maximum.accumulate(np.where(a == 0x5C, -1, index))
+    quotes = np.flatnonzero(a == 0x22)
+    before = quotes - 1
+    run = np.where(before >= 0, before - last_plain[np.maximum(before, 0)], 0)
+    toggles = np.zeros(n, dtype=np.int64)
+    toggles[quotes[run % 2 == 0]] = 1
+    newline = a == 0x0A
+    line_of = np.cumsum(newline)
+    breaks = np.flatnonzero(newline)  # a line's counts start after the newline before it
+    flips = np.cumsum(toggles)
+    flips -= np.concatenate(([0], flips[breaks]))[line_of]
+    in_string = (flips & 1).astype(bool)
+    step = ((a == 0x5B) | (a == 0x7B)).astype(np.int64) - ((a == 0x5D) | (a == 0x7D))
+    step[in_string] = 0
+    level = np.cumsum(step)
+    level -= np.concatenate(([0], level[breaks]))[line_of]
+    deepest = int(np.argmax(level))
+    return _DepthScan(int(level[deepest]), int(line_of[deepest]), int(level[-1]),
+                      bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2))
+
+
+def file_identity(path: Path, fmt: str) -> dict[str, Any]:
+    """Size, mtime and a content fingerprint of one input file.
+
+    Parquet files are fingerprinted by their footer (row groups, column chunk offsets and sizes,
+    statistics), which any rewrite changes; other formats by a BLAKE2b hash of every byte.
+    """
+    stat = path.stat()
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        if fmt == "parquet" and stat.st_size >= 12:
+            handle.seek(stat.st_size - 8)
+            tail = handle.read(8)
+            footer = int.from_bytes(tail[:4], "little")
+            handle.seek(max(stat.st_size - 8 - footer, 0))
+            digest.update(b"parquet-footer:" + handle.read(footer + 8))
+        else:
+            while chunk := handle.read(_BLOCK):
+                digest.update(chunk)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "fingerprint": digest.hexdigest()}
+
+
+def input_identity(source: InputSource) -> dict[str, Any]:
+    """What a resumed run must find again: the format and, for every file, its path (relative
+    to the input's directory) and :func:`file_identity`."""
+    def name(f: Path) -> str:
+        return str(f.relative_to(source.root)) if source.root is not None else str(f.resolve())
+
+    return {"format": source.format,
+            "files": [{"path": name(f), **file_identity(f, source.format)} for f in source.files]}
+
+
+def identity_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How ``current`` differs from ``recorded`` (None when it is the same input).
+
+    The modification time alone does not count: a copy with the same bytes is the same input.
+    """
+    if recorded.get("format") != current.get("format"):
+        return f"its format was {recorded.get('format')}, now {current.get('format')}"
+    old = {f["path"]: f for f in recorded.get("files", [])}
+    new = {f["path"]: f for f in current.get("files", [])}
+    for path in sorted(old.keys() - new.keys()):
+        return f"file {path!r} is gone"
+    for path in sorted(new.keys() - old.keys()):
+        return f"file {path!r} is new"
+    for path in sorted(old):
+        if old[path]["size"] != new[path]["size"]:
+            return f"file {path!r} was {old[path]['size']} bytes, now {new[path]['size']}"
+        if old[path]["fingerprint"] != new[path]["fingerprint"]:
+            return f"file {path!r} has the same size but different content"
+    return None
+
+
+@dataclass
+class TimeColumn:
+    """Event times of a batch as int64 ms, and how many of them had a sub-ms part floored."""
+
+    millis: pa.Array
+    floored: int
+
+
+def time_column_ms(batch: pa.RecordBatch, name: str) -> TimeColumn:
+    """Event times as int64 milliseconds.
+
+    Integers are taken as ms. Timestamps of any unit, and ISO-8601 strings, are converted;
+    finer than ms (µs, ns), they are floored to the millisecond they fall in (towards the past,
+    also before 1970), and the count of such rows is returned.
+
+    Raises:
+        InputError: a missing column, nulls, or another type.
+    """
     index = batch.schema.get_field_index(name)
     if index < 0:
         raise InputError(f"input has no column {name!r} (columns: {batch.schema.names})")
-    return batch.column(index)
-
-
-def time_column_ms(batch: pa.RecordBatch, name: str) -> pa.Array:
-    """Event times as int64 milliseconds: integers are taken as ms; timestamps and ISO-8601
-    strings are converted."""
-    values = column(batch, name)
+    values = batch.column(index)
     if values.null_count:
         raise InputError(f"time column {name!r} holds nulls")
     kind = values.type
     try:
         if pa.types.is_integer(kind):
-            return pc.cast(values, pa.int64())
-        if pa.types.is_timestamp(kind):
-            return pc.cast(pc.cast(values, pa.timestamp("ms", tz=kind.tz)), pa.int64())
+            return TimeColumn(pc.cast(values, pa.int64()), 0)
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            parsed = pc.cast(values, pa.timestamp("ms"))
-            return pc.cast(parsed, pa.int64())
+            values = pc.cast(values, pa.timestamp("ns"))
+            kind = values.type
+        if pa.types.is_timestamp(kind):
+            raw = pc.cast(values, pa.int64())
+            per_ms = _TIME_UNIT_PER_MS[kind.unit]
+            if per_ms is None:
+                return TimeColumn(pc.multiply_checked(raw, 1000), 0)
+            if per_ms == 1:
+                return TimeColumn(raw, 0)
+            ticks = raw.to_numpy()
+            millis = np.floor_divide(ticks, per_ms)
+            floored = int(np.count_nonzero(ticks - millis * per_ms))
+            return TimeColumn(pa.array(millis, pa.int64()), floored)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InputError(f"time column {name!r}: {_first_line(exc)}") from None
     raise InputError(f"time column {name!r} must hold integer milliseconds, timestamps or "
                      f"ISO-8601 strings, not {kind}")
 
 
-def rows_of(batch: pa.RecordBatch, names: Sequence[str]) -> list[Any]:
-    """The values of ``names`` per row: a scalar for one name, a tuple for several."""
-    columns = [column(batch, n).to_pylist() for n in names]
-    if len(columns) == 1:
-        only: list[Any] = columns[0]
-        return only
-    return list(zip(*columns, strict=True))
+def engine_columns(batch: pa.RecordBatch, keys: Sequence[str], value_columns: Sequence[str]
+                   ) -> tuple[Any, Any]:
+    """Keys and values of a batch in the form ``process_batch`` takes, column by column.
+
+    One key or value column is handed over as its Arrow array; several become tuples, which is
+    how the engine keys composite keys and how :mod:`aggspec` pickers read several values.
+    """
+    def of(names: Sequence[str]) -> Any:
+        if len(names) == 1:
+            return batch.column(batch.schema.get_field_index(names[0]))
+        lists = [batch.column(batch.schema.get_field_index(n)).to_pylist() for n in names]
+        return list(zip(*lists, strict=True))
+
+    values = of(value_columns) if value_columns else [None] * batch.num_rows
+    return of(keys), values
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a new or renamed file) durable."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 class SessionWriter:
@@ -116,17 +417,23 @@ class SessionWriter:
         key_names: names of the key fields in the output.
         value_names: the aggregation outputs, in order.
         with_retraction: add a ``retracted`` field (update mode).
-        position: the committed position to resume from (``None`` for a new output).
+        position: the committed position to resume from (``None`` for a new output); it must
+            come from :meth:`position` of a writer of the same format.
+        schema: the Arrow schema of a Parquet output (inferred from the rows when None).
+
+    Raises:
+        InputError: the output was shortened or changed outside sessionstore since the commit.
     """
 
     def __init__(self, path: str | os.PathLike[str], key_names: Sequence[str],
                  value_names: Sequence[str], with_retraction: bool,
-                 position: dict[str, Any] | None = None) -> None:
+                 position: dict[str, Any] | None = None, schema: pa.Schema | None = None) -> None:
         self.path = Path(path)
         self.format = file_format(path, "output")
         self.key_names = list(key_names)
         self.value_names = list(value_names)
         self.with_retraction = with_retraction
+        self.schema = schema
         self.fields = [*self.key_names, "session_start_ms", "session_end_ms",
                        *self.value_names, *(["retracted"] if with_retraction else [])]
         self.rows_written = 0
@@ -136,6 +443,9 @@ class SessionWriter:
             for part in self.path.glob("part-*.parquet"):
                 if int(part.stem.split("-")[1]) >= self.parts:
                     part.unlink()  # written after the last commit: it will be written again
+            for stale in self.path.glob(".part-*.inprogress"):
+                stale.unlink()
+            fsync_dir(self.path)
         else:
             size = 0 if position is None else int(position["bytes"])
             if position is None and self.path.exists():
@@ -147,6 +457,8 @@ class SessionWriter:
                                  f"{size}: it was changed outside sessionstore")
             with open(self.path, "r+b") as handle:
                 handle.truncate(size)
+                os.fsync(handle.fileno())
+            fsync_dir(self.path.parent)
             self.size = size
 
     def _record(self, emit: Emit) -> dict[str, Any]:
@@ -165,15 +477,21 @@ class SessionWriter:
         return record
 
     def write(self, emits: Sequence[Emit]) -> None:
-        """Append ``emits`` and make them durable (fsync) before the caller commits."""
+        """Append ``emits`` and make them durable (file and directory fsynced) before the caller
+        commits."""
         records = [self._record(e) for e in emits]
-        self.rows_written += len(records)
         if self.format == "parquet":
             if records:
-                table = pa.Table.from_pylist(records)
-                target = self.path / f"part-{self.parts:06d}.parquet"
-                pq.write_table(table, target)
+                table = pa.Table.from_pylist(records, schema=self.schema)
+                name = f"part-{self.parts:06d}.parquet"
+                temporary = self.path / f".{name}.inprogress"
+                pq.write_table(table, temporary)
+                with open(temporary, "rb") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(temporary, self.path / name)
+                fsync_dir(self.path)
                 self.parts += 1
+            self.rows_written += len(records)
             return
         buffer = io.StringIO()
         if self.format == "jsonl":
@@ -190,12 +508,13 @@ class SessionWriter:
             handle.flush()
             os.fsync(handle.fileno())
         self.size += len(data)
+        self.rows_written += len(records)
 
     def position(self) -> dict[str, Any]:
         """What to commit with the state so that a resumed run continues here."""
         if self.format == "parquet":
-            return {"parts": self.parts}
-        return {"bytes": self.size}
+            return {"format": "parquet", "parts": self.parts}
+        return {"format": self.format, "bytes": self.size}
 
 
 def _csv_cell(value: Any) -> Any:

@@ -88,7 +88,7 @@ def test_sessionize_csv_and_parquet_and_iso_times(tmp_path, capsys):
         (["--time", "ts", "--gap", "soon"], "--gap is not a duration"),
         (["--time", "ts", "--gap", "0"], "--gap must be > 0"),
         (["--time", "ts", "--agg", "x=median:amount"], "KIND must be count"),
-        (["--time", "ts", "--agg", "x=sum:missing"], "input has no column 'missing'"),
+        (["--time", "ts", "--agg", "x=sum:missing"], "names column 'missing'"),
         (["--time", "page"], "time column 'page'"),
     ],
 )
@@ -114,6 +114,7 @@ def test_unreadable_and_missing_inputs(tmp_path, capsys):
     assert main(["sessionize", str(tmp_path / "none.csv"), "--key", "u", "--time", "t",
                  "--gap", "1m", "--out", str(tmp_path / "o.jsonl"), "--no-progress"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    broken.with_suffix(".txt").write_text("user,ts\n")
     assert main(["sessionize", str(broken.with_suffix(".txt")), "--key", "u", "--time", "t",
                  "--gap", "1m", "--out", str(tmp_path / "o.jsonl"), "--no-progress"]) == 2
     assert "unknown format" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""A summary a person can read after a run: the longest and the busiest sessions, and a histogram
+of session durations and events per session (``make run``, ``sessionstore sessionize --summary``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .engine import Emit
+
+TOP = 5
+
+
+class SessionSummary:
+    """Collects each emitted session's duration and event count.
+
+    Args:
+        count_output: the aggregation output that counts events (a ``count`` aggregation).
+        updates: emissions are updates with retractions (``--emit update``): a session's last
+            update counts, and a retraction removes it.
+    """
+
+    def __init__(self, count_output: str, updates: bool = False) -> None:
+        self.count_output = count_output
+        self.updates = updates
+        self._final: list[tuple[Any, int, int, int]] = []
+        self._live: dict[tuple[Any, int, int], int] = {}
+
+    def add(self, emits: Iterable[Emit]) -> None:
+        """Record emitted sessions."""
+        for emit in emits:
+            session = emit.session
+            events = int(emit.value[self.count_output])
+            if not self.updates:
+                self._final.append((session.key, session.start, session.end, events))
+            elif emit.retraction:
+                self._live.pop((session.key, session.start, session.end), None)
+            else:
+                self._live[(session.key, session.start, session.end)] = events
+
+    def sessions(self) -> list[tuple[Any, int, int, int]]:
+        """``(key, start_ms, end_ms, events)`` of every session."""
+        if not self.updates:
+            return self._final
+        return [(k, s, e, n) for (k, s, e), n in self._live.items()]
+
+    def table(self) -> str:
+        """The longest and the busiest sessions, as aligned text."""
+        rows = self.sessions()
+        if not rows:
+            return "no sessions"
+        durations = np.array([e - s for _, s, e, _ in rows], dtype=np.int64)
+        events = np.array([n for *_, n in rows], dtype=np.int64)
+        lines = [f"{len(rows):,} sessions; duration median {_duration(int(np.median(durations)))}"
+                 f", max {_duration(int(durations.max()))}; events per session median "
+                 f"{int(np.median(events))}, max {int(events.max())}"]
+        for title, order in (("longest", lambda r: r[2] - r[1]), ("busiest", lambda r: r[3])):
+            lines.append("")
+            lines.append(f"{title} sessions:")
+            lines.append(f"  {'key':<20} {'start (UTC)':<20} {'duration':>10} {'events':>8}")
+            for key, start, end, n in heapq.nlargest(TOP, rows, key=order):
+                lines.append(f"  {str(key)[:20]:<20} {_when(start):<20} "
+                             f"{_duration(end - start):>10} {n:>8,}")
+        return "\n".join(lines)
+
+    def histogram(self, path: str | Path) -> Path:
+        """Write a PNG of the duration and events-per-session distributions; return its path.
+
+        Raises:
+            ImportError: matplotlib is not installed (``pip install 'sessionstore[plot]'``).
+        """
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("the histogram needs matplotlib: pip install "
+                              "'sessionstore[plot]'") from None
+        rows = self.sessions()
+        minutes = np.array([(e - s) / 60_000 for _, s, e, _ in rows], dtype=float)
+        events = np.array([n for *_, n in rows], dtype=float)
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        left.hist(minutes, bins=50, color="#4c72b0")
+        left.set_xlabel("session duration (minutes)")
+        left.set_ylabel("sessions")
+        right.hist(events, bins=np.unique(np.geomspace(1, max(events.max(initial=1), 2), 40)
+                                         .round()), color="#dd8452")
+        right.set_xscale("log")
+        right.set_xlabel("events per session")
+        for axis in (left, right):
+            axis.set_yscale("log")
+        figure.suptitle(f"{len(rows):,} sessions")
+        figure.tight_layout()
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(target, dpi=100)
+        plt.close(figure)
+        return target
+
+
+def _duration(ms: int) -> str:
+    seconds = ms // 1000
+    if seconds < 60:
+        return f"{ms / 1000:.1f}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _when(ms: int) -> str:
+    try:
+        return (dt.datetime(1970, 1, 1) + dt.timedelta(milliseconds=ms)).strftime(
+            "%Y-%m-%d %H:%M:%S")
+    except OverflowError:
+        return str(ms)
