@@ -2,15 +2,21 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+# pip runs only when pyproject.toml is newer than this stamp, quietly; its log is shown on failure
+STAMP := $(VENV)/.installed
 
 .PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 soak clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
+	@$(PYTHON) -m venv $(VENV)
 
-install: $(PY)
-	$(PY) -m pip install -e '.[dev]'
+$(STAMP): pyproject.toml | $(PY)
+	@echo "installing sessionstore[dev] into $(VENV) (once; pip's output is shown only if it fails)"
+	@$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip install -q -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@touch $@
+
+install: $(STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check sessionstore spark_adapter tests benchmarks
@@ -22,7 +28,7 @@ test: install lint typecheck
 	$(VENV)/bin/pytest
 
 run: install
-	$(PY) -m sessionstore.demo
+	@$(PY) -m sessionstore.demo
 
 bench: install
 	$(PY) -m benchmarks.store_bench

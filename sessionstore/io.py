@@ -23,17 +23,19 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.dataset as ds
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from .engine import Emit
+
+if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pandas)
+    import pyarrow.dataset as ds
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}
@@ -133,6 +135,8 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         InputError: no such input, mixed or unknown formats, unreadable files, or a JSON file
             nested deeper than :data:`MAX_JSON_DEPTH`.
     """
+    import pyarrow.dataset as ds
+
     files, root = resolve_files(spec)
     formats = {file_format(f, "input") for f in files}
     if len(formats) > 1:
