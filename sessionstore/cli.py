@@ -37,6 +37,7 @@ from .io import (
     SessionWriter,
     engine_columns,
     file_format,
+    first_line,
     identity_difference,
     input_identity,
     iter_batches,
@@ -297,11 +298,12 @@ class _Run:
         except OSError:
             raise
         except Exception as exc:  # RocksDB reports I/O errors as a bare Exception
-            if "No space left on device" in str(exc):
-                raise OSError(errno.ENOSPC, f"No space left on device while committing the "
-                                            f"state in {self.args.state or 'a temporary dir'}"
-                              ) from None
-            raise
+            text = first_line(exc)
+            if not text.startswith("IO error"):
+                raise
+            code = errno.ENOSPC if "No space left" in text else errno.EIO
+            raise OSError(code, f"{text} (while committing the state in "
+                                f"{self.args.state or 'a temporary directory'})") from None
 
     def feed(self, batch: pa.RecordBatch) -> list[Emit]:
         """The one place input reaches the engine; the engine's columnar ``process_table``

@@ -62,7 +62,8 @@ def file_format(path: str | os.PathLike[str], name: str) -> str:
     return FORMATS[suffix]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
@@ -171,7 +172,7 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
                              partitioning=partitioning,
                              partition_base_dir=str(root) if root is not None else None)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {spec!r} as {fmt}: {_first_line(exc)}") from None
+        raise InputError(f"cannot read {spec!r} as {fmt}: {first_line(exc)}") from None
     return InputSource(spec, files, fmt, root, dataset, partition_columns)
 
 
@@ -211,7 +212,7 @@ def iter_batches(source: InputSource, columns: Sequence[str], *, skip_rows: int 
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError,
                 UnicodeDecodeError) as exc:
             raise InputError(f"cannot read {fragment.path!r} as {source.format}: "
-                             f"{_first_line(exc)}") from None
+                             f"{first_line(exc)}") from None
 
 
 def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataType,
@@ -224,7 +225,7 @@ def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataTyp
                 arrays[index] = pc.cast(arrays[index], to)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise InputError(f"{path!r}: key column {name!r} is not --key-type "
-                                 f"{to}: {_first_line(exc)}") from None
+                                 f"{to}: {first_line(exc)}") from None
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
@@ -382,7 +383,7 @@ def time_column_ms(batch: pa.RecordBatch, name: str) -> TimeColumn:
             floored = int(np.count_nonzero(ticks - millis * per_ms))
             return TimeColumn(pa.array(millis, pa.int64()), floored)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise InputError(f"time column {name!r}: {_first_line(exc)}") from None
+        raise InputError(f"time column {name!r}: {first_line(exc)}") from None
     raise InputError(f"time column {name!r} must hold integer milliseconds, timestamps or "
                      f"ISO-8601 strings, not {kind}")
 
