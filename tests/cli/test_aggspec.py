@@ -1,0 +1,108 @@
+"""The one aggregation language: the CLI's ``--agg`` text and Spark's mapping parse alike, and
+one table decides every output type."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sessionstore import aggregations, aggspec
+from sessionstore.aggspec import AggSpec
+
+SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.int64()), ("amount", pa.int32()),
+                    ("price", pa.float32()), ("cost", pa.decimal128(10, 2)),
+                    ("page", pa.string()), ("flag", pa.bool_())])
+
+
+def test_cli_text_and_spark_mapping_parse_to_the_same_specs():
+    texts = ["n=count", "total=sum:amount", "lo=min:price", "hi=max:price",
+             "landing=first:page", "exit=last:page", "pages=collect:page"]
+    mapping = {"n": "count", "total": ("sum", "amount"), "lo": ("min", "price"),
+               "hi": ("max", "price"), "landing": ("first", "page"), "exit": ("last", "page"),
+               "pages": ("collect", "page")}
+    assert aggspec.parse_specs(texts) == aggspec.from_mapping(mapping)
+    assert aggspec.parse_specs([]) == [AggSpec("events", "count")]
+
+
+@pytest.mark.parametrize(("spec", "column_type", "output_type"), [
+    ("x=count", None, pa.int64()),
+    ("x=sum:amount", pa.int32(), pa.int64()),
+    ("x=sum:price", pa.float32(), pa.float64()),
+    ("x=sum:cost", pa.decimal128(10, 2), pa.float64()),
+    ("x=min:price", pa.float32(), pa.float32()),
+    ("x=max:page", pa.string(), pa.string()),
+    ("x=first:amount", pa.int32(), pa.int32()),
+    ("x=last:flag", pa.bool_(), pa.bool_()),
+    ("x=collect:page", pa.string(), pa.list_(pa.string())),
+])
+def test_one_table_gives_every_output_type(spec, column_type, output_type):
+    planned = aggspec.plan(aggspec.parse_specs([spec]), SCHEMA)
+    assert planned.output_fields == [pa.field("x", output_type)]
+    assert planned.value_columns == ([] if column_type is None else [spec.split(":")[1]])
+
+
+@pytest.mark.parametrize(("texts", "message"), [
+    (["x"], "expected NAME=count"),
+    (["=count"], "expected NAME=count"),
+    (["x=median:amount"], "KIND must be count or one of sum, min, max, first, last, collect"),
+    (["x=sum:"], "KIND must be"),
+    (["x=count", "x=sum:amount"], "'x' is given twice"),
+])
+def test_bad_text_names_the_option_and_the_spec(texts, message):
+    with pytest.raises(ValueError, match=message) as info:
+        aggspec.parse_specs(texts)
+    assert "--agg" in str(info.value)
+
+
+@pytest.mark.parametrize(("mapping", "message"), [
+    ({}, "non-empty dict"),
+    ([("n", "count")], "non-empty dict"),
+    ({"": "count"}, "non-empty strings"),
+    ({"x": ("median", "amount")}, "must be 'count'"),
+    ({"x": ("sum", 3)}, "is not a column name"),
+])
+def test_bad_mappings_are_refused(mapping, message):
+    with pytest.raises(ValueError, match=message):
+        aggspec.from_mapping(mapping)
+
+
+def test_plan_refuses_missing_columns_and_sums_of_non_numbers():
+    with pytest.raises(ValueError, match="names column 'nope'"):
+        aggspec.plan(aggspec.parse_specs(["x=sum:nope"]), SCHEMA)
+    for column in ("page", "flag"):
+        with pytest.raises(ValueError, match="sum needs a numeric column"):
+            aggspec.plan(aggspec.parse_specs([f"x=sum:{column}"]), SCHEMA)
+
+
+def fold(aggregation: aggregations.Aggregation, values: list) -> object:
+    acc = aggregation.initial()
+    for seq, value in enumerate(values):
+        acc = aggregation.add("k", value, seq, seq, acc)
+    return aggregation.result(acc)
+
+
+def test_planned_aggregations_read_their_own_columns():
+    specs = aggspec.parse_specs(["n=count", "total=sum:amount", "pages=collect:page",
+                                 "exit=last:page"])
+    planned = aggspec.plan(specs, SCHEMA)
+    assert planned.value_columns == ["amount", "page"]
+    rows = [(3, "/"), (4, "/cart"), (5, "/pay")]
+    assert fold(planned.aggregation, rows) == {"n": 3, "total": 12,
+                                               "pages": ["/", "/cart", "/pay"], "exit": "/pay"}
+    scalar = aggspec.plan(aggspec.parse_specs(["total=sum:amount"]), SCHEMA,
+                          scalar_single_column=True)
+    assert fold(scalar.aggregation, [3, 4]) == {"total": 7}
+    tupled = aggspec.plan(aggspec.parse_specs(["total=sum:amount"]), SCHEMA)
+    assert fold(tupled.aggregation, [(3,), (4,)]) == {"total": 7}
+
+
+def test_a_custom_aggregation_sees_every_other_column_as_a_dict():
+    longest = aggregations.aggregate(lambda: 0, lambda key, row, acc: max(acc, row["amount"]),
+                                     lambda key, a, b: max(a, b))
+    planned = aggspec.plan(aggspec.from_mapping({"n": "count", "best": longest}), SCHEMA,
+                           exclude=["user", "ts"])
+    assert planned.value_columns == ["amount", "price", "cost", "page", "flag"]
+    assert planned.custom_outputs == ["best"]
+    assert planned.output_fields[1] == pa.field("best", pa.string())
+    rows = [(2, 1.0, None, "/", True), (9, 1.0, None, "/", False)]
+    assert fold(planned.aggregation, rows) == {"n": 2, "best": 9}
