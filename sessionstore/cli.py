@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
@@ -276,6 +277,7 @@ class _Run:
         self.pending: list[Emit] = []
         self.processed = 0
         self.floored = 0
+        self.max_time_ms: int | None = None
         self.snapshot = MetricsSnapshot(self.metrics())
 
     def metrics(self) -> dict[str, float]:
@@ -310,6 +312,10 @@ class _Run:
         replaces ``process_batch`` here when it lands."""
         times = time_column_ms(batch, self.args.time)
         self.floored += times.floored
+        if len(times.millis):
+            latest = pc.max(times.millis).as_py()
+            self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
+                                                                           latest)
         key_values, values = engine_columns(batch, self.keys, self.value_columns)
         return self.engine.process_batch(key_values, values, times.millis)
 
@@ -339,7 +345,12 @@ class _Run:
                     self.commit(seen)
                     since_commit = 0
                 self.snapshot.publish(self.metrics())
-            self.pending.extend(self.engine.advance_watermark(INT64_MAX))
+            # The input is over: move W just far enough that every session closes, so the
+            # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
+            windows = self.engine.windows
+            end = INT64_MAX if self.max_time_ms is None else \
+                min(self.max_time_ms + windows.gap_ms + windows.grace_ms, INT64_MAX)
+            self.pending.extend(self.engine.advance_watermark(end))
             self.commit(seen)
             self.snapshot.publish(self.metrics())
         finally:
