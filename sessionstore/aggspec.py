@@ -9,6 +9,7 @@ another type system (Spark) convert the Arrow types at their edge.
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,40 +24,128 @@ DEFAULT_SPEC = "events=count"
 CUSTOM = "custom"
 
 
+MAX_DECIMAL_PRECISION = 38
+
+
+def is_simple(data_type: pa.DataType) -> bool:
+    """An atomic type the engine can hold (see :func:`to_engine`)."""
+    t = pa.types
+    return bool(t.is_integer(data_type) or t.is_floating(data_type) or t.is_decimal(data_type)
+                or t.is_string(data_type) or t.is_large_string(data_type)
+                or t.is_binary(data_type) or t.is_large_binary(data_type)
+                or t.is_boolean(data_type) or t.is_date(data_type)
+                or t.is_timestamp(data_type))
+
+
+def _refuse(name: str, kind: str, column: str, data_type: pa.DataType, why: str) -> ValueError:
+    return ValueError(f"aggregation {name!r}: {kind} cannot run over column {column!r} of type "
+                      f"{data_type}: {why}")
+
+
 def _sum_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
     if pa.types.is_integer(data_type):
         return pa.int64()
-    if pa.types.is_floating(data_type) or pa.types.is_decimal(data_type):
+    if pa.types.is_floating(data_type):
         return pa.float64()
-    raise ValueError(f"aggregation {name!r}: sum needs a numeric column, {column!r} is "
-                     f"{data_type}")
+    if pa.types.is_decimal(data_type):  # widened by 10 digits, as Spark's sum does
+        return pa.decimal128(min(MAX_DECIMAL_PRECISION, data_type.precision + 10),
+                             data_type.scale)
+    raise _refuse(name, "sum", column, data_type, "sum needs a numeric column")
 
 
-def _same_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
-    return data_type
+def _extreme_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
+    if is_simple(data_type):
+        return data_type
+    raise _refuse(name, "min/max", column, data_type, "it needs an atomic (non-nested) column")
+
+
+def _any_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
+    if is_simple(data_type) or (pa.types.is_list(data_type)
+                                and is_simple(data_type.value_type)):
+        return data_type
+    raise _refuse(name, "first/last/collect", column, data_type,
+                  "only atomic columns and lists of them are supported")
 
 
 def _list_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
-    return pa.list_(data_type)
+    return pa.list_(_any_type(name, column, data_type))
+
+
+class SkipNulls(Aggregation):
+    """Spark's (and SQL's) rule for sum, min, max and collect: a null value is no input at all,
+    so a session of nulls sums to null. ``first`` and ``last`` keep nulls."""
+
+    def __init__(self, inner: Aggregation, pick: Callable[[Any], Any]) -> None:
+        self.inner = inner
+        self.pick = pick
+        self.name = inner.name
+
+    def initial(self) -> Any:
+        return self.inner.initial()
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        item = self.pick(value)
+        return acc if item is None else self.inner.add(key, item, timestamp_ms, seq, acc)
+
+    def add_run(self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int],
+                acc: Any) -> Any:
+        kept = [(item, t, s) for item, t, s in zip(map(self.pick, values), times_ms, seqs,
+                                                    strict=True) if item is not None]
+        if not kept:
+            return acc
+        items, times, kept_seqs = (list(part) for part in zip(*kept, strict=True))
+        return self.inner.add_run(key, items, times, kept_seqs, acc)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        return self.inner.merge(key, acc1, acc2)
+
+    def result(self, acc: Any) -> Any:
+        return self.inner.result(acc)
+
+
+def _skipping(make: Callable[[], Aggregation]) -> Callable[[Callable[[Any], Any]], Aggregation]:
+    def build(pick: Callable[[Any], Any]) -> Aggregation:
+        return SkipNulls(make(), pick)
+
+    return build
+
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b
 
 
 @dataclass(frozen=True)
 class Kind:
-    """One aggregation kind: how to build it and the Arrow type it outputs for an input type."""
+    """One aggregation kind: how to build it over ``pick(value)``, and the Arrow type it outputs
+    for an input column (raising ValueError for a type it cannot take)."""
 
     build: Callable[[Callable[[Any], Any]], Aggregation]
     output_type: Callable[[str, str, pa.DataType], pa.DataType]
 
 
-#: Every kind that reads a column. ``count`` reads none and outputs int64.
+#: Every kind that reads a column, with Spark's null rule and output types (``count`` reads no
+#: column and outputs int64).
 KINDS: dict[str, Kind] = {
-    "sum": Kind(aggregations.sum_of, _sum_type),
-    "min": Kind(aggregations.min_of, _same_type),
-    "max": Kind(aggregations.max_of, _same_type),
-    "first": Kind(aggregations.first_of, _same_type),
-    "last": Kind(aggregations.last_of, _same_type),
-    "collect": Kind(aggregations.collect, _list_type),
+    "sum": Kind(_skipping(lambda: aggregations.reduce(_add)), _sum_type),
+    "min": Kind(_skipping(aggregations.min_of), _extreme_type),
+    "max": Kind(_skipping(aggregations.max_of), _extreme_type),
+    "first": Kind(aggregations.first_of, _any_type),
+    "last": Kind(aggregations.last_of, _any_type),
+    "collect": Kind(_skipping(aggregations.collect), _list_type),
 }
+
+
+def output_type(name: str, kind: str, column: str, data_type: pa.DataType) -> pa.DataType:
+    """The Arrow type ``kind`` outputs over ``column`` of ``data_type`` (count: int64).
+
+    Raises:
+        ValueError: the kind cannot run over that type, naming the output, column and type.
+    """
+    if kind == "count":
+        return pa.int64()
+    if kind not in KINDS:
+        raise ValueError(f"aggregation {name!r}: unknown kind {kind!r}")
+    return KINDS[kind].output_type(name, column, data_type)
 
 
 @dataclass(frozen=True)
@@ -207,11 +296,11 @@ def plan(specs: Sequence[AggSpec], schema: pa.Schema, *, exclude: Sequence[str] 
             custom_outputs.append(spec.name)
         else:
             assert spec.column is not None
-            kind = KINDS[spec.kind]
             data_type = schema.field(spec.column).type
-            fields.append(pa.field(spec.name, kind.output_type(spec.name, spec.column,
-                                                                data_type)))
-            parts[spec.name] = kind.build(_picker(value_columns.index(spec.column), scalar))
+            fields.append(pa.field(spec.name, output_type(spec.name, spec.kind, spec.column,
+                                                          data_type)))
+            parts[spec.name] = KINDS[spec.kind].build(_picker(value_columns.index(spec.column),
+                                                              scalar))
     return AggPlan(aggregations.combine(parts), value_columns, list(parts), fields,
                    custom_outputs)
 
@@ -255,3 +344,61 @@ class WholeRow(Aggregation):
 
     def result(self, acc: Any) -> Any:
         return self.inner.result(acc)
+
+
+# -- engine representation ---------------------------------------------------------------------
+#
+# The engine keeps keys and accumulators in the store as msgpack, so each Arrow type has one
+# engine representation, chosen so that the engine's comparisons and additions give the same
+# answers as on the original values: decimals as their unscaled integer (value x 10^scale: exact,
+# ordered, summable), timestamps as integers in their own unit, dates as integers in theirs.
+# Everything else is held as its Python value.
+
+
+def _needs_codec(data_type: pa.DataType) -> bool:
+    t = pa.types
+    if t.is_list(data_type) or t.is_large_list(data_type):
+        return _needs_codec(data_type.value_type)
+    return bool(t.is_decimal(data_type) or t.is_timestamp(data_type) or t.is_date(data_type))
+
+
+def _int_type(data_type: pa.DataType) -> pa.DataType:
+    return pa.int32() if pa.types.is_date32(data_type) else pa.int64()
+
+
+def to_engine(array: pa.Array | pa.ChunkedArray) -> Any:
+    """The engine representation of an Arrow column: the array itself when its values need no
+    conversion (``process_batch`` takes Arrow arrays), else a list."""
+    data_type = array.type
+    if not _needs_codec(data_type):
+        return array
+    if pa.types.is_decimal(data_type):
+        scale = data_type.scale
+        return [None if v is None else int(v.scaleb(scale)) for v in array.to_pylist()]
+    if pa.types.is_timestamp(data_type) or pa.types.is_date(data_type):
+        return array.cast(_int_type(data_type))
+    inner = data_type.value_type
+    if pa.types.is_decimal(inner):
+        scale = inner.scale
+        return [None if row is None else [None if v is None else int(v.scaleb(scale))
+                                          for v in row] for row in array.to_pylist()]
+    return array.cast(pa.list_(_int_type(inner))).to_pylist()
+
+
+def from_engine(values: list[Any], data_type: pa.DataType) -> pa.Array:
+    """An Arrow column of ``data_type`` from engine values (the inverse of :func:`to_engine`)."""
+    if pa.types.is_decimal(data_type):
+        return pa.array([None if v is None else decimal.Decimal(v).scaleb(-data_type.scale)
+                         for v in values], data_type)
+    if pa.types.is_timestamp(data_type) or pa.types.is_date(data_type):
+        return pa.array(values, _int_type(data_type)).cast(data_type)
+    if (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)) \
+            and _needs_codec(data_type.value_type):
+        flat = [v for row in values if row is not None for v in row]
+        offsets = [0]
+        for row in values:
+            offsets.append(offsets[-1] + (len(row) if row is not None else 0))
+        inner = from_engine(flat, data_type.value_type)
+        mask = pa.array([row is None for row in values], pa.bool_())
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
+    return pa.array(values, data_type)

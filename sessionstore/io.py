@@ -32,6 +32,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from .aggspec import from_engine, to_engine
 from .engine import Emit
 
 if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pandas)
@@ -390,15 +391,18 @@ def time_column_ms(batch: pa.RecordBatch, name: str) -> TimeColumn:
 
 def engine_columns(batch: pa.RecordBatch, keys: Sequence[str], value_columns: Sequence[str]
                    ) -> tuple[Any, Any]:
-    """Keys and values of a batch in the form ``process_batch`` takes, column by column.
+    """Keys and values of a batch in the form ``process_batch`` takes, column by column, in
+    their engine representation (:func:`aggspec.to_engine`).
 
-    One key or value column is handed over as its Arrow array; several become tuples, which is
-    how the engine keys composite keys and how :mod:`aggspec` pickers read several values.
+    One key or value column is handed over as its Arrow array when it needs no conversion;
+    several become tuples, which is how the engine keys composite keys and how
+    :mod:`aggspec` pickers read several values.
     """
     def of(names: Sequence[str]) -> Any:
+        converted = [to_engine(batch.column(batch.schema.get_field_index(n))) for n in names]
         if len(names) == 1:
-            return batch.column(batch.schema.get_field_index(names[0]))
-        lists = [batch.column(batch.schema.get_field_index(n)).to_pylist() for n in names]
+            return converted[0]
+        lists = [c.to_pylist() if isinstance(c, pa.Array) else c for c in converted]
         return list(zip(*lists, strict=True))
 
     values = of(value_columns) if value_columns else [None] * batch.num_rows
@@ -466,38 +470,46 @@ class SessionWriter:
             fsync_dir(self.path.parent)
             self.size = size
 
-    def _record(self, emit: Emit) -> dict[str, Any]:
-        key = emit.session.key
-        keys = [key] if len(self.key_names) == 1 else list(key)
-        record = dict(zip(self.key_names, keys, strict=True))
-        record["session_start_ms"] = emit.session.start
-        record["session_end_ms"] = emit.session.end
-        value = emit.value
-        if isinstance(value, dict) and set(self.value_names) <= set(value):
-            record.update((name, value[name]) for name in self.value_names)
-        else:
-            record[self.value_names[0]] = value
-        if self.with_retraction:
-            record["retracted"] = emit.retraction
-        return record
+    def _table(self, emits: Sequence[Emit]) -> pa.Table:
+        columns: dict[str, list[Any]] = {name: [] for name in self.fields}
+        several_keys = len(self.key_names) > 1
+        several_values = len(self.value_names) > 1
+        for emit in emits:
+            session = emit.session
+            keys = session.key if several_keys else (session.key,)
+            for name, key in zip(self.key_names, keys, strict=True):
+                columns[name].append(key)
+            columns["session_start_ms"].append(session.start)
+            columns["session_end_ms"].append(session.end)
+            value = emit.value
+            if several_values or (isinstance(value, dict) and self.value_names[0] in value):
+                for name in self.value_names:
+                    columns[name].append(value[name])
+            else:
+                columns[self.value_names[0]].append(value)
+            if self.with_retraction:
+                columns["retracted"].append(emit.retraction)
+        if self.schema is None:
+            return pa.table({name: pa.array(values) for name, values in columns.items()})
+        return pa.Table.from_arrays([from_engine(columns[f.name], f.type) for f in self.schema],
+                                    schema=self.schema)
 
     def write(self, emits: Sequence[Emit]) -> None:
         """Append ``emits`` and make them durable (file and directory fsynced) before the caller
         commits."""
-        records = [self._record(e) for e in emits]
         if self.format == "parquet":
-            if records:
-                table = pa.Table.from_pylist(records, schema=self.schema)
+            if emits:
                 name = f"part-{self.parts:06d}.parquet"
                 temporary = self.path / f".{name}.inprogress"
-                pq.write_table(table, temporary)
+                pq.write_table(self._table(emits), temporary)
                 with open(temporary, "rb") as handle:
                     os.fsync(handle.fileno())
                 os.replace(temporary, self.path / name)
                 fsync_dir(self.path)
                 self.parts += 1
-            self.rows_written += len(records)
+            self.rows_written += len(emits)
             return
+        records = self._table(emits).to_pylist() if emits else []
         buffer = io.StringIO()
         if self.format == "jsonl":
             for record in records:

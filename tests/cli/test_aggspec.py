@@ -28,7 +28,7 @@ def test_cli_text_and_spark_mapping_parse_to_the_same_specs():
     ("x=count", None, pa.int64()),
     ("x=sum:amount", pa.int32(), pa.int64()),
     ("x=sum:price", pa.float32(), pa.float64()),
-    ("x=sum:cost", pa.decimal128(10, 2), pa.float64()),
+    ("x=sum:cost", pa.decimal128(10, 2), pa.decimal128(20, 2)),  # Spark widens by 10 digits
     ("x=min:price", pa.float32(), pa.float32()),
     ("x=max:page", pa.string(), pa.string()),
     ("x=first:amount", pa.int32(), pa.int32()),
@@ -106,3 +106,22 @@ def test_a_custom_aggregation_sees_every_other_column_as_a_dict():
     assert planned.output_fields[1] == pa.field("best", pa.string())
     rows = [(2, 1.0, None, "/", True), (9, 1.0, None, "/", False)]
     assert fold(planned.aggregation, rows) == {"n": 2, "best": 9}
+
+
+def test_sum_min_max_and_collect_skip_nulls_first_and_last_keep_them():
+    planned = aggspec.plan(aggspec.parse_specs(
+        ["s=sum:amount", "lo=min:amount", "hi=max:amount", "all=collect:amount",
+         "f=first:amount", "l=last:amount"]), SCHEMA, scalar_single_column=True)
+    assert fold(planned.aggregation, [None, 4, None, 2, None]) == {
+        "s": 6, "lo": 2, "hi": 4, "all": [4, 2], "f": None, "l": None}
+    assert fold(planned.aggregation, [None, None]) == {
+        "s": None, "lo": None, "hi": None, "all": [], "f": None, "l": None}
+
+
+def test_nested_columns_are_refused_naming_column_and_type():
+    nested = pa.schema([("tags", pa.list_(pa.string())), ("meta", pa.struct([("a", pa.int8())]))])
+    assert aggspec.plan(aggspec.parse_specs(["t=collect:tags"]), nested).output_fields == [
+        pa.field("t", pa.list_(pa.list_(pa.string())))]
+    for spec in ("x=min:tags", "x=first:meta", "x=sum:tags"):
+        with pytest.raises(ValueError, match="cannot run over column"):
+            aggspec.plan(aggspec.parse_specs([spec]), nested)

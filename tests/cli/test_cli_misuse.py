@@ -262,12 +262,19 @@ def test_sub_millisecond_timestamps_are_floored_and_counted(tmp_path, capsys, un
     pq.write_table(pa.table({"user": ["a"] * 5, "ts": pa.array(ticks, pa.timestamp(unit))}),
                    source)
     out = tmp_path / "o.jsonl"
-    assert main(sessionize(source, out, "--agg", "n=count")) == 0
+    assert main(sessionize(source, out, "--agg", "n=count", "--agg", "first=first:ts")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["times_floored_to_ms"] == 4  # every tick count but 0 has a sub-ms part
     rows = sorted(read_jsonl(out), key=lambda r: r["session_start_ms"])
     assert [(r["session_start_ms"], r["session_end_ms"], r["n"]) for r in rows] == [
         (-1, 5 + 30 * 60_000, 4), (40 * 60_000, 70 * 60_000, 1)]
+    # a timestamp value column keeps its full precision in the output
+    assert rows[0]["first"] == "1969-12-31 23:59:59." + "9" * {"us": 6, "ns": 9}[unit]
+    parquet = tmp_path / "o.parquet"
+    assert main(sessionize(source, parquet, "--agg", "first=first:ts")) == 0
+    table = pq.read_table(next(parquet.glob("part-*.parquet")))
+    assert table.schema.field("first").type == pa.timestamp(unit)
+    assert sorted(table["first"].cast(pa.int64()).to_pylist()) == [-1, ticks[-1]]
 
 
 # -- failures: disk full, crashes, signals -----------------------------------------------------
