@@ -22,7 +22,7 @@ lint: install
 	$(VENV)/bin/ruff check sessionstore spark_adapter tests benchmarks
 
 typecheck: install
-	$(VENV)/bin/mypy sessionstore
+	$(VENV)/bin/mypy sessionstore spark_adapter benchmarks
 
 test: install lint typecheck
 	$(VENV)/bin/pytest

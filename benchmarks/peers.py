@@ -117,7 +117,9 @@ def run_spark(name: str, keys: np.ndarray, times: np.ndarray, work: Path) -> tup
     seconds = time.perf_counter() - start
     total = spark.read.parquet(str(work / f"{name}-spark-out")).count()
     global JVM_PEAK_MB
-    JVM_PEAK_MB = _peak_rss_of(spark.sparkContext._gateway.proc.pid)
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None
+    JVM_PEAK_MB = _peak_rss_of(gateway.proc.pid)
     spark.stop()
     return total, seconds
 

@@ -123,7 +123,7 @@ def native_query(delay: str) -> Callable[[Any], Any]:
     return build
 
 
-def _hand_written(key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+def _hand_written(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
     """What a user writes today: the user's sessions as JSON in GroupState."""
     sessions = json.loads(state.get[0]) if state.exists else []
     watermark = state.getCurrentWatermarkMs()

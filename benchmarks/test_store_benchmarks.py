@@ -8,7 +8,9 @@ produce the figures in docs/benchmarks.md.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +29,7 @@ SESSIONS = 200_000
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory) -> SessionStore:
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionStore]:
     store = SessionStore(tmp_path_factory.mktemp("bench") / "s", retention_ms=10**12)
     for i in range(SESSIONS):
         store.put(Session(f"user{i % 20_000}", i * 10, i * 10 + 500), i)
@@ -36,7 +38,7 @@ def filled(tmp_path_factory) -> SessionStore:
     store.close()
 
 
-def test_put(benchmark, tmp_path: Path):
+def test_put(benchmark: Any, tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "s", retention_ms=10**12)
     counter = itertools.count()
 
@@ -48,17 +50,17 @@ def test_put(benchmark, tmp_path: Path):
     store.close()
 
 
-def test_find_sessions_to_merge(benchmark, filled: SessionStore):
+def test_find_sessions_to_merge(benchmark: Any, filled: SessionStore) -> None:
     counter = itertools.count()
 
-    def find() -> list:
+    def find() -> list[Any]:
         i = next(counter) % SESSIONS
         return list(filled.find_sessions_to_merge(f"user{i % 20_000}", i * 10, i * 10 + 500))
 
     benchmark(find)
 
 
-def test_find_sessions_range(benchmark, filled: SessionStore):
+def test_find_sessions_range(benchmark: Any, filled: SessionStore) -> None:
     counter = itertools.count()
 
     def scan() -> int:
@@ -68,15 +70,15 @@ def test_find_sessions_range(benchmark, filled: SessionStore):
     benchmark(scan)
 
 
-def test_segment_expiry(benchmark, tmp_path: Path):
-    def setup():
+def test_segment_expiry(benchmark: Any, tmp_path: Path) -> None:
+    rounds = itertools.count()
+
+    def setup() -> tuple[tuple[SessionStore], dict[str, Any]]:
         store = SessionStore(tmp_path / f"e{next(rounds)}", retention_ms=1_000,
                              segment_interval_ms=10_000)
         for i in range(20_000):
             store.put(Session(f"k{i}", 0, 5_000), i)
         return (store,), {}
-
-    rounds = itertools.count()
 
     def expire(store: SessionStore) -> None:
         store.put(Session("late", 100_000, 100_000), 0)  # drops the segment of 20k sessions
@@ -87,7 +89,7 @@ def test_segment_expiry(benchmark, tmp_path: Path):
 
 @pytest.mark.parametrize("store_kind", ["rocksdb", "memory"])
 @pytest.mark.parametrize("path", ["process", "process_batch"])
-def test_q11_engine(benchmark, tmp_path: Path, store_kind: str, path: str):
+def test_q11_engine(benchmark: Any, tmp_path: Path, store_kind: str, path: str) -> None:
     bidders, times = bid_stream(100_000)
     keys, stamps = bidders.tolist(), times.tolist()
     rounds = itertools.count()
