@@ -49,7 +49,6 @@ from .metrics_export import MetricsSnapshot, serve_metrics
 from .report import SessionSummary
 from .store import ReadOnlySessionStore, SessionStore
 from .store.base import CommittedState
-from .store.rocksdb import read_manifest
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
 from .windows import SessionWindows
 
@@ -392,7 +391,13 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
 
 def _open_committed_view(path: Path) -> tuple[ReadOnlySessionStore, CommittedState]:
     """A read-only view of the newest committed version and that version's manifest; takes no
-    lock, so it works while a writer runs (retrying if the writer commits meanwhile)."""
+    lock, so it works while a writer runs (retrying if the writer commits meanwhile).
+
+    The one place ``inspect`` reads store internals: when the read-only view exposes the segment
+    interval and stream time itself, read them from the view instead.
+    """
+    from .store.rocksdb import read_manifest
+
     root = path / "checkpoints"
     for _ in range(10):
         versions = sorted(p for p in root.iterdir() if re.fullmatch(r"v\d{12}", p.name))
