@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import fnmatch
 import glob
 import hashlib
@@ -117,17 +118,33 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _lock_held(lock: Path) -> bool:
+    try:
+        handle = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(handle)  # closing releases a lock this probe took
+    return False
+
+
 def sweep_stale_temp_states(root: Path | None = None) -> int:
     """Remove temporary state directories left by CLI runs that died (SIGKILL, power loss).
 
-    Each run names its directory after its process id; a directory whose process is gone is
-    removed. Returns how many were removed.
+    Each run names its directory after its process id. A directory is removed only when that
+    process is gone and no process holds its store's lock (a run in another PID namespace
+    sharing the temporary directory still holds its lock). Returns how many were removed.
     """
     removed = 0
     folder = Path(root or tempfile.gettempdir())
     for entry in folder.glob(_TEMP_PREFIX + "*"):
         match = _TEMP_NAME.match(entry.name)
-        if match and entry.is_dir() and not _pid_alive(int(match.group(1))):
+        if match and entry.is_dir() and not _pid_alive(int(match.group(1))) \
+                and not _lock_held(entry / "LOCK"):
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     return removed

@@ -427,3 +427,21 @@ def test_inspect_reads_the_committed_version_without_a_lock_or_a_change(tmp_path
     after = snapshot_tree(state)
     assert {k: v for k, v in after.items() if "checkpoints" in k} == \
         {k: v for k, v in before.items() if "checkpoints" in k}
+
+
+def test_the_sweep_removes_only_directories_of_dead_runs_holding_no_lock(tmp_path):
+    from sessionstore.cli import sweep_stale_temp_states
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    orphan = tmp_path / f"sessionstore-cli-{dead_pid}-a"
+    locked = tmp_path / f"sessionstore-cli-{dead_pid}-b"
+    mine = tmp_path / f"sessionstore-cli-{os.getpid()}-c"
+    other = tmp_path / f"not-ours-{dead_pid}-d"
+    for folder in (orphan, mine, other):
+        folder.mkdir()
+    with SessionStore(locked, retention_ms=1000):  # as a run in another PID namespace would
+        assert sweep_stale_temp_states(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (locked, mine, other))
