@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
@@ -24,7 +25,7 @@ from . import aggspec
 from .engine import EmitStrategy, SessionAggregator
 from .io import SessionWriter, engine_columns
 from .report import SessionSummary
-from .sample import generate
+from .sample import PAGES, generate
 from .store import SessionStore
 from .timeutil import INT64_MAX
 from .windows import SessionWindows
@@ -45,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
 
     stream = generate(args.events)
     users = pc.binary_join_element_wise("user", pc.cast(pa.array(stream.users), pa.string()), "")
+    # a numpy array of str converts to Arrow slowly; the seven pages go through a dictionary
+    names = np.unique(PAGES)
+    pages = pa.DictionaryArray.from_arrays(
+        pa.array(np.searchsorted(names, stream.pages).astype(np.int32)), pa.array(names)
+    ).cast(pa.string())
     events = pa.table({"user": users,
-                       "ts": stream.times_ms, "page": stream.pages, "amount": stream.amounts})
+                       "ts": stream.times_ms, "page": pages, "amount": stream.amounts})
     windows = SessionWindows("30 minutes", grace_ms="5 minutes")
     lateness = 10_000
     planned = aggspec.plan(aggspec.parse_specs(AGGREGATIONS), events.schema)
