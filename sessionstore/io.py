@@ -45,7 +45,7 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv
 #: ``maxNestingDepth``, which Spark's JSON reader inherits.
 MAX_JSON_DEPTH = 1000
 #: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
-KEY_TYPES = {"string": pa.string(), "int64": pa.int64()}
+KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _TIME_UNIT_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
 _BLOCK = 1 << 22
 
@@ -66,6 +66,13 @@ def file_format(path: str | os.PathLike[str], name: str) -> str:
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none)."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _read_error(path: str, fmt: str, exc: BaseException) -> InputError:
+    text = first_line(exc)
+    if "invalid UTF8" in text:
+        text += " (keys are read as UTF-8 text: --key-type binary reads them as raw bytes)"
+    return InputError(f"cannot read {path!r} as {fmt}: {text}")
 
 
 def _hidden(relative: Path) -> bool:
@@ -172,8 +179,8 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
                              partitioning=partitioning,
                              partition_base_dir=str(root) if root is not None else None)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {spec!r} as {fmt}: {first_line(exc)}") from None
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise _read_error(spec, fmt, exc) from None
     return InputSource(spec, files, fmt, root, dataset, partition_columns)
 
 
@@ -207,13 +214,15 @@ def iter_batches(source: InputSource, columns: Sequence[str], *, skip_rows: int 
                     batch = batch.slice(skip_rows - seen)
                     seen = skip_rows
                 seen += batch.num_rows
+                # the JSON reader does not check UTF-8; an invalid string fails later, deep in
+                # a conversion, unless it is found here
+                batch.validate(full=True)
                 if key_type is not None:
                     batch = _cast_keys(batch, key_columns, KEY_TYPES[key_type], fragment.path)
                 yield batch
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError,
+        except (pa.ArrowException, OSError,
                 UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read {fragment.path!r} as {source.format}: "
-                             f"{first_line(exc)}") from None
+            raise _read_error(fragment.path, source.format, exc) from None
 
 
 def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataType,

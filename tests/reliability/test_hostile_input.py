@@ -151,12 +151,16 @@ def test_cli_readers_survive_garbage_files(tmp_path_factory, data, suffix):
 
 
 def test_invalid_utf8_in_inputs(tmp_path: Path, capsys):
-    # CSV: Arrow reads a column that is not valid UTF-8 as binary, and bytes are valid keys
+    # CSV keys are read as UTF-8 text: invalid bytes are refused with one line, and
+    # --key-type binary reads them as raw bytes, which are valid keys
     source = tmp_path / "in.csv"
     source.write_bytes(b"user,ts\n\xff\xfe,1\n")
     out = tmp_path / "o.jsonl"
     assert cli_main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
-                     "--out", str(out), "--no-progress"]) == 0
+                     "--out", str(out), "--no-progress"]) == 2
+    assert "--key-type binary" in capsys.readouterr().err
+    assert cli_main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                     "--out", str(out), "--no-progress", "--key-type", "binary"]) == 0
     assert len(out.read_text().splitlines()) == 1
     # JSON Lines must be UTF-8: refused with one line
     bad_json = tmp_path / "in.jsonl"
