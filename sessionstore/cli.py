@@ -209,8 +209,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     counts = [s.name for s in specs if s.kind == "count"]
     if args.summary and not counts:
         raise CliError("--summary counts events per session: add an aggregation NAME=count")
-    source = open_input(args.input, key_columns=keys, key_type=args.key_type,
-                        batch_rows=args.batch_rows)
+    source = open_input(args.input, key_columns=keys, key_type=args.key_type)
     for name in [*keys, args.time]:
         if name not in source.schema.names:
             raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")

@@ -129,16 +129,16 @@ def resolve_files(spec: str) -> tuple[list[Path], Path | None]:
     raise InputError(f"input {spec!r} does not exist (give a file, a directory or a glob)")
 
 
-def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None,
-               batch_rows: int = 65_536) -> InputSource:
+def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None
+               ) -> InputSource:
     """Resolve ``spec`` and open it as a dataset.
 
     Args:
         spec: a file, a directory (``name=value`` sub-directories are Hive partitions) or a glob.
         key_columns: read as strings in CSV files and partition paths, where types are guessed,
             unless ``key_type`` declares another type (``007`` and ``7`` stay two keys).
-        key_type: ``"string"`` or ``"int64"``: cast the key columns to it in every format.
-        batch_rows: the largest record batch read.
+        key_type: a name in :data:`KEY_TYPES`: the key columns are read as, or cast to, it in
+            every format.
 
     Raises:
         InputError: no such input, mixed or unknown formats, unreadable files, or a JSON file
