@@ -48,8 +48,8 @@ from .io import (
 )
 from .metrics_export import MetricsSnapshot, serve_metrics
 from .report import SessionSummary
-from .store import ReadOnlySessionStore, SessionStore
-from .store.base import CommittedState
+from .store import ReadOnlySessionStore, SessionStore, committed_versions
+from .store.rocksdb import version_dir_name
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
 from .windows import SessionWindows
 
@@ -405,42 +405,16 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
                 mininterval=0.5)
 
 
-def _open_committed_view(path: Path) -> tuple[ReadOnlySessionStore, CommittedState]:
-    """A read-only view of the newest committed version and that version's manifest; takes no
-    lock, so it works while a writer runs (retrying if the writer commits meanwhile).
-
-    The one place ``inspect`` reads store internals: when the read-only view exposes the segment
-    interval and stream time itself, read them from the view instead.
-    """
-    from .store.rocksdb import read_manifest
-
-    root = path / "checkpoints"
-    for _ in range(10):
-        versions = sorted(p for p in root.iterdir() if re.fullmatch(r"v\d{12}", p.name))
-        if not versions:
-            raise CliError(f"{str(path)!r} holds no committed version")
-        try:
-            state = read_manifest(versions[-1])
-        except ValueError:
-            if versions[-1].exists():
-                raise
-            continue  # the writer removed it after a newer commit
-        view = ReadOnlySessionStore(path)
-        if view.version == state.version:
-            return view, state
-        view.close()
-    raise CliError(f"{str(path)!r} kept changing while it was read; try again")
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.state)
     if not (path / "checkpoints").is_dir():
         raise CliError(f"{str(path)!r} is not a sessionstore state directory (no checkpoints/)")
-    view, state = _open_committed_view(path)
-    with view:
-        interval = state.segment_interval_ms
-        assert interval is not None
-        by_segment: dict[int, list[tuple[Any, int, int]]] = {}
+    if not committed_versions(path):
+        raise CliError(f"{str(path)!r} holds no committed version")
+    # the read-only view copies the newest checkpoint and takes no lock: a writer may run
+    with ReadOnlySessionStore(path) as view:
+        interval = view.segment_interval_ms
+        by_segment: dict[int, list[tuple[Any, int, int]]] = {s: [] for s in view.live_segments()}
         for session, _ in view.find_sessions(INT64_MIN, INT64_MAX):
             by_segment.setdefault(session.end // interval, []).append(
                 (session.key, session.start, session.end))
@@ -451,12 +425,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         } for seg, items in sorted(by_segment.items())]
         report = {
             "path": str(path),
-            "versions": sorted(p.name for p in (path / "checkpoints").iterdir()
-                               if re.fullmatch(r"v\d{12}", p.name)),
+            "versions": [version_dir_name(v) for v in committed_versions(path)],
             "committed_version": view.version,
             "metadata": view.metadata,
             "segment_interval_ms": interval,
-            "observed_stream_time_ms": state.stream_time_ms,
+            "observed_stream_time_ms": view.observed_stream_time,
             "segments": segments,
         }
     sys.stdout.write(json.dumps(report, indent=2, default=repr) + "\n")
