@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from .aggspec import from_engine, to_engine
 from .engine import Emit
+from .store.rocksdb import fsync_dir
 
 if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pandas)
     import pyarrow.dataset as ds
@@ -416,15 +417,6 @@ def engine_columns(batch: pa.RecordBatch, keys: Sequence[str], value_columns: Se
 
     values = of(value_columns) if value_columns else [None] * batch.num_rows
     return of(keys), values
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a new or renamed file) durable."""
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 class SessionWriter:

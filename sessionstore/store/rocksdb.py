@@ -58,7 +58,7 @@ from .checkpoint import (
     version_dir_name,
 )
 
-__all__ = ["SessionStore", "scan_key", "scan_time", "version_dir_name"]
+__all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a new or renamed file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -495,9 +496,9 @@ class SessionStore(SegmentedSessionStore):
         )
         _write_file_durably(staging / MANIFEST_NAME,
                             encode_manifest(state, self._interval, contents))
-        _fsync_dir(staging)
+        fsync_dir(staging)
         os.rename(staging, final)  # the commit point
-        _fsync_dir(root)
+        fsync_dir(root)
         self._contents = contents
         for old in committed_versions(self._path)[: -self._keep_versions]:
             # Renamed first, so that no reader (nor a crash) ever sees half a version.
