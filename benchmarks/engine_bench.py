@@ -15,6 +15,7 @@ asserts none::
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import shutil
@@ -273,8 +274,8 @@ def q11_rows(n_events: int, n_bidders: int) -> list[dict[str, Any]]:
                 for trigger in (False, True):
                     label = (f"{'process_batch' if batched else 'process'} on {store_kind}, "
                              f"{'trigger early=AfterCount(100)' if trigger else 'ON_WINDOW_CLOSE'}")
-                    record(label, lambda s=store_kind, b=batched, tr=trigger:
-                           run_engine(keys, times, s, b, tr, root))
+                    record(label, functools.partial(run_engine, keys, times, store_kind,
+                                                    batched, trigger, root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
