@@ -533,9 +533,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    previous: dict[signal.Signals, Any] = {}
     if args.command == "sessionize":
-        signal.signal(signal.SIGTERM, _terminate)
-        signal.signal(signal.SIGHUP, _terminate)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, _terminate)
     try:
         result: int = args.func(args)
         return result
@@ -547,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = f"{type(exc).__name__}: {message}"
         sys.stderr.write(f"sessionstore: error: {message or type(exc).__name__}\n")
         return 2
+    finally:
+        for signum, handler in previous.items():  # main() may run inside another program
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":
