@@ -25,15 +25,11 @@ first and last do not.
 from __future__ import annotations
 
 import decimal
-import operator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
-
-from sessionstore import aggregations
-from sessionstore.aggregations import Aggregation
 
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 FRACTIONAL = (T.FloatType, T.DoubleType)
@@ -105,55 +101,6 @@ def check_custom_input(name: str, column: str, data_type: T.DataType) -> None:
             f"{data_type.simpleString()}, which has no engine representation; drop or cast the "
             f"column before sessionize"
         )
-
-
-class _SkipNulls(Aggregation):
-    """Spark's rule for sum, min, max and collect: a null value is no input at all."""
-
-    def __init__(self, inner: Aggregation, pick: Any) -> None:
-        self.inner = inner
-        self.pick = pick
-        self.name = inner.name
-
-    def initial(self) -> Any:
-        return self.inner.initial()
-
-    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
-        item = self.pick(value)
-        return acc if item is None else self.inner.add(key, item, timestamp_ms, seq, acc)
-
-    def add_run(self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int],
-                acc: Any) -> Any:
-        pick = self.pick
-        kept = [(item, t, s) for item, t, s in zip(map(pick, values), times_ms, seqs, strict=True)
-                if item is not None]
-        if not kept:
-            return acc
-        items, times, kept_seqs = (list(part) for part in zip(*kept, strict=True))
-        return self.inner.add_run(key, items, times, kept_seqs, acc)
-
-    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
-        return self.inner.merge(key, acc1, acc2)
-
-    def result(self, acc: Any) -> Any:
-        return self.inner.result(acc)
-
-
-def builtin(kind: str, pick: Any) -> Aggregation:
-    """The engine aggregation of a built-in ``kind`` reading ``pick(row)``, with Spark's nulls."""
-    if kind == "sum":
-        return _SkipNulls(aggregations.reduce(operator.add), pick)  # all nulls: null, as Spark
-    if kind == "min":
-        return _SkipNulls(aggregations.min_of(), pick)
-    if kind == "max":
-        return _SkipNulls(aggregations.max_of(), pick)
-    if kind == "collect":
-        return _SkipNulls(aggregations.collect(), pick)
-    if kind == "first":
-        return aggregations.first_of(pick)
-    if kind == "last":
-        return aggregations.last_of(pick)
-    raise ValueError(f"unknown aggregation kind {kind!r}")
 
 
 # -- codecs --------------------------------------------------------------------------------------

@@ -7,13 +7,14 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sessionstore import AccumulationMode, AfterWatermark, aggregations
+from sessionstore import AccumulationMode, AfterWatermark, aggregations, aggspec
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
@@ -24,91 +25,48 @@ from .provider import check_name, open_filesystem
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_BUILTIN = ("sum", "min", "max", "first", "last", "collect")
-
-
-def _column(index: int) -> Any:
-    def pick(row: Any) -> Any:
-        return row[index]
-
-    return pick
-
-
 def _plan_aggregations(
     df: DataFrame, spec: Mapping[str, Any], key_columns: list[str], timestamp: str
 ) -> tuple[Aggregation, list[str], list[str], list[T.StructField], list[str]]:
-    """Turn the user's ``aggregations`` mapping into one combined engine aggregation.
+    """Turn the user's ``aggregations`` mapping into one combined engine aggregation, parsed and
+    built by the language the CLI shares (``sessionstore.aggspec``); output types are Spark's.
 
     Returns (aggregation, value columns, output names, output fields, JSON-encoded outputs).
     Built-in aggregations read only the columns they name; a ``sessionstore.aggregations`` object
     sees every column but the key and time columns, as a dict.
     """
-    if not isinstance(spec, Mapping) or not spec:
-        raise ValueError("aggregations must be a non-empty dict of output name -> aggregation")
+    specs = aggspec.from_mapping(spec)
     schema = {f.name: f.dataType for f in df.schema.fields}
     value_columns: list[str] = []
-    if any(isinstance(item, Aggregation) for item in spec.values()):
+    if any(s.kind == aggspec.CUSTOM for s in specs):
         value_columns = [c for c in schema if c not in key_columns and c != timestamp]
+    for item in specs:
+        if item.column is not None and item.column not in schema:
+            raise ValueError(f"aggregation {item.name!r} names column {item.column!r}, which the "
+                             f"DataFrame does not have (columns: {sorted(schema)})")
+        if item.column is not None and item.column not in value_columns:
+            value_columns.append(item.column)
     parts: dict[str, Aggregation] = {}
     fields: list[T.StructField] = []
     json_outputs: list[str] = []
-
-    def index_of(col: Any, name: str) -> int:
-        if not isinstance(col, str) or col not in schema:
-            raise ValueError(f"aggregation {name!r} names column {col!r}, which the DataFrame "
-                             f"does not have (columns: {sorted(schema)})")
-        if col not in value_columns:
-            value_columns.append(col)
-        return value_columns.index(col)
-
-    for name, item in spec.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"aggregation names must be non-empty strings, got {name!r}")
-        if item == "count":
-            parts[name] = aggregations.count()
-            fields.append(T.StructField(name, T.LongType()))
-        elif isinstance(item, tuple) and len(item) == 2 and item[0] in _BUILTIN:
-            kind, col = item
-            pick = _column(index_of(col, name))
-            out_type = columns.output_type(name, kind, col, schema[col])
-            parts[name] = columns.builtin(kind, pick)
-            fields.append(T.StructField(name, out_type))
-        elif isinstance(item, Aggregation):
+    for item in specs:
+        if item.kind == "count":
+            parts[item.name] = aggregations.count()
+            fields.append(T.StructField(item.name, T.LongType()))
+        elif item.kind == aggspec.CUSTOM:
+            assert item.custom is not None
             for col in value_columns:
-                columns.check_custom_input(name, col, schema[col])
-            parts[name] = _WholeRow(item, value_columns)
-            fields.append(T.StructField(name, T.StringType()))
-            json_outputs.append(name)
+                columns.check_custom_input(item.name, col, schema[col])
+            parts[item.name] = aggspec.WholeRow(item.custom, value_columns)
+            fields.append(T.StructField(item.name, T.StringType()))
+            json_outputs.append(item.name)
         else:
-            raise ValueError(
-                f"aggregation {name!r} must be 'count', ('sum'|'min'|'max'|'first'|'last'|"
-                f"'collect', column) or a sessionstore.aggregations object, got {item!r}"
-            )
+            assert item.column is not None
+            out_type = columns.output_type(item.name, item.kind, item.column, schema[item.column])
+            parts[item.name] = aggspec.KINDS[item.kind].build(
+                itemgetter(value_columns.index(item.column)))
+            fields.append(T.StructField(item.name, out_type))
     return aggregations.combine(parts), value_columns, list(parts), fields, json_outputs
-
-
-class _WholeRow(Aggregation):
-    """Wraps a user aggregation so that it sees each row as a dict of the value columns."""
-
-    def __init__(self, inner: Aggregation, columns: list[str]) -> None:
-        self.inner = inner
-        self.columns = columns
-        self.name = getattr(inner, "name", "aggregation")
-
-    def _row(self, value: Any) -> Any:
-        return dict(zip(self.columns, value, strict=True))
-
-    def initial(self) -> Any:
-        return self.inner.initial()
-
-    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
-        return self.inner.add(key, self._row(value), timestamp_ms, seq, acc)
-
-    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
-        return self.inner.merge(key, acc1, acc2)
-
-    def result(self, acc: Any) -> Any:
-        return self.inner.result(acc)
 
 
 def sessionize(
