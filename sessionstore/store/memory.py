@@ -3,26 +3,47 @@
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator
+from itertools import filterfalse
+
+import numpy as np
 
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
+# (end, key, start) -> (key, end, start), and back: the two orders of one session's tuple
+_KEY_FIRST = operator.itemgetter(1, 0, 2)
+
 
 class _Segment:
-    """One segment: sessions by key (the key-first layout) and a sorted time-first index."""
+    """One segment: values by ``(end, encoded_key, start)`` and the same sessions in two sorted
+    lists, time-first ``(end, key, start)`` and key-first ``(key, end, start)``.
 
-    __slots__ = ("by_key", "by_time")
+    Flat containers only, so that a commit's snapshot and a bulk write are C-level dict and list
+    operations rather than a Python call per key or per session.
+    """
+
+    __slots__ = ("values", "by_time", "by_key")
 
     def __init__(self) -> None:
-        self.by_key: dict[bytes, dict[tuple[int, int], bytes]] = {}
+        self.values: dict[tuple[int, bytes, int], bytes] = {}
         self.by_time: list[tuple[int, bytes, int]] = []
+        self.by_key: list[tuple[bytes, int, int]] = []
 
     def copy(self) -> _Segment:
         other = _Segment()
-        other.by_key = {key: dict(sessions) for key, sessions in self.by_key.items()}
-        other.by_time = list(self.by_time)
+        other.values = self.values.copy()
+        other.by_time = self.by_time.copy()
+        other.by_key = self.by_key.copy()
         return other
+
+    def add_index(self, added: list[tuple[int, bytes, int]]) -> None:
+        """Index sessions new to ``values``; one sort each (Timsort merges the sorted runs)."""
+        self.by_time.extend(added)
+        self.by_time.sort()
+        self.by_key.extend(map(_KEY_FIRST, added))
+        self.by_key.sort()
 
 
 def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
@@ -52,65 +73,100 @@ class InMemorySessionStore(SegmentedSessionStore):
         self._segments: dict[int, _Segment] = {}
         self._snapshot: dict[int, _Segment] = {}
 
-    def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
-        segment = self._segments.get(end // self._interval)
+    def _segment(self, seg: int) -> _Segment:
+        segment = self._segments.get(seg)
         if segment is None:
-            segment = self._segments[end // self._interval] = _Segment()
-        sessions = segment.by_key.setdefault(encoded_key, {})
-        if (end, start) not in sessions:
-            bisect.insort(segment.by_time, (end, encoded_key, start))
-        sessions[(end, start)] = data
+            segment = self._segments[seg] = _Segment()
+        return segment
+
+    def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
+        segment = self._segment(end // self._interval)
+        entry = (end, encoded_key, start)
+        if entry not in segment.values:
+            bisect.insort(segment.by_time, entry)
+            bisect.insort(segment.by_key, (encoded_key, end, start))
+        segment.values[entry] = data
 
     def _write_many(self, sessions: BulkSessions) -> None:
-        # Index entries are appended and each touched segment's index sorted once: one insort
-        # per session would move the whole list every time.
-        interval = self._interval
-        keys = sessions.encoded_keys
-        added: dict[int, list[tuple[int, bytes, int]]] = {}
-        for k, start, end, data in zip(sessions.key_index.tolist(), sessions.starts_ms.tolist(),
-                                       sessions.ends_ms.tolist(), sessions.values, strict=True):
-            seg = end // interval
-            segment = self._segments.get(seg)
-            if segment is None:
-                segment = self._segments[seg] = _Segment()
-            key = keys[k]
-            stored = segment.by_key.setdefault(key, {})
-            if (end, start) not in stored:
-                added.setdefault(seg, []).append((end, key, start))
-            stored[(end, start)] = data
-        for seg, entries in added.items():
-            index = self._segments[seg].by_time
-            index.extend(entries)
-            index.sort()
+        # Whole-column operations per touched segment: dict.update from pre-built tuples, and
+        # the indexes extended and sorted once (an insort per session moves the list each time).
+        ends = sessions.ends_ms
+        segs = ends // self._interval
+        keys = np.empty(len(sessions.encoded_keys), dtype=object)
+        keys[:] = sessions.encoded_keys
+        entries = list(zip(ends.tolist(), keys[sessions.key_index].tolist(),
+                           sessions.starts_ms.tolist(), strict=True))
+        first = int(segs[0])
+        if (segs == first).all():
+            groups = [(first, entries, sessions.values)]
+        else:
+            order = np.argsort(segs, kind="stable")
+            bounds = np.flatnonzero(np.diff(segs[order])) + 1
+            groups = []
+            for rows in np.split(order, bounds):
+                picked = rows.tolist()
+                groups.append((int(segs[rows[0]]),
+                               [entries[r] for r in picked],
+                               [sessions.values[r] for r in picked]))
+        for seg, seg_entries, seg_values in groups:
+            segment = self._segment(seg)
+            added = list(filterfalse(segment.values.__contains__, seg_entries))
+            segment.values.update(zip(seg_entries, seg_values, strict=True))
+            if added:
+                segment.add_index(added)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return
-        sessions = segment.by_key.get(encoded_key)
-        if sessions is not None and sessions.pop((end, start), None) is not None:
-            index = bisect.bisect_left(segment.by_time, (end, encoded_key, start))
-            del segment.by_time[index]
-            if not sessions:
-                del segment.by_key[encoded_key]
+        entry = (end, encoded_key, start)
+        if segment.values.pop(entry, None) is not None:
+            del segment.by_time[bisect.bisect_left(segment.by_time, entry)]
+            del segment.by_key[bisect.bisect_left(segment.by_key, (encoded_key, end, start))]
+
+    def _delete_many(self, sessions: BulkSessions) -> None:
+        interval = self._interval
+        keys = np.empty(len(sessions.encoded_keys), dtype=object)
+        keys[:] = sessions.encoded_keys
+        doomed: dict[int, set[tuple[int, bytes, int]]] = {}
+        for entry in zip(sessions.ends_ms.tolist(), keys[sessions.key_index].tolist(),
+                         sessions.starts_ms.tolist(), strict=True):
+            doomed.setdefault(entry[0] // interval, set()).add(entry)
+        for seg, entries in doomed.items():
+            segment = self._segments.get(seg)
+            if segment is None:
+                continue
+            present = entries & segment.values.keys()
+            if not present:
+                continue
+            for entry in present:
+                del segment.values[entry]
+            # one filtering pass per index instead of a list deletion per session
+            segment.by_time = list(filterfalse(present.__contains__, segment.by_time))
+            gone = set(map(_KEY_FIRST, present))
+            segment.by_key = list(filterfalse(gone.__contains__, segment.by_key))
 
     def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return None
-        return segment.by_key.get(encoded_key, {}).get((end, start))
+        return segment.values.get((end, encoded_key, start))
 
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int
     ) -> Iterator[tuple[int, int, bytes]]:
         first = earliest_end // self._interval
         for seg in sorted(s for s in self._segments if s >= first):
-            sessions = self._segments[seg].by_key.get(encoded_key)
-            if not sessions:
-                continue
-            for end, start in sorted(sessions):
+            segment = self._segments[seg]
+            index = segment.by_key
+            rows = []
+            for i in range(bisect.bisect_left(index, (encoded_key,)), len(index)):
+                key, end, start = index[i]
+                if key != encoded_key:
+                    break
                 if end >= earliest_end and start <= latest_start:
-                    yield end, start, sessions[(end, start)]
+                    rows.append((end, start, segment.values[(end, key, start)]))
+            yield from rows
 
     def _scan_time(
         self, earliest_end: int, latest_end: int
@@ -120,12 +176,13 @@ class InMemorySessionStore(SegmentedSessionStore):
         first, last = earliest_end // self._interval, latest_end // self._interval
         for seg in sorted(s for s in self._segments if first <= s <= last):
             segment = self._segments[seg]
-            index = bisect.bisect_left(segment.by_time, (earliest_end,))
+            index = segment.by_time
             rows = []
-            for end, key, start in segment.by_time[index:]:
-                if end > latest_end:
+            for i in range(bisect.bisect_left(index, (earliest_end,)), len(index)):
+                entry = index[i]
+                if entry[0] > latest_end:
                     break
-                rows.append((end, key, start, segment.by_key[key][(end, start)]))
+                rows.append((*entry, segment.values[entry]))
             yield from rows
 
     def _drop_segments_below(self, segment: int) -> int:
