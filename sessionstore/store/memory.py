@@ -17,33 +17,83 @@ _KEY_FIRST = operator.itemgetter(1, 0, 2)
 
 
 class _Segment:
-    """One segment: values by ``(end, encoded_key, start)`` and the same sessions in two sorted
-    lists, time-first ``(end, key, start)`` and key-first ``(key, end, start)``.
+    """One segment: values by ``(end, encoded_key, start)`` and the same sessions in two lists,
+    time-first ``(end, key, start)`` and key-first ``(key, end, start)``, sorted on first read.
 
     Flat containers only, so that a commit's snapshot and a bulk write are C-level dict and list
-    operations rather than a Python call per key or per session.
+    operations rather than a Python call per key or per session. A bulk write appends to the
+    lists and marks them unsorted: the fast batch path writes every batch and rarely reads the
+    store, so the sort is paid by the read that needs it, once.
     """
 
-    __slots__ = ("values", "by_time", "by_key")
+    __slots__ = ("values", "_by_time", "_by_key", "_unsorted")
 
     def __init__(self) -> None:
         self.values: dict[tuple[int, bytes, int], bytes] = {}
-        self.by_time: list[tuple[int, bytes, int]] = []
-        self.by_key: list[tuple[bytes, int, int]] = []
+        self._by_time: list[tuple[int, bytes, int]] = []
+        self._by_key: list[tuple[bytes, int, int]] = []
+        self._unsorted = False
 
     def copy(self) -> _Segment:
         other = _Segment()
         other.values = self.values.copy()
-        other.by_time = self.by_time.copy()
-        other.by_key = self.by_key.copy()
+        other._by_time = self._by_time.copy()
+        other._by_key = self._by_key.copy()
+        other._unsorted = self._unsorted
         return other
 
-    def add_index(self, added: list[tuple[int, bytes, int]]) -> None:
-        """Index sessions new to ``values``; one sort each (Timsort merges the sorted runs)."""
-        self.by_time.extend(added)
-        self.by_time.sort()
-        self.by_key.extend(map(_KEY_FIRST, added))
-        self.by_key.sort()
+    def by_time(self) -> list[tuple[int, bytes, int]]:
+        """The sessions in (end, key, start) order."""
+        if self._unsorted:
+            self._sort()
+        return self._by_time
+
+    def by_key(self) -> list[tuple[bytes, int, int]]:
+        """The sessions in (key, end, start) order."""
+        if self._unsorted:
+            self._sort()
+        return self._by_key
+
+    def _sort(self) -> None:
+        self._by_time.sort()
+        self._by_key.sort()
+        self._unsorted = False
+
+    def add(self, entry: tuple[int, bytes, int]) -> None:
+        """Index one session new to ``values``."""
+        if self._unsorted:
+            self._by_time.append(entry)
+            self._by_key.append(_KEY_FIRST(entry))
+        else:
+            bisect.insort(self._by_time, entry)
+            bisect.insort(self._by_key, _KEY_FIRST(entry))
+
+    def add_many(self, added: list[tuple[int, bytes, int]]) -> None:
+        """Index sessions new to ``values`` (sorted on the next read)."""
+        self._by_time.extend(added)
+        self._by_key.extend(map(_KEY_FIRST, added))
+        self._unsorted = True
+
+    def discard(self, entry: tuple[int, bytes, int]) -> bool:
+        """Remove one session; False when absent."""
+        if self.values.pop(entry, None) is None:
+            return False
+        by_time, by_key = self.by_time(), self.by_key()
+        del by_time[bisect.bisect_left(by_time, entry)]
+        del by_key[bisect.bisect_left(by_key, _KEY_FIRST(entry))]
+        return True
+
+    def discard_many(self, entries: set[tuple[int, bytes, int]]) -> None:
+        """Remove the sessions of ``entries`` that are present: one filtering pass per index
+        (keeping its order) instead of a list deletion per session."""
+        present = entries & self.values.keys()
+        if not present:
+            return
+        for entry in present:
+            del self.values[entry]
+        self._by_time = list(filterfalse(present.__contains__, self._by_time))
+        gone = set(map(_KEY_FIRST, present))
+        self._by_key = list(filterfalse(gone.__contains__, self._by_key))
 
 
 def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
@@ -83,13 +133,12 @@ class InMemorySessionStore(SegmentedSessionStore):
         segment = self._segment(end // self._interval)
         entry = (end, encoded_key, start)
         if entry not in segment.values:
-            bisect.insort(segment.by_time, entry)
-            bisect.insort(segment.by_key, (encoded_key, end, start))
+            segment.add(entry)
         segment.values[entry] = data
 
     def _write_many(self, sessions: BulkSessions) -> None:
         # Whole-column operations per touched segment: dict.update from pre-built tuples, and
-        # the indexes extended and sorted once (an insort per session moves the list each time).
+        # the indexes extended, to be sorted once on the next read (not an insort per session).
         ends = sessions.ends_ms
         segs = ends // self._interval
         keys = np.empty(len(sessions.encoded_keys), dtype=object)
@@ -113,16 +162,13 @@ class InMemorySessionStore(SegmentedSessionStore):
             added = list(filterfalse(segment.values.__contains__, seg_entries))
             segment.values.update(zip(seg_entries, seg_values, strict=True))
             if added:
-                segment.add_index(added)
+                segment.add_many(added)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return
-        entry = (end, encoded_key, start)
-        if segment.values.pop(entry, None) is not None:
-            del segment.by_time[bisect.bisect_left(segment.by_time, entry)]
-            del segment.by_key[bisect.bisect_left(segment.by_key, (encoded_key, end, start))]
+        segment.discard((end, encoded_key, start))
 
     def _delete_many(self, sessions: BulkSessions) -> None:
         interval = self._interval
@@ -134,17 +180,8 @@ class InMemorySessionStore(SegmentedSessionStore):
             doomed.setdefault(entry[0] // interval, set()).add(entry)
         for seg, entries in doomed.items():
             segment = self._segments.get(seg)
-            if segment is None:
-                continue
-            present = entries & segment.values.keys()
-            if not present:
-                continue
-            for entry in present:
-                del segment.values[entry]
-            # one filtering pass per index instead of a list deletion per session
-            segment.by_time = list(filterfalse(present.__contains__, segment.by_time))
-            gone = set(map(_KEY_FIRST, present))
-            segment.by_key = list(filterfalse(gone.__contains__, segment.by_key))
+            if segment is not None:
+                segment.discard_many(entries)
 
     def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None:
         segment = self._segments.get(end // self._interval)
@@ -158,7 +195,7 @@ class InMemorySessionStore(SegmentedSessionStore):
         first = earliest_end // self._interval
         for seg in sorted(s for s in self._segments if s >= first):
             segment = self._segments[seg]
-            index = segment.by_key
+            index = segment.by_key()
             rows = []
             for i in range(bisect.bisect_left(index, (encoded_key,)), len(index)):
                 key, end, start = index[i]
@@ -176,7 +213,7 @@ class InMemorySessionStore(SegmentedSessionStore):
         first, last = earliest_end // self._interval, latest_end // self._interval
         for seg in sorted(s for s in self._segments if first <= s <= last):
             segment = self._segments[seg]
-            index = segment.by_time
+            index = segment.by_time()
             rows = []
             for i in range(bisect.bisect_left(index, (earliest_end,)), len(index)):
                 entry = index[i]
