@@ -379,7 +379,9 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
             blocks.append((closed, None))
     state = engine._state
     if len(removed):
-        state.remove_many(removed.key_list(), removed.starts_ms, removed.ends_ms)
+        # the batch's keys with an index: each distinct key is encoded once, not per session
+        state.remove_many(uniques, removed.starts_ms, removed.ends_ms,
+                          key_index=table_codes[absorbed[moved]])
     if len(new):
         # sessions that closed inside the batch and lie below the expiry boundary were emitted
         # above; the loop would have written them and expired them by now, so they are not

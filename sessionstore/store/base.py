@@ -134,12 +134,15 @@ def check_sessions_many(
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
-    encoded = []
-    for row, key in enumerate(keys):
-        try:
-            encoded.append(keyschema.encode_key(key))
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"keys[{row}]: {exc}") from None
+    try:
+        encoded = list(map(keyschema.encode_key, keys))
+    except (TypeError, ValueError):  # find the row, then report it
+        for row, key in enumerate(keys):
+            try:
+                keyschema.encode_key(key)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"keys[{row}]: {exc}") from None
+        raise
     if key_index is None:
         index = np.arange(len(encoded), dtype=np.int64)
     else:
