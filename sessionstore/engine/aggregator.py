@@ -550,14 +550,18 @@ class SessionAggregator:
         metrics = self._metrics
         runner = self._runner
         rows = list(self._state.find_sessions(times.last_close + 1, upto))
-        for session, raw in rows:
-            record = SessionRecord.from_wire(raw)
-            if runner is None:
-                out.append(make_emit(session, result(record.acc)))
-                metrics.emitted += 1
-                metrics.record_final(max(0, times.watermark - (session.end + grace)))
-            else:
-                runner.fire_closing(session, record, out)
+        if runner is None:
+            # the records are decoded (and checked) one by one, the metrics counted once
+            w = times.watermark
+            latencies = []
+            for session, raw in rows:
+                out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
+                latencies.append(max(0, w - (session.end + grace)))
+            metrics.emitted += len(rows)
+            metrics.record_finals(latencies)
+        else:
+            for session, raw in rows:
+                runner.fire_closing(session, SessionRecord.from_wire(raw), out)
         times.last_close = upto
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:

@@ -59,11 +59,15 @@ class EngineMetrics:
             self.final_latency_max = latency_ms
 
     def record_finals(self, latencies_ms: Any) -> None:
-        """:meth:`record_final` for a whole array of sessions at once."""
+        """:meth:`record_final` for many sessions at once (an int64 array or a list of ints)."""
         count = len(latencies_ms)
         if count == 0:
             return
         self.final.record(count)  # only its rate is reported; the latencies are kept here
+        if isinstance(latencies_ms, list):  # Python ints: no int64 range to leave
+            self.final_latency_sum += sum(latencies_ms)
+            self.final_latency_max = max(self.final_latency_max, max(latencies_ms))
+            return
         self.final_latency_sum += int(latencies_ms.sum())
         self.final_latency_max = max(self.final_latency_max, int(latencies_ms.max()))
 

@@ -55,10 +55,16 @@ class SessionRecord:
         if not isinstance(raw, list | tuple) or len(raw) != 5:
             raise ValueError(f"not a session record: {raw!r:.80}")
         acc, n_new, index, phase, target = raw
-        return cls(acc, n_new, index, Phase(phase), target)
+        # a dict lookup: calling the enum costs more than the rest of the decode (and EARLY
+        # is 0, so no `or`)
+        known = _PHASES.get(phase)
+        return cls(acc, n_new, index, Phase(phase) if known is None else known, target)
 
     def copy(self) -> SessionRecord:
         return SessionRecord(self.acc, self.n_new, self.pane_index, self.phase, self.pt_target_ms)
+
+
+_PHASES = {int(phase): phase for phase in Phase}
 
 
 def check_encodable(value: Any, what: str) -> None:

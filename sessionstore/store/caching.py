@@ -26,6 +26,10 @@ from ..timeutil import INT64_MAX
 from ..types import Session
 
 _TOMBSTONE = object()
+# Below this many changes a flush writes session by session: a bulk call's fixed cost (array
+# building, sorting, a WriteBatch) outweighs the per-put overhead it saves on the small flushes
+# the event path makes at each close.
+_BULK_FLUSH_MIN = 256
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
@@ -54,6 +58,9 @@ class CachingSessionStore:
         self._dirty: dict[Session, Any] = {}  # value, or _TOMBSTONE for a removal
         self._pending: list[tuple[int, int, Session]] = []  # (end, seq, session) of dirty ones
         self._seq = 0
+        # a flush without a listener writes with one remove_many and one put_many when every
+        # store below offers them (the listener needs each session's old value, one by one)
+        self._bulk = forward is None and _has_bulk_writes(wrapped)
 
     # -- the engine's view ------------------------------------------------------------------
 
@@ -184,6 +191,9 @@ class CachingSessionStore:
         encode = keyschema.encode_key
         batch = [s for s in batch if s in self._dirty]
         batch.sort(key=lambda s: (s.end, encode(s.key), s.start))
+        if self._bulk and len(batch) >= _BULK_FLUSH_MIN and self.forward is None:
+            self._flush_bulk(batch)
+            return
         for index, session in enumerate(batch):
             try:
                 self._flush_one(session)
@@ -192,6 +202,37 @@ class CachingSessionStore:
                     if rest in self._dirty:
                         self._track(rest)
                 raise
+
+    def _flush_bulk(self, batch: list[Session]) -> None:
+        """Write ``batch`` (dirty sessions in flush order) with the wrapped store's bulk calls:
+        the outcome of flushing them one by one. Removals go first: a removal and a put never
+        name the same session, and a removal in a segment that a put expires finds nothing
+        either way. ``put_many`` validates everything before it writes, so on failure every
+        put stays dirty (and tracked) for a retry; the removals done stay done."""
+        dirty = self._dirty
+        removes = [s for s in batch if dirty[s] is _TOMBSTONE]
+        puts = [s for s in batch if dirty[s] is not _TOMBSTONE] if removes else batch
+        try:
+            if removes:
+                self.wrapped.remove_many([s.key for s in removes], [s.start for s in removes],
+                                         [s.end for s in removes])
+                for session in removes:
+                    del dirty[session]
+            if puts:
+                self.wrapped.put_many([s.key for s in puts], [s.start for s in puts],
+                                      [s.end for s in puts], [dirty[s] for s in puts])
+        except BaseException:
+            for rest in batch:  # keep every unwritten change for a retry
+                if rest in dirty:
+                    self._track(rest)
+            raise
+        views = self._views
+        for session in puts:
+            del dirty[session]
+            view = views.get(session.key)
+            cached = view.get((session.start, session.end)) if view is not None else None
+            if cached is not None:
+                cached[1] = True
 
     def _flush_one(self, session: Session) -> None:
         if session not in self._dirty:
@@ -317,3 +358,13 @@ class CachingSessionStore:
 
     def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
         return self.wrapped.expiry_boundary_ms(stream_time_ms)  # type: ignore[no-any-return]
+
+
+def _has_bulk_writes(store: Any) -> bool:
+    """True when ``store`` and every layer it wraps offer ``put_many`` and ``remove_many``."""
+    while store is not None:
+        if not (callable(getattr(store, "put_many", None))
+                and callable(getattr(store, "remove_many", None))):
+            return False
+        store = getattr(store, "wrapped", None)
+    return True

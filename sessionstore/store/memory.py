@@ -69,10 +69,17 @@ class _Segment:
             bisect.insort(self._by_key, _KEY_FIRST(entry))
 
     def add_many(self, added: list[tuple[int, bytes, int]]) -> None:
-        """Index sessions new to ``values`` (sorted on the next read)."""
-        self._by_time.extend(added)
-        self._by_key.extend(map(_KEY_FIRST, added))
-        self._unsorted = True
+        """Index sessions new to ``values``: a few are inserted in place, many are appended
+        and sorted on the next read (re-sorting a large index for a small flush costs more
+        than the insertions)."""
+        if self._unsorted or len(added) * 16 > len(self._by_time):
+            self._by_time.extend(added)
+            self._by_key.extend(map(_KEY_FIRST, added))
+            self._unsorted = True
+        else:
+            for entry in added:
+                bisect.insort(self._by_time, entry)
+                bisect.insort(self._by_key, _KEY_FIRST(entry))
 
     def discard(self, entry: tuple[int, bytes, int]) -> bool:
         """Remove one session; False when absent."""

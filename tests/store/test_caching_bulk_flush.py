@@ -1,0 +1,88 @@
+"""The cache's bulk flush (one remove_many and one put_many) against its session-by-session
+flush (taken when a forward listener is set): same store contents, same drop counts, and a
+failed flush keeps every change for a retry."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionstore import InMemorySessionStore, SessionStore
+from sessionstore.store.caching import _BULK_FLUSH_MIN, CachingSessionStore
+from sessionstore.timeutil import INT64_MAX, INT64_MIN
+from sessionstore.types import Session
+
+
+def _open(kind: str, root: Path, name: str) -> Any:
+    if kind == "memory":
+        return InMemorySessionStore(retention_ms=5_000, segment_interval_ms=1_000)
+    return SessionStore(root / name, retention_ms=5_000, segment_interval_ms=1_000)
+
+
+def _contents(store: Any) -> list[tuple[Session, Any]]:
+    return list(store.find_sessions(INT64_MIN, INT64_MAX))
+
+
+def _play(cache: CachingSessionStore, seed: int) -> None:
+    """Puts (some twice) and removes of flushed and unflushed sessions, across keys, with end
+    times spread so that expiry drops some writes."""
+    rng = random.Random(seed)
+    live: list[Session] = []
+    for i in range(3 * _BULK_FLUSH_MIN):
+        key = rng.choice(["a", "b", 7, ("t", 1)])
+        cache.sessions_of(key, INT64_MIN)  # the engine loads a key's view before writing it
+        start = rng.randrange(0, 20_000)
+        session = Session(key, start, start + rng.randrange(0, 500))
+        cache.put(session, [i, rng.random()])
+        live.append(session)
+        if rng.random() < 0.2:
+            cache.put(session, [i, "again"])
+        if rng.random() < 0.15:
+            cache.remove(live.pop(rng.randrange(len(live))))
+        if i == _BULK_FLUSH_MIN // 2:
+            cache.flush()  # a few flushed sessions, removed later from the store itself
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bulk_flush_equals_one_by_one(kind: str, seed: int, tmp_path: Path) -> None:
+    bulk_store = _open(kind, tmp_path, "bulk")
+    single_store = _open(kind, tmp_path, "single")
+    bulk = CachingSessionStore(bulk_store, max_sessions=10 * _BULK_FLUSH_MIN)
+    single = CachingSessionStore(single_store, max_sessions=10 * _BULK_FLUSH_MIN,
+                                 forward=lambda *_: None)
+    _play(bulk, seed)
+    _play(single, seed)
+    assert bulk.dirty_count >= _BULK_FLUSH_MIN  # the flush below takes the bulk path
+    bulk.flush()
+    single.flush()
+    assert bulk.dirty_count == single.dirty_count == 0
+    assert _contents(bulk_store) == _contents(single_store)
+    assert len(_contents(bulk_store)) > 0
+    assert bulk_store.metrics["dropped-records"] == single_store.metrics["dropped-records"]
+    assert bulk_store.metrics["dropped-records"] > 0  # expiry did drop some writes
+    bulk_store.close()
+    single_store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_failed_bulk_flush_keeps_every_change(kind: str, tmp_path: Path) -> None:
+    store = _open(kind, tmp_path, "fail")
+    cache = CachingSessionStore(store, max_sessions=10 * _BULK_FLUSH_MIN)
+    cache.sessions_of("k", INT64_MIN)
+    for i in range(_BULK_FLUSH_MIN):
+        cache.put(Session("k", 10 * i, 10 * i + 5), i)
+    cache.put(Session("k", 2_600, 2_600), {1, 2})  # a set: the serde refuses it
+    dirty = cache.dirty_count
+    with pytest.raises(TypeError, match="cannot be serialised"):
+        cache.flush()
+    assert cache.dirty_count == dirty
+    assert _contents(store) == []
+    cache.put(Session("k", 2_600, 2_600), 12)  # replaced: the retry writes everything
+    cache.flush()
+    assert cache.dirty_count == 0
+    assert len(_contents(store)) == _BULK_FLUSH_MIN + 1
+    store.close()
