@@ -412,11 +412,15 @@ class SessionAggregator:
     def _process_one(self, key: Any, value: Any, t: int, out: list[Emit]) -> None:
         self._metrics.records_in += 1
         times = self._times
-        if times.is_late(t):
+        cfg = self.config
+        # TimeKeeper.is_late and closed_before, inlined: this runs once per event
+        w = times.watermark
+        if w >= t + cfg.gap_ms + cfg.grace_ms:
             self._drop(key, value, t)
             return
-        cfg = self.config
-        closed_before = times.closed_before()
+        closed_before = w - cfg.grace_ms
+        if closed_before < times.last_close:
+            closed_before = times.last_close
         view = self._state.sessions_of(key, closed_before)
         start, end, joined = merge_event(view.keys(), t, t + cfg.gap_ms, closed_before,
                                          cfg.inclusive_gap)

@@ -12,6 +12,7 @@ never join anything again.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,9 @@ def merge_bounds(t_ms: int, own_end_ms: int, inclusive: bool) -> tuple[int, int]
     if inclusive:
         return t_ms, own_end_ms
     return t_ms + 1, own_end_ms - 1
+
+
+_END_START = operator.itemgetter(1, 0)
 
 
 def merge_event(
@@ -45,11 +49,10 @@ def merge_event(
         replaces, sorted by (end, start).
     """
     earliest_end, latest_start = merge_bounds(t_ms, own_end_ms, inclusive)
-    joined = sorted(
-        ((s, e) for s, e in candidates
-         if e >= earliest_end and s <= latest_start and e > closed_before_ms),
-        key=lambda b: (b[1], b[0]),
-    )
+    floor = earliest_end if earliest_end > closed_before_ms else closed_before_ms + 1
+    joined = [b for b in candidates if b[1] >= floor and b[0] <= latest_start]
+    if len(joined) > 1:  # most events join at most one session: no sort, no key calls
+        joined.sort(key=_END_START)
     start, end = t_ms, own_end_ms
     for s, e in joined:
         if s < start:
