@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import shutil
 import statistics
 import tempfile
@@ -24,7 +25,9 @@ from sessionstore.timeutil import INT64_MAX
 
 from .engine_bench import BATCH_EVENTS, _open_store, _timed_dict, gap_for, q11_like_stream
 
-ROWS = ((2_000, 2.5), (10_000, 2.5), (2_000, 1.5), (0, 2.5), (2_000, 17.0))
+# (disorder ms, events per session): the disorder sweep at 2.5, then its
+# events-per-session sweep at 2 s
+ROWS = ((2_000, 2.5), (0, 2.5), (200, 2.5), (10_000, 2.5), (2_000, 1.5), (2_000, 17.0))
 PATHS = ("event", "process_batch", "process_table")
 
 
@@ -90,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
             summary: dict[str, Any] = {name: f"{statistics.median(r):.2f}x "
                                        f"({min(r):.2f}-{max(r):.2f})"
                                        for name, r in ratios.items()}
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"disorder {disorder_ms} ms, {target} events/session, gap {gap_ms} ms, "
-                  f"sessions {sorted(counts)}:")
+                  f"sessions {sorted(counts)}, load average {load}:")
             for name, text in summary.items():
                 print(f"    {name:24s} {text}", flush=True)
     finally:
