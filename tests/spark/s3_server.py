@@ -1,8 +1,11 @@
-"""moto's S3 server on 127.0.0.1 and a ``pyarrow.fs`` client for it: a real S3 API, no stand-in."""
+"""moto's S3 server on 127.0.0.1 and a ``pyarrow.fs`` client for it: a real S3 API, no stand-in.
+
+Each server starts empty."""
 
 from __future__ import annotations
 
 import socket
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +28,11 @@ def moto_s3(bucket: str = "sessions") -> Iterator[pafs.S3FileSystem]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
+        # moto keeps its buckets in process-wide memory, shared by every server it starts:
+        # without a reset, objects of an earlier test would appear here
+        urllib.request.urlopen(  # noqa: S310 - a fixed loopback URL
+            urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"),
+            timeout=30).close()
         fs = pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
                                endpoint_override=f"127.0.0.1:{port}", scheme="http",
                                allow_bucket_creation=True)
