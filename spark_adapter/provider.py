@@ -58,6 +58,7 @@ from typing import IO, Any
 import pyarrow.fs as pafs
 
 from sessionstore import SessionStore, StoreCorruptedError
+from sessionstore.store.rocksdb import read_manifest as read_store_manifest
 from sessionstore.store.rocksdb import version_dir_name
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MANIFEST_NAME = re.compile(r"^(\d{1,19})\.json$")
 _SEAL = re.compile(rb"^sessionstore-sealed (\d+) sha256=([0-9a-f]{64}) size=(\d{1,12})$")
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
+_CHECKPOINT_DIR = re.compile(r"^v\d{12}$")
 _STORE_DIR = "store"
 _LOCK_FILE = "provider.lock"
 _STAGING_PREFIX = "staging-"
@@ -417,39 +419,59 @@ class SessionStoreProvider:
                             segment_interval_ms=self.segment_interval_ms)
 
     def _reuse_local(self, version: int, manifest: dict[str, Any]) -> SessionStore | None:
-        """The local copy, if it is exactly the published ``version``; else None."""
-        if not (self.local / _STORE_DIR).is_dir():
+        """The local copy, if it is exactly the published ``version``; else None.
+
+        The copy's newest commit is read without opening RocksDB, so that a copy that is not
+        reused is left exactly as it was until a verified restore replaces it.
+        """
+        checkpoints = self.local / _STORE_DIR / "checkpoints"
+        names = sorted(e.name for e in os.scandir(checkpoints) if _CHECKPOINT_DIR.match(e.name)) \
+            if checkpoints.is_dir() else []
+        if not names:
             return None
         try:
-            store = self._open_local()
-        except ValueError as exc:  # includes StoreCorruptedError: restore over it
-            log.warning("discarding the local copy %s: %s", self.local, exc)
+            committed = read_store_manifest(checkpoints / names[-1])
+        except ValueError as exc:  # includes StoreCorruptedError: a restore replaces it
+            log.warning("not reusing the local copy %s: %s", self.local, exc)
             self.metrics["local_copies_discarded"] += 1
             return None
-        reason = self._local_mismatch(store, version, manifest)
+        reason = self._lineage_mismatch(committed.metadata, committed.version, version, manifest)
+        store = None
         if reason is None:
-            return store
-        store.close()
+            try:
+                store = self._open_local()
+            except ValueError as exc:
+                reason = str(exc)
+        if reason is None:
+            assert store is not None
+            reason = self._files_mismatch(store, manifest)
+            if reason is None:
+                return store
+            store.close()
         log.info("not reusing the local copy of %s partition %d: %s", self.operator,
                  self.partition, reason)
         self.metrics["local_copies_discarded"] += 1
         return None
 
-    def _local_mismatch(self, store: SessionStore, version: int,
-                        manifest: dict[str, Any]) -> str | None:
-        meta = spark_metadata(store.committed_metadata)
+    @staticmethod
+    def _lineage_mismatch(metadata: Any, store_version: int, version: int,
+                          manifest: dict[str, Any]) -> str | None:
+        meta = spark_metadata(metadata)
         if meta.get("batch") != version:
             return f"it holds batch {meta.get('batch')!r}, not {version}"
         if meta.get("id") != manifest["id"]:
             return (f"it holds version id {meta.get('id')!r}, but {manifest['id']!r} is "
                     f"published (another attempt of batch {version} published last)")
-        if store.committed_version != manifest["store_version"]:
-            return f"store version {store.committed_version} != {manifest['store_version']}"
-        checkpoint = store.checkpoint_path()
+        if store_version != manifest["store_version"]:
+            return f"store version {store_version} != {manifest['store_version']}"
+        return None
+
+    @staticmethod
+    def _files_mismatch(store: SessionStore, manifest: dict[str, Any]) -> str | None:
         expected = {name: entry["size"] for name, entry in manifest["files"].items()
                     if "object" in entry}
-        present = {entry.name: entry.stat().st_size for entry in os.scandir(checkpoint)
-                   if entry.name.endswith(_IMMUTABLE_SUFFIXES)}
+        present = {entry.name: entry.stat().st_size for entry in os.scandir(
+            store.checkpoint_path()) if entry.name.endswith(_IMMUTABLE_SUFFIXES)}
         if present != expected:
             return "its SST files differ from the manifest's"
         return None
