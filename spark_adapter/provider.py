@@ -290,7 +290,7 @@ class SessionStoreProvider:
         metrics: counters of what the provider did (``loads_reused``, ``loads_restored``,
             ``local_copies_discarded``, ``objects_uploaded``, ``bytes_uploaded``,
             ``objects_reused``, ``manifests_deleted``, ``orphans_deleted``,
-            ``orphans_in_grace``, ``maintenance_skipped``).
+            ``orphans_in_grace``, ``maintenance_skipped``, ``maintenance_failed``).
     """
 
     def __init__(
@@ -334,7 +334,7 @@ class SessionStoreProvider:
         self.metrics: dict[str, int] = dict.fromkeys(
             ("loads_reused", "loads_restored", "local_copies_discarded", "objects_uploaded",
              "bytes_uploaded", "objects_reused", "manifests_deleted", "orphans_deleted",
-             "orphans_in_grace", "maintenance_skipped"), 0)
+             "orphans_in_grace", "maintenance_skipped", "maintenance_failed"), 0)
         self._loaded: dict[str, Any] | None = None  # the manifest the open store descends from
         self._loaded_batch: int | None = None
         self._lock_handle: IO[bytes] | None = None
@@ -617,7 +617,11 @@ class SessionStoreProvider:
         self._loaded = self._upload(version, spark_meta)
         self._loaded_batch = version
         if self.maintenance_every and version % self.maintenance_every == 0:
-            self.maintenance()
+            try:
+                self.maintenance()
+            except OSError as exc:  # the version is published; a later run cleans up instead
+                log.warning("maintenance of %s failed: %s", self.base, exc)
+                self.metrics["maintenance_failed"] += 1
         return new_id
 
     def _upload(self, version: int, spark_meta: dict[str, Any]) -> dict[str, Any]:

@@ -240,3 +240,13 @@ def test_lock_contention_fails_loudly_and_touches_nothing(tmp_path):
         holder.kill()
         holder.wait()
     assert run_batch(p, 2, [("k", 12)]) == [(("k", 0, 22), [3, 0, 0, 0, None])]
+
+
+def test_a_failing_maintenance_does_not_fail_the_published_batch(tmp_path):
+    p = provider(tmp_path, orphan_grace_ms=0, maintenance_every=1)
+    run_batch(p, 0, [("k", 0)])
+    (partition_dir(tmp_path) / "sst" / "not-a-file.sst").mkdir()  # delete_file fails on it
+    assert run_batch(p, 1, [("k", 5)]) == [(("k", 0, 15), [2, 0, 0, 0, None])]
+    assert p.metrics["maintenance_failed"] == 1
+    assert run_batch(provider(tmp_path, local="other"), 2, []) == \
+        [(("k", 0, 15), [2, 0, 0, 0, None])]
