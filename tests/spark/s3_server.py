@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -31,3 +32,14 @@ def moto_s3(bucket: str = "sessions") -> Iterator[pafs.S3FileSystem]:
         yield fs
     finally:
         server.stop()
+
+
+@contextmanager
+def state_location(kind: str, tmp_path: Path) -> Iterator[tuple[str, pafs.FileSystem | None]]:
+    """A state location on a local file system (``kind="local"``: a path, no explicit file
+    system) or on moto S3 (``"s3"``: a bucket path and its client)."""
+    if kind == "local":
+        yield str(tmp_path / "state"), None
+    else:
+        with moto_s3() as fs:
+            yield "sessions/state", fs

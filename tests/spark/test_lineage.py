@@ -24,7 +24,7 @@ import pytest
 
 from sessionstore import EmitStrategy, SessionAggregator, SessionWindows, aggregations
 from spark_adapter.provider import SessionStoreProvider
-from tests.spark.s3_server import moto_s3
+from tests.spark.s3_server import state_location
 
 ROOT = Path(__file__).resolve().parents[2]
 GAP_MS = 10
@@ -93,12 +93,8 @@ def stored_objects(fs: pafs.FileSystem, p: SessionStoreProvider) -> set[str]:
 
 @pytest.fixture(params=["local", "s3"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    if request.param == "local":
-        yield str(tmp_path / "state"), None
-    else:
-        pytest.importorskip("moto.server")
-        with moto_s3() as fs:
-            yield "sessions/state", fs
+    with state_location(request.param, tmp_path) as found:
+        yield found
 
 
 def test_retry_on_another_executor_then_maintenance_then_stale_executor(location, tmp_path):

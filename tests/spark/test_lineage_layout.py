@@ -18,7 +18,7 @@ from spark_adapter import (
     query_state_location,
 )
 from spark_adapter import state as state_module
-from tests.spark.s3_server import moto_s3
+from tests.spark.s3_server import state_location
 
 LAYOUT = StateLayout(n_buckets=16, num_partitions=4, config_digest=config_digest({"gap_ms": 10}))
 
@@ -33,12 +33,8 @@ def forget_pinned() -> Iterator[None]:
 
 @pytest.fixture(params=["local", "s3"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    if request.param == "local":
-        yield str(tmp_path / "state"), None
-    else:
-        pytest.importorskip("moto.server")
-        with moto_s3() as fs:
-            yield "sessions/state", fs
+    with state_location(request.param, tmp_path) as found:
+        yield found
 
 
 def read(fs: pafs.FileSystem, path: str) -> bytes:
