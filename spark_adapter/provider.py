@@ -404,7 +404,9 @@ class SessionStoreProvider:
 
     def _unlock(self) -> None:
         if self._lock_handle is not None:
-            _HELD_LOCKS.pop(self.local / _LOCK_FILE, None)
+            path = self.local / _LOCK_FILE
+            if _HELD_LOCKS.get(path) is self._lock_handle:  # not if a later task took it over
+                del _HELD_LOCKS[path]
             self._lock_handle.close()  # closing the descriptor releases the flock
             self._lock_handle = None
 

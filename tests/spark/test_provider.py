@@ -206,7 +206,8 @@ def test_session_type_roundtrip_through_snapshot(tmp_path):
 HOLDER = """
 import sys, time
 from spark_adapter.provider import SessionStoreProvider
-p = SessionStoreProvider(sys.argv[1], "op", 3, local_root=sys.argv[2], retention_ms=10_000)
+p = SessionStoreProvider(sys.argv[1], "op", 3, local_root=sys.argv[2], retention_ms=10_000,
+                         lock_timeout_ms=200)
 p.load(0)
 print("held", flush=True)
 time.sleep(60)
@@ -250,3 +251,22 @@ def test_a_failing_maintenance_does_not_fail_the_published_batch(tmp_path):
     assert p.metrics["maintenance_failed"] == 1
     assert run_batch(provider(tmp_path, local="other"), 2, []) == \
         [(("k", 0, 15), [2, 0, 0, 0, None])]
+
+
+def test_a_task_that_never_closed_does_not_block_the_next_in_the_same_worker(tmp_path):
+    """Python workers are reused: a failed task may leave its store and lock open."""
+    run_batch(provider(tmp_path), 0, [("k", 0)])
+    failed = provider(tmp_path, lock_timeout_ms=0)
+    failed.load(0)  # ...and the task dies without close()
+    nxt = provider(tmp_path, lock_timeout_ms=0)
+    nxt.load(0)
+    failed.close()  # a late close of the abandoned provider must not release the next one's lock
+    assert nxt.store is not None and nxt._lock_handle is not None
+    assert not nxt._lock_handle.closed
+    held = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(tmp_path / "state"),
+         str(tmp_path / "local")],
+        capture_output=True, env={"PYTHONPATH": str(ROOT)}, timeout=120,
+    )
+    assert b"StateLockedError" in held.stderr  # another process still finds it locked
+    nxt.close()
