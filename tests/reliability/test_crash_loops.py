@@ -22,6 +22,6 @@ def test_snapshots_survive_sigkill_loop(tmp_path):
     report = snapshot_crash_loop(tmp_path, SNAPSHOT_KILLS)
     assert report["kills"] == SNAPSHOT_KILLS
     assert report["exact_restores"] == SNAPSHOT_KILLS  # every kill, none tolerated
-    # the loop made progress between kills, so the kills hit the batch loop, not start-up
-    assert report["batches_published"] > SNAPSHOT_KILLS // 2
+    # every fourth kill waits for a published batch: the kills hit a loop that advances
+    assert report["batches_published"] >= SNAPSHOT_KILLS // 4 + 1
 
