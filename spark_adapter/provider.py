@@ -58,8 +58,8 @@ from typing import IO, Any
 import pyarrow.fs as pafs
 
 from sessionstore import SessionStore, StoreCorruptedError
-from sessionstore.store.rocksdb import read_manifest as read_store_manifest
-from sessionstore.store.rocksdb import version_dir_name
+from sessionstore.store.checkpoint import CHECKPOINTS_DIR, committed_versions, version_dir_name
+from sessionstore.store.checkpoint import read_manifest as read_store_manifest
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MANIFEST_NAME = re.compile(r"^(\d{1,19})\.json$")
 _SEAL = re.compile(rb"^sessionstore-sealed (\d+) sha256=([0-9a-f]{64}) size=(\d{1,12})$")
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
-_CHECKPOINT_DIR = re.compile(r"^v\d{12}$")
 _STORE_DIR = "store"
 _LOCK_FILE = "provider.lock"
 _STAGING_PREFIX = "staging-"
@@ -426,13 +425,12 @@ class SessionStoreProvider:
         The copy's newest commit is read without opening RocksDB, so that a copy that is not
         reused is left exactly as it was until a verified restore replaces it.
         """
-        checkpoints = self.local / _STORE_DIR / "checkpoints"
-        names = sorted(e.name for e in os.scandir(checkpoints) if _CHECKPOINT_DIR.match(e.name)) \
-            if checkpoints.is_dir() else []
-        if not names:
+        versions = committed_versions(self.local / _STORE_DIR)
+        if not versions:
             return None
         try:
-            committed = read_store_manifest(checkpoints / names[-1])
+            committed, _ = read_store_manifest(
+                self.local / _STORE_DIR / CHECKPOINTS_DIR / version_dir_name(versions[-1]))
         except ValueError as exc:  # includes StoreCorruptedError: a restore replaces it
             log.warning("not reusing the local copy %s: %s", self.local, exc)
             self.metrics["local_copies_discarded"] += 1
@@ -499,7 +497,7 @@ class SessionStoreProvider:
         return self._open_local()
 
     def _stage_files(self, version: int, manifest: dict[str, Any], staged: Path) -> None:
-        checkpoint = staged / "checkpoints" / version_dir_name(manifest["store_version"])
+        checkpoint = staged / CHECKPOINTS_DIR / version_dir_name(manifest["store_version"])
         checkpoint.mkdir(parents=True)
         manifest_path = self._manifest_path(version)
         for name, entry in sorted(manifest["files"].items()):
