@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -97,13 +98,15 @@ def engine_crash_loop(work: Path, kills: int, seed: int = 7) -> dict[str, Any]:
 
 SNAPSHOT_CHILD = """
 import sys
-from spark_adapter.provider import SessionStoreProvider, batch_of
+from spark_adapter.provider import SessionStoreProvider
 from sessionstore import EmitStrategy, SessionAggregator, SessionWindows, aggregations
 state, local = sys.argv[1], sys.argv[2]
 windows = SessionWindows(50)
-batch = 0
+print("ready", flush=True)
 while True:
-    provider = SessionStoreProvider(state, "soak", 0, local_root=local, retention_ms=10_000)
+    # maintenance every 3 batches with no grace: deletions run under the kills too
+    provider = SessionStoreProvider(state, "soak", 0, local_root=local, retention_ms=10_000,
+                                    keep_versions=3, orphan_grace_ms=0, maintenance_every=3)
     versions = provider.versions()
     batch = versions[-1] + 1 if versions else 0
     store = provider.load(batch - 1)
@@ -113,39 +116,77 @@ while True:
         engine.process(f"k{i % 37}", None, batch * 1_000 + i * 5)
     provider.commit(engine.commit, batch)
     provider.close()
+    print("published", batch, flush=True)
 """
 
 
+def _wait_for_line(child: subprocess.Popen[bytes], prefix: bytes, timeout_s: float) -> None:
+    """Read the child's stdout until a line starts with ``prefix``; fail after ``timeout_s``."""
+    assert child.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([child.stdout], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        line = child.stdout.readline()
+        if not line:
+            stderr = child.stderr.read().decode() if child.stderr else ""
+            raise RuntimeError(f"the snapshot child exited before {prefix!r}: {stderr}")
+        if line.startswith(prefix):
+            return
+    raise RuntimeError(f"the snapshot child printed no {prefix!r} within {timeout_s} s")
+
+
 def snapshot_crash_loop(work: Path, kills: int, seed: int = 11) -> dict[str, Any]:
-    """Kill the provider's batch loop ``kills`` times; each restore must be exact."""
+    """Kill the provider's batch loop ``kills`` times; after every kill, a fresh executor must
+    restore the newest published snapshot exactly.
+
+    A kill is timed from the moment the child has started (interpreter and imports, which take
+    a second or more on a busy machine, are not part of what is tested). The first kill also
+    waits for batch 0, so that every kill leaves a published version to restore, and every
+    fourth kill waits for one more batch, so that the loop advances on a busy machine. Children
+    alternate between two local working copies, so kills land in restores as well as in
+    reuses, commits, uploads and maintenance.
+    """
     from spark_adapter.provider import SessionStoreProvider
 
     rng = random.Random(seed)
     script = work / "snapshot_child.py"
     script.write_text(SNAPSHOT_CHILD)
-    state, local = work / "state", work / "local"
+    state = work / "state"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     restored = 0
-    for _ in range(kills):
+    newest = -1
+    for kill in range(kills):
+        local = work / rng.choice(["local-a", "local-b"])
         child = subprocess.Popen([sys.executable, str(script), str(state), str(local)], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.3, 0.9))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-        checker = SessionStoreProvider(str(state), "soak", 0, local_root=work / "checker",
-                                       retention_ms=10_000)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _wait_for_line(child, b"ready", 120)
+            if newest < 0 or kill % 4 == 0:  # progress however slow the machine is
+                _wait_for_line(child, b"published", 120)
+            time.sleep(rng.uniform(0.0, 0.6))
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+        checker = SessionStoreProvider(str(state), "soak", 0,
+                                       local_root=work / f"checker-{kill}", retention_ms=10_000)
         versions = checker.versions()
         if not versions:
-            continue
+            raise AssertionError(f"kill {kill}: no published snapshot left")
+        if versions[-1] < newest:
+            raise AssertionError(f"kill {kill}: newest snapshot went back from {newest} to "
+                                 f"{versions[-1]}")
         newest = versions[-1]
         store = checker.load(newest)
         total = sum(record[0] for _, record in store.find_sessions(-(2**63), 2**63 - 1))
         checker.close()
+        shutil.rmtree(work / f"checker-{kill}")
         if total != 200 * (newest + 1):
             raise AssertionError(f"batch {newest} restored {total} events, "
                                  f"expected {200 * (newest + 1)}")
         restored += 1
-    return {"kills": kills, "exact_restores": restored}
+    return {"kills": kills, "exact_restores": restored, "batches_published": newest + 1}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,8 +3,32 @@
 Importing this package imports pyspark; ``sessionstore`` itself never does.
 """
 
-from .provider import SessionStoreProvider, SnapshotError
+from .provider import (
+    SessionStoreProvider,
+    SnapshotCorruptedError,
+    SnapshotError,
+    StateLockedError,
+)
 from .sessionize import sessionize
-from .state import read_state_metrics
+from .state import (
+    StateLayout,
+    StateLayoutMismatchError,
+    config_digest,
+    pin_layout,
+    query_state_location,
+    read_state_metrics,
+)
 
-__all__ = ["SessionStoreProvider", "SnapshotError", "read_state_metrics", "sessionize"]
+__all__ = [
+    "SessionStoreProvider",
+    "SnapshotCorruptedError",
+    "SnapshotError",
+    "StateLayout",
+    "StateLayoutMismatchError",
+    "StateLockedError",
+    "config_digest",
+    "pin_layout",
+    "query_state_location",
+    "read_state_metrics",
+    "sessionize",
+]

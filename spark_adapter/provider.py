@@ -4,24 +4,44 @@ One :class:`~sessionstore.SessionStore` lives on the executor's local disk per (
 operator, partition). Version ``b`` is the state after micro-batch ``b``:
 
 * :meth:`SessionStoreProvider.load` opens exactly version ``batch_id - 1``. It reuses the local
-  working copy when that copy is at that version and otherwise restores the snapshot from the
-  state location; it never loads "latest", and a missing snapshot is an error.
-* :meth:`SessionStoreProvider.commit` commits version ``batch_id`` locally and writes its snapshot.
+  working copy only when that copy *is* the published version (same batch and same unique id) and
+  otherwise restores the snapshot from the state location; it never loads "latest", and a missing
+  snapshot is an error.
+* :meth:`SessionStoreProvider.commit` commits version ``batch_id`` locally and publishes its
+  snapshot under a fresh unique id.
 
 Snapshots live under ``<state_location>/<operator>/<partition>/`` on any ``pyarrow.fs`` file
 system (local, HDFS, S3)::
 
     sst/<name>-<unique>.sst         immutable RocksDB files, shared between versions
-    manifests/<batch>.json          one per version, written last and atomically
+    manifests/<batch>.json          one per version, sealed, written last and atomically
 
-A manifest lists the SST objects of its version and carries the few small mutable RocksDB files
-inline, so that writing it is the single atomic step that publishes a version. Maintenance keeps
-the newest ``keep_versions`` manifests and deletes SST objects no kept manifest references.
+Lineage. Every published version carries a unique id (like the checkpoint ids of Spark 4's state
+stores) and the id of the version it was built on. Two attempts of one batch (a retry on another
+executor, a speculative copy) publish two different ids; the manifest written last is the
+published one, and an executor whose local copy carries the other id restores instead of reusing
+it. The map from local SST names to uploaded objects is never kept on the side: it is rebuilt
+from the manifest that was loaded, so it cannot point at another attempt's (possibly deleted)
+objects.
+
+Integrity. A manifest starts with a header line carrying the SHA-256 and size of its body; the
+body records the size and SHA-256 of every file of the version (SST objects, and the small mutable
+RocksDB files it carries inline), the store version, the segments and the lineage ids. A restore
+verifies all of it in a staging directory and only then replaces the local copy, so a damaged
+snapshot raises :class:`SnapshotCorruptedError` naming the object and changes nothing, locally or
+remotely.
+
+Maintenance keeps the newest ``keep_versions`` manifests and deletes an SST object only when no
+kept manifest references it *and* it is older than ``orphan_grace_ms``: an object that was just
+uploaded may belong to an attempt whose manifest is not written yet.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -29,27 +49,47 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow.fs as pafs
 
-from sessionstore import SessionStore
-from sessionstore.store.rocksdb import version_dir_name
+from sessionstore import SessionStore, StoreCorruptedError
+from sessionstore.store.checkpoint import CHECKPOINTS_DIR, committed_versions, version_dir_name
+from sessionstore.store.checkpoint import read_manifest as read_store_manifest
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 SPARK_METADATA_KEY = "spark"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MANIFEST_NAME = re.compile(r"^(\d{1,19})\.json$")
-_SST_MAP = "sst-map.json"
+_SEAL = re.compile(rb"^sessionstore-sealed (\d+) sha256=([0-9a-f]{64}) size=(\d{1,12})$")
+_IMMUTABLE_SUFFIXES = (".sst", ".blob")
+_STORE_DIR = "store"
+_LOCK_FILE = "provider.lock"
+_STAGING_PREFIX = "staging-"
+_CHUNK = 1 << 20
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
+_HELD_LOCKS: dict[Path, IO[bytes]] = {}  # per worker process: the same, for partition locks
 
 
 class SnapshotError(ValueError):
-    """A snapshot is missing, corrupted or of an unknown format."""
+    """A snapshot is missing, unreadable or of an unknown format."""
+
+
+class SnapshotCorruptedError(StoreCorruptedError, SnapshotError):
+    """A snapshot object is damaged: a checksum, a size or a recorded fact does not match.
+
+    ``path`` names the damaged object. Raised before anything local or remote is changed.
+    """
+
+
+class StateLockedError(RuntimeError):
+    """Another process holds this partition's local working copy."""
 
 
 def check_name(value: Any, name: str) -> str:
@@ -63,6 +103,7 @@ def check_name(value: Any, name: str) -> str:
 
 
 def check_partition(value: Any) -> int:
+    """A partition id: an int >= 0 (raises ValueError naming the value)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"partition must be an int >= 0, got {value!r}")
     return value
@@ -81,6 +122,149 @@ def open_filesystem(state_location: str) -> tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
+# -- sealed objects ---------------------------------------------------------------------------
+
+
+def seal(body: dict[str, Any]) -> bytes:
+    """Encode ``body`` as JSON behind a header line holding its format, SHA-256 and size."""
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    return f"sessionstore-sealed {SNAPSHOT_FORMAT} sha256={digest} size={len(data)}\n".encode() \
+        + data
+
+
+def unseal(raw: bytes, path: str) -> dict[str, Any]:
+    """Decode what :func:`seal` wrote, verifying the header first.
+
+    Raises:
+        SnapshotCorruptedError: naming ``path``, for a bad header, size, checksum or body.
+    """
+    header, newline, data = raw.partition(b"\n")
+    match = _SEAL.match(header) if newline else None
+    if match is None:
+        raise SnapshotCorruptedError(path, "no valid sealed header (truncated or garbled)")
+    fmt = int(match.group(1))
+    if fmt != SNAPSHOT_FORMAT:
+        raise SnapshotCorruptedError(
+            path, f"format {fmt}; this version reads format {SNAPSHOT_FORMAT}")
+    if len(data) != int(match.group(3)):
+        raise SnapshotCorruptedError(
+            path, f"body is {len(data)} bytes, the header records {int(match.group(3))}")
+    if hashlib.sha256(data).hexdigest() != match.group(2).decode():
+        raise SnapshotCorruptedError(path, "SHA-256 of the body does not match its header")
+    try:
+        body = json.loads(data)
+    except ValueError as exc:  # checksum matched, so the writer itself was wrong
+        raise SnapshotCorruptedError(path, f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise SnapshotCorruptedError(path, "body is not a JSON object")
+    return body
+
+
+def read_object(fs: pafs.FileSystem, path: str) -> bytes:
+    """All bytes of one object. Raises FileNotFoundError, or SnapshotError for other I/O errors."""
+    try:
+        with fs.open_input_file(path) as handle:
+            data: bytes = handle.read()
+            return data
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {path}: {exc}") from None
+
+
+def publish_object(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or nothing.
+
+    Local files go through a synced temporary file and a rename; an object store's single PUT is
+    atomic on its own.
+    """
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+    else:
+        with fs.open_output_stream(path) as handle:
+            handle.write(data)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- manifests --------------------------------------------------------------------------------
+
+
+def validate_manifest(body: dict[str, Any], path: str, batch: int) -> dict[str, Any]:
+    """Check the fields of an unsealed snapshot manifest of ``batch``.
+
+    Raises:
+        SnapshotCorruptedError: naming ``path``, for a missing or ill-typed field, another batch,
+            or a file name that is not a plain name.
+    """
+    def bad(detail: str) -> SnapshotCorruptedError:
+        return SnapshotCorruptedError(path, detail)
+
+    if body.get("batch") != batch:
+        raise bad(f"holds batch {body.get('batch')!r}, not {batch}")
+    if not isinstance(body.get("id"), str) or not body["id"]:
+        raise bad("has no version id")
+    if body.get("parent") is not None and not isinstance(body["parent"], str):
+        raise bad("has a bad parent id")
+    store_version = body.get("store_version")
+    if isinstance(store_version, bool) or not isinstance(store_version, int) or store_version < 1:
+        raise bad(f"has a bad store_version {store_version!r}")
+    segments = body.get("segments")
+    if not isinstance(segments, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in segments):
+        raise bad("has a bad segment list")
+    files = body.get("files")
+    if not isinstance(files, dict) or not files:
+        raise bad("lists no files")
+    for name, entry in files.items():
+        if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+            raise bad(f"bad file name {name!r}")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or isinstance(entry.get("size"), bool) or not isinstance(entry.get("size"), int):
+            raise bad(f"bad entry for {name!r}")
+        if ("object" in entry) == ("data" in entry):
+            raise bad(f"entry for {name!r} must hold exactly one of 'object' and 'data'")
+        if "object" in entry and (not isinstance(entry["object"], str)
+                                  or not _SAFE_NAME.match(entry["object"])
+                                  or ".." in entry["object"]):
+            raise bad(f"bad object name {entry['object']!r} for {name!r}")
+        if "data" in entry and not isinstance(entry["data"], str):
+            raise bad(f"bad inline data for {name!r}")
+    if not isinstance(body.get(SPARK_METADATA_KEY), dict):
+        raise bad("has no spark metadata")
+    return body
+
+
+def spark_metadata(committed_metadata: Any) -> dict[str, Any]:
+    """The provider's part of a store's committed metadata (empty if there is none)."""
+    if isinstance(committed_metadata, dict):
+        user = committed_metadata.get("user")
+        if isinstance(user, dict):
+            spark = user.get(SPARK_METADATA_KEY)
+            if isinstance(spark, dict):
+                return spark
+    return {}
+
+
+def batch_of(committed_metadata: Any) -> int | None:
+    """The Spark batch a committed store holds, from the engine's user metadata."""
+    batch = spark_metadata(committed_metadata).get("batch")
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
 class SessionStoreProvider:
     """Versioned snapshots of one partition's session store. See the module docstring.
 
@@ -88,10 +272,24 @@ class SessionStoreProvider:
         state_location: path or ``pyarrow.fs`` URI shared by driver and executors.
         operator: the operator's id (a plain name).
         partition: the Spark partition id.
-        local_root: where executors keep working copies.
+        local_root: where executors keep working copies (default: see
+            :func:`default_local_root`).
         retention_ms, segment_interval_ms: passed to :class:`~sessionstore.SessionStore`.
         keep_versions: how many versions maintenance keeps (Spark's ``minBatchesToRetain``).
         filesystem: an explicit ``pyarrow.fs.FileSystem`` (then ``state_location`` is its path).
+        orphan_grace_ms: maintenance deletes an unreferenced SST object only once it is at least
+            this old, so that an attempt still uploading (its manifest not yet written) or a
+            reader still restoring an overwritten manifest keeps its files.
+        lock_timeout_ms: how long :meth:`load` waits for another process to release this
+            partition's working copy before raising :class:`StateLockedError`.
+        maintenance_every: :meth:`commit` runs :meth:`maintenance` after every batch that is a
+            multiple of this (0: never).
+
+    Attributes:
+        metrics: counters of what the provider did (``loads_reused``, ``loads_restored``,
+            ``local_copies_discarded``, ``objects_uploaded``, ``bytes_uploaded``,
+            ``objects_reused``, ``manifests_deleted``, ``orphans_deleted``,
+            ``orphans_in_grace``, ``maintenance_skipped``, ``maintenance_failed``).
     """
 
     def __init__(
@@ -105,6 +303,9 @@ class SessionStoreProvider:
         segment_interval_ms: int | None = None,
         keep_versions: int = 100,
         filesystem: pafs.FileSystem | None = None,
+        orphan_grace_ms: int = 600_000,
+        lock_timeout_ms: int = 10_000,
+        maintenance_every: int = 10,
     ) -> None:
         self.operator = check_name(operator, "operator")
         self.partition = check_partition(partition)
@@ -112,10 +313,16 @@ class SessionStoreProvider:
             self.fs, base = filesystem, state_location.rstrip("/")
         else:
             self.fs, base = open_filesystem(state_location)
-        if isinstance(keep_versions, bool) or not isinstance(keep_versions, int) \
-                or keep_versions < 1:
-            raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
+        for name, value, low in (("keep_versions", keep_versions, 1),
+                                 ("orphan_grace_ms", orphan_grace_ms, 0),
+                                 ("lock_timeout_ms", lock_timeout_ms, 0),
+                                 ("maintenance_every", maintenance_every, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.keep_versions = keep_versions
+        self.orphan_grace_ms = orphan_grace_ms
+        self.lock_timeout_ms = lock_timeout_ms
+        self.maintenance_every = maintenance_every
         self.base = f"{base}/{self.operator}/{self.partition}"
         location_id = hashlib.sha1(state_location.encode()).hexdigest()[:16]
         root = Path(local_root) if local_root is not None else default_local_root()
@@ -123,185 +330,358 @@ class SessionStoreProvider:
         self.retention_ms = retention_ms
         self.segment_interval_ms = segment_interval_ms
         self.store: SessionStore | None = None
+        self.metrics: dict[str, int] = dict.fromkeys(
+            ("loads_reused", "loads_restored", "local_copies_discarded", "objects_uploaded",
+             "bytes_uploaded", "objects_reused", "manifests_deleted", "orphans_deleted",
+             "orphans_in_grace", "maintenance_skipped", "maintenance_failed"), 0)
+        self._loaded: dict[str, Any] | None = None  # the manifest the open store descends from
+        self._loaded_batch: int | None = None
+        self._lock_handle: IO[bytes] | None = None
 
     # -- loading ----------------------------------------------------------------------------
 
     def load(self, version: int) -> SessionStore:
         """Open exactly ``version`` (the state after that batch; -1 is the empty state).
 
+        Takes this partition's local lock for the provider's lifetime (until :meth:`close`).
+
         Raises:
-            SnapshotError: the snapshot of ``version`` is missing or corrupted.
+            SnapshotError: there is no snapshot of ``version``.
+            SnapshotCorruptedError: the snapshot is damaged (names the object); nothing local or
+                remote has been changed.
+            StateLockedError: another process holds this partition's working copy.
         """
+        if isinstance(version, bool) or not isinstance(version, int) or version < -1:
+            raise ValueError(f"version must be an int >= -1, got {version!r}")
         stale = _OPEN_STORES.pop(self.local, None)
         if stale is not None:
             stale.close()
-        store = self._reuse_local(version)
-        if store is None:
-            store = self._restore(version)
+        self._lock()
+        try:
+            self._clear_staging()
+            manifest = self.read_manifest(version) if version >= 0 else None
+            store = self._reuse_local(version, manifest) if manifest is not None else None
+            if store is None:
+                store = self._restore(version, manifest)
+                self.metrics["loads_restored"] += 1
+            else:
+                self.metrics["loads_reused"] += 1
+        except BaseException:
+            self._unlock()
+            raise
         _OPEN_STORES[self.local] = store
         self.store = store
+        self._loaded = manifest
+        self._loaded_batch = version
         return store
 
-    def _open_local(self) -> SessionStore:
-        return SessionStore(self.local / "store", retention_ms=self.retention_ms,
+    def _lock(self) -> None:
+        """Take the partition's lock, so that no other process restores over this working copy."""
+        path = self.local / _LOCK_FILE
+        stale = _HELD_LOCKS.pop(path, None)
+        if stale is not None:  # a task of this worker process that failed without close()
+            stale.close()
+        self.local.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+b")  # noqa: SIM115 - held until close()
+        deadline = time.monotonic() + self.lock_timeout_ms / 1000
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    raise StateLockedError(
+                        f"the working copy {self.local} of operator {self.operator!r} partition "
+                        f"{self.partition} is held by another process (waited "
+                        f"{self.lock_timeout_ms} ms); two tasks of one partition run on this "
+                        f"host at once, and neither may touch the other's files"
+                    ) from None
+                time.sleep(0.05)
+        _HELD_LOCKS[path] = handle
+        self._lock_handle = handle
+
+    def _unlock(self) -> None:
+        if self._lock_handle is not None:
+            path = self.local / _LOCK_FILE
+            if _HELD_LOCKS.get(path) is self._lock_handle:  # not if a later task took it over
+                del _HELD_LOCKS[path]
+            self._lock_handle.close()  # closing the descriptor releases the flock
+            self._lock_handle = None
+
+    def _clear_staging(self) -> None:
+        """Staging directories left by a killed restore; ours, since we hold the lock."""
+        for entry in self.local.iterdir():
+            if entry.name.startswith(_STAGING_PREFIX) and entry.is_dir():
+                shutil.rmtree(entry)
+
+    def _open_local(self, path: Path | None = None) -> SessionStore:
+        return SessionStore(path or self.local / _STORE_DIR, retention_ms=self.retention_ms,
                             segment_interval_ms=self.segment_interval_ms)
 
-    def _reuse_local(self, version: int) -> SessionStore | None:
-        if not (self.local / "store").is_dir():
+    def _reuse_local(self, version: int, manifest: dict[str, Any]) -> SessionStore | None:
+        """The local copy, if it is exactly the published ``version``; else None.
+
+        The copy's newest commit is read without opening RocksDB, so that a copy that is not
+        reused is left exactly as it was until a verified restore replaces it.
+        """
+        versions = committed_versions(self.local / _STORE_DIR)
+        if not versions:
             return None
         try:
-            store = self._open_local()
-        except ValueError as exc:
-            log.warning("discarding the local copy %s: %s", self.local, exc)
+            committed, _ = read_store_manifest(
+                self.local / _STORE_DIR / CHECKPOINTS_DIR / version_dir_name(versions[-1]))
+        except ValueError as exc:  # includes StoreCorruptedError: a restore replaces it
+            log.warning("not reusing the local copy %s: %s", self.local, exc)
+            self.metrics["local_copies_discarded"] += 1
             return None
-        if batch_of(store.committed_metadata) == version:
-            return store
-        store.close()
+        reason = self._lineage_mismatch(committed.metadata, committed.version, version, manifest)
+        store = None
+        if reason is None:
+            try:
+                store = self._open_local()
+            except ValueError as exc:
+                reason = str(exc)
+        if reason is None:
+            assert store is not None
+            reason = self._files_mismatch(store, manifest)
+            if reason is None:
+                return store
+            store.close()
+        log.info("not reusing the local copy of %s partition %d: %s", self.operator,
+                 self.partition, reason)
+        self.metrics["local_copies_discarded"] += 1
         return None
 
-    def _restore(self, version: int) -> SessionStore:
-        if self.local.exists():
-            shutil.rmtree(self.local)
-        (self.local / "store").mkdir(parents=True)
-        if version < 0:
-            self._write_sst_map({})
-            return self._open_local()
-        manifest = self.read_manifest(version)
-        checkpoint = self.local / "store" / "checkpoints" / version_dir_name(manifest["store_version"])
-        checkpoint.mkdir(parents=True)
-        sst_map = {}
-        for local_name, remote in manifest["sst"].items():
-            target = checkpoint / check_file_name(local_name)
-            self._download(f"{self.base}/sst/{check_file_name(remote)}", target, version)
-            sst_map[local_name] = remote
-        for local_name, payload in manifest["files"].items():
-            (checkpoint / check_file_name(local_name)).write_bytes(base64.b64decode(payload))
-        self._write_sst_map(sst_map)
-        store = self._open_local()
-        if batch_of(store.committed_metadata) != version:
-            store.close()
-            raise SnapshotError(
-                f"snapshot {self._manifest_path(version)} restores batch "
-                f"{batch_of(store.committed_metadata)}, not {version}"
-            )
-        log.info("restored %s partition %d at batch %d from %s", self.operator, self.partition,
-                 version, self.base)
-        return store
+    @staticmethod
+    def _lineage_mismatch(metadata: Any, store_version: int, version: int,
+                          manifest: dict[str, Any]) -> str | None:
+        meta = spark_metadata(metadata)
+        if meta.get("batch") != version:
+            return f"it holds batch {meta.get('batch')!r}, not {version}"
+        if meta.get("id") != manifest["id"]:
+            return (f"it holds version id {meta.get('id')!r}, but {manifest['id']!r} is "
+                    f"published (another attempt of batch {version} published last)")
+        if store_version != manifest["store_version"]:
+            return f"store version {store_version} != {manifest['store_version']}"
+        return None
 
-    def _download(self, source: str, target: Path, version: int) -> None:
+    @staticmethod
+    def _files_mismatch(store: SessionStore, manifest: dict[str, Any]) -> str | None:
+        expected = {name: entry["size"] for name, entry in manifest["files"].items()
+                    if "object" in entry}
+        present = {entry.name: entry.stat().st_size for entry in os.scandir(
+            store.checkpoint_path()) if entry.name.endswith(_IMMUTABLE_SUFFIXES)}
+        if present != expected:
+            return "its SST files differ from the manifest's"
+        return None
+
+    def _restore(self, version: int, manifest: dict[str, Any] | None) -> SessionStore:
+        """Build ``version`` in a staging directory, verify it, then swap it in."""
+        staging = self.local / f"{_STAGING_PREFIX}{uuid.uuid4().hex}"
+        try:
+            staged = staging / _STORE_DIR
+            staged.mkdir(parents=True)
+            if manifest is not None:
+                self._stage_files(version, manifest, staged)
+                self._verify_staged(version, manifest, staged)
+            current = self.local / _STORE_DIR
+            if current.exists():
+                shutil.rmtree(current)
+            os.rename(staged, current)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if manifest is not None:
+            log.info("restored %s partition %d at batch %d (id %s) from %s", self.operator,
+                     self.partition, version, manifest["id"], self.base)
+        return self._open_local()
+
+    def _stage_files(self, version: int, manifest: dict[str, Any], staged: Path) -> None:
+        checkpoint = staged / CHECKPOINTS_DIR / version_dir_name(manifest["store_version"])
+        checkpoint.mkdir(parents=True)
+        manifest_path = self._manifest_path(version)
+        for name, entry in sorted(manifest["files"].items()):
+            target = checkpoint / name
+            if "object" in entry:
+                self._download_verified(self._object_path(entry["object"]), entry, target,
+                                        version)
+            else:
+                try:
+                    data = base64.b64decode(entry["data"], validate=True)
+                except (binascii.Error, ValueError):
+                    raise SnapshotCorruptedError(
+                        manifest_path, f"inline file {name} is not valid base64") from None
+                if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() \
+                        != entry["sha256"]:
+                    raise SnapshotCorruptedError(
+                        manifest_path, f"inline file {name} does not match its recorded size "
+                                       f"and SHA-256")
+                target.write_bytes(data)
+
+    def _download_verified(self, source: str, entry: dict[str, Any], target: Path,
+                           version: int) -> None:
+        digest = hashlib.sha256()
+        size = 0
         try:
             with self.fs.open_input_file(source) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                while chunk := src.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    dst.write(chunk)
         except FileNotFoundError:
-            raise SnapshotError(
-                f"snapshot of batch {version} references {source}, which is missing"
-            ) from None
+            raise SnapshotCorruptedError(
+                source, f"missing, but the snapshot of batch {version} references it") from None
         except OSError as exc:
             raise SnapshotError(f"cannot read {source}: {exc}") from None
+        if size != entry["size"]:
+            raise SnapshotCorruptedError(
+                source, f"{size} bytes, the manifest of batch {version} records {entry['size']}")
+        if digest.hexdigest() != entry["sha256"]:
+            raise SnapshotCorruptedError(
+                source, f"SHA-256 differs from the one the manifest of batch {version} records")
+
+    def _verify_staged(self, version: int, manifest: dict[str, Any], staged: Path) -> None:
+        """Open the staged copy and check it holds what the manifest says it must."""
+        manifest_path = self._manifest_path(version)
+        try:
+            store = self._open_local(staged)
+        except StoreCorruptedError as exc:
+            raise SnapshotCorruptedError(manifest_path, f"restores a damaged store: "
+                                                        f"{exc.detail}") from None
+        except ValueError as exc:
+            raise SnapshotCorruptedError(manifest_path, f"restores a store that does not open: "
+                                                        f"{exc}") from None
+        try:
+            meta = spark_metadata(store.committed_metadata)
+            facts = {
+                "batch": (meta.get("batch"), version),
+                "version id": (meta.get("id"), manifest["id"]),
+                "store version": (store.committed_version, manifest["store_version"]),
+                "segments": (store.live_segments(), sorted(manifest["segments"])),
+            }
+            for fact, (found, recorded) in facts.items():
+                if found != recorded:
+                    raise SnapshotCorruptedError(
+                        manifest_path, f"restores {fact} {found!r}, the manifest records "
+                                       f"{recorded!r}")
+        finally:
+            store.close()
 
     def _manifest_path(self, version: int) -> str:
         return f"{self.base}/manifests/{version}.json"
 
+    def _object_path(self, name: str) -> str:
+        return f"{self.base}/sst/{name}"
+
     def read_manifest(self, version: int) -> dict[str, Any]:
-        """The validated manifest of ``version``. Raises SnapshotError."""
+        """The verified manifest of ``version``.
+
+        Raises:
+            SnapshotError: it does not exist (the state location is incomplete or wrong).
+            SnapshotCorruptedError: it is damaged.
+        """
         path = self._manifest_path(version)
         try:
-            with self.fs.open_input_file(path) as handle:
-                raw = handle.read()
+            raw = read_object(self.fs, path)
         except FileNotFoundError:
             raise SnapshotError(
                 f"no snapshot of batch {version} for operator {self.operator!r} partition "
                 f"{self.partition} at {path}: the state location is incomplete or wrong"
             ) from None
-        try:
-            manifest = json.loads(raw)
-            fmt = manifest["format"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SnapshotError(f"corrupted snapshot manifest {path}: {exc}") from None
-        if fmt != SNAPSHOT_FORMAT:
-            raise SnapshotError(
-                f"snapshot manifest {path} has format {fmt!r}; this version reads "
-                f"{SNAPSHOT_FORMAT}"
-            )
-        if not (isinstance(manifest.get("sst"), dict) and isinstance(manifest.get("files"), dict)
-                and manifest.get("batch") == version
-                and isinstance(manifest.get("store_version"), int)):
-            raise SnapshotError(f"corrupted snapshot manifest {path}: missing fields")
-        return dict(manifest)
+        return validate_manifest(unseal(raw, path), path, version)
 
     # -- committing -------------------------------------------------------------------------
 
-    def commit(self, engine_commit: Any, version: int, extra: dict[str, Any] | None = None) -> None:
-        """Commit ``version`` through ``engine_commit(metadata)`` and publish its snapshot."""
-        assert self.store is not None, "load() first"
-        metadata = {SPARK_METADATA_KEY: {"batch": version, **(extra or {})}}
-        engine_commit(metadata)
-        self._upload(version, metadata[SPARK_METADATA_KEY])
-        if version % 10 == 0:
-            self.maintenance()
+    def commit(self, engine_commit: Callable[[dict[str, Any]], Any], version: int,
+               extra: dict[str, Any] | None = None) -> str:
+        """Commit ``version`` through ``engine_commit(metadata)`` and publish its snapshot.
 
-    def _upload(self, version: int, spark_metadata: dict[str, Any]) -> None:
+        Args:
+            engine_commit: commits the store with the given user metadata (for example
+                ``SessionAggregator.commit``).
+            version: the batch; must be one more than the version loaded.
+            extra: more metadata to keep with the version (running totals and the like).
+
+        Returns:
+            The new version's unique id.
+        """
+        if self.store is None or self._loaded_batch is None:
+            raise RuntimeError("commit() before load()")
+        if version != self._loaded_batch + 1:
+            raise ValueError(f"version must be {self._loaded_batch + 1} (one more than the "
+                             f"version loaded), got {version!r}")
+        new_id = uuid.uuid4().hex
+        parent = self._loaded["id"] if self._loaded is not None else None
+        spark_meta = {**(extra or {}), "batch": version, "id": new_id, "parent": parent}
+        engine_commit({SPARK_METADATA_KEY: spark_meta})
+        self._loaded = self._upload(version, spark_meta)
+        self._loaded_batch = version
+        if self.maintenance_every and version % self.maintenance_every == 0:
+            try:
+                self.maintenance()
+            except OSError as exc:  # the version is published; a later run cleans up instead
+                log.warning("maintenance of %s failed: %s", self.base, exc)
+                self.metrics["maintenance_failed"] += 1
+        return new_id
+
+    def _upload(self, version: int, spark_meta: dict[str, Any]) -> dict[str, Any]:
         assert self.store is not None
         checkpoint = self.store.checkpoint_path()
-        sst_map = self._read_sst_map()
+        known = self._loaded["files"] if self._loaded is not None else {}
         self.fs.create_dir(f"{self.base}/sst", recursive=True)
         self.fs.create_dir(f"{self.base}/manifests", recursive=True)
-        listed: dict[str, str] = {}
-        inline: dict[str, str] = {}
+        files: dict[str, dict[str, Any]] = {}
         for entry in sorted(os.scandir(checkpoint), key=lambda e: e.name):
-            if entry.name.endswith((".sst", ".blob")):
-                remote = sst_map.get(entry.name)
-                if remote is None:
-                    stem, dot, ext = entry.name.rpartition(".")
-                    remote = f"{stem}-{uuid.uuid4().hex[:12]}{dot}{ext}"
-                    self._put_immutable(entry.path, f"{self.base}/sst/{remote}")
-                    sst_map[entry.name] = remote
-                listed[entry.name] = remote
+            if not entry.is_file():
+                raise SnapshotError(f"unexpected directory {entry.path} in a checkpoint")
+            if entry.name.endswith(_IMMUTABLE_SUFFIXES):
+                previous = known.get(entry.name)
+                # RocksDB never reuses a file number within one lineage, and the loaded
+                # manifest is this copy's own lineage, so a name (and size) match is the file
+                if previous is not None and "object" in previous \
+                        and previous["size"] == entry.stat().st_size:
+                    files[entry.name] = previous
+                    self.metrics["objects_reused"] += 1
+                else:
+                    files[entry.name] = self._upload_object(entry.path, entry.name)
             else:
-                inline[entry.name] = base64.b64encode(Path(entry.path).read_bytes()).decode()
-        manifest = {
-            "format": SNAPSHOT_FORMAT,
+                data = Path(entry.path).read_bytes()
+                files[entry.name] = {"size": len(data),
+                                     "sha256": hashlib.sha256(data).hexdigest(),
+                                     "data": base64.b64encode(data).decode()}
+        body = {
             "batch": version,
+            "id": spark_meta["id"],
+            "parent": spark_meta["parent"],
             "store_version": self.store.committed_version,
-            "sst": listed,
-            "files": inline,
-            "spark": spark_metadata,
+            "segments": self.store.live_segments(),
+            "files": files,
+            SPARK_METADATA_KEY: spark_meta,
         }
-        self._publish(self._manifest_path(version), json.dumps(manifest).encode())
-        self._write_sst_map({k: v for k, v in sst_map.items() if k in listed})
+        publish_object(self.fs, self._manifest_path(version), seal(body))
+        return body
 
-    def _put_immutable(self, source: str, target: str) -> None:
-        """Copy an immutable file to the state location; a hard link when both are local."""
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            try:
-                os.link(source, target)
-                return
-            except OSError:
-                pass  # another file system, or links not allowed: copy
-        with open(source, "rb") as src, self.fs.open_output_stream(target) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-
-    def _publish(self, path: str, data: bytes) -> None:
-        """Write ``data`` so that readers see all of it or nothing."""
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with self.fs.open_output_stream(tmp) as handle:
-                handle.write(data)
-            os.replace(tmp, path)  # atomic on one local file system
-        else:  # object stores: a single-object PUT is atomic
-            with self.fs.open_output_stream(path) as handle:
-                handle.write(data)
-
-    def _read_sst_map(self) -> dict[str, str]:
-        path = self.local / _SST_MAP
-        if not path.exists():
-            return {}
-        loaded: dict[str, str] = json.loads(path.read_text())
-        return loaded
-
-    def _write_sst_map(self, sst_map: dict[str, str]) -> None:
-        self.local.mkdir(parents=True, exist_ok=True)
-        (self.local / _SST_MAP).write_text(json.dumps(sst_map))
+    def _upload_object(self, source: str, name: str) -> dict[str, Any]:
+        """Copy an immutable file to a fresh object name, hashing it on the way."""
+        stem, dot, ext = name.rpartition(".")
+        remote = f"{stem}-{uuid.uuid4().hex[:16]}{dot}{ext}"
+        target = self._object_path(remote)
+        digest = hashlib.sha256()
+        size = 0
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        # a copy, never a hard link: the snapshot must not share an inode with the working copy
+        with open(source, "rb") as src, \
+                (open(target, "wb") if local else self.fs.open_output_stream(target)) as dst:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                dst.write(chunk)
+            if local:
+                dst.flush()
+                os.fsync(dst.fileno())
+        self.metrics["objects_uploaded"] += 1
+        self.metrics["bytes_uploaded"] += size
+        return {"object": remote, "size": size, "sha256": digest.hexdigest()}
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -315,45 +695,65 @@ class SessionStoreProvider:
                 found.append(int(match.group(1)))
         return sorted(found)
 
-    def maintenance(self) -> None:
-        """Keep the newest ``keep_versions`` snapshots; delete older ones and orphaned SSTs."""
+    def maintenance(self, now_ms: int | None = None) -> dict[str, int]:
+        """Keep the newest ``keep_versions`` snapshots; delete older manifests, and SST objects
+        that no kept manifest references once they are older than ``orphan_grace_ms``.
+
+        Deletes nothing at all while a kept manifest cannot be read or verified (it is logged
+        and counted in ``maintenance_skipped``): its references are unknown.
+
+        Args:
+            now_ms: the current wall-clock time in ms (default: now); object ages are measured
+                against it.
+
+        Returns:
+            Counts of this run: ``manifests_deleted``, ``orphans_deleted``, ``orphans_in_grace``.
+        """
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        run = {"manifests_deleted": 0, "orphans_deleted": 0, "orphans_in_grace": 0}
         versions = self.versions()
-        for old in versions[: -self.keep_versions]:
-            self.fs.delete_file(self._manifest_path(old))
+        kept = versions[-self.keep_versions:]
         referenced: set[str] = set()
-        for version in versions[-self.keep_versions:]:
+        for version in kept:
             try:
-                referenced.update(self.read_manifest(version)["sst"].values())
-            except SnapshotError:
-                return  # never delete files while a manifest cannot be read
-        selector = pafs.FileSelector(f"{self.base}/sst", allow_not_found=True)
-        for info in self.fs.get_file_info(selector):
-            if info.base_name not in referenced:
+                manifest = self.read_manifest(version)
+            except SnapshotError as exc:
+                log.warning("maintenance of %s skipped: %s", self.base, exc)
+                self.metrics["maintenance_skipped"] += 1
+                return run
+            referenced.update(e["object"] for e in manifest["files"].values() if "object" in e)
+        for old in versions[: -self.keep_versions]:
+            with contextlib.suppress(FileNotFoundError):  # another maintainer was faster
+                self.fs.delete_file(self._manifest_path(old))
+                run["manifests_deleted"] += 1
+        cutoff = now - self.orphan_grace_ms
+        leftovers = [info for info in self.fs.get_file_info(
+            pafs.FileSelector(f"{self.base}/manifests", allow_not_found=True))
+            if info.base_name.endswith(".tmp")]
+        candidates = [info for info in self.fs.get_file_info(
+            pafs.FileSelector(f"{self.base}/sst", allow_not_found=True))
+            if info.base_name not in referenced] + leftovers
+        for info in candidates:
+            mtime = info.mtime_ns // 1_000_000 if info.mtime_ns is not None else now
+            if mtime > cutoff:
+                run["orphans_in_grace"] += 1
+                continue
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.delete_file(info.path)
+                run["orphans_deleted"] += 1
+        for name, count in run.items():
+            self.metrics[name] += count
+        return run
 
     def close(self) -> None:
-        if self.store is not None:
-            _OPEN_STORES.pop(self.local, None)
-            self.store.close()
-            self.store = None
-
-
-def check_file_name(name: Any) -> str:
-    """A file name read from a manifest must be a plain name, never a path."""
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or "/" in name or ".." in name:
-        raise SnapshotError(f"corrupted snapshot manifest: bad file name {name!r}")
-    return name
-
-
-def batch_of(committed_metadata: Any) -> int | None:
-    """The Spark batch a committed store holds, from the engine's user metadata."""
-    if isinstance(committed_metadata, dict):
-        user = committed_metadata.get("user")
-        if isinstance(user, dict):
-            spark = user.get(SPARK_METADATA_KEY)
-            if isinstance(spark, dict) and isinstance(spark.get("batch"), int):
-                return int(spark["batch"])
-    return None
+        """Close the store (uncommitted writes are discarded) and release the partition lock."""
+        try:
+            if self.store is not None:
+                _OPEN_STORES.pop(self.local, None)
+                self.store.close()
+                self.store = None
+        finally:
+            self._unlock()
 
 
 def default_local_root() -> Path:
