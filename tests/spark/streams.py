@@ -82,6 +82,12 @@ class StreamRun:
         self.progress = list(self.query.recentProgress)
         self.query.stop()
 
+    def state_location(self, base: Path) -> str:
+        """Where sessionize kept this query's state under ``base``."""
+        from spark_adapter import query_state_location
+
+        return query_state_location(str(base), str(self.query.id))
+
     def dropped_by_watermark(self) -> int:
         """Spark's own count of input rows it dropped as older than the watermark."""
         return sum(
