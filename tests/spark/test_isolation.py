@@ -123,3 +123,10 @@ def test_restart_with_another_n_buckets_fails_naming_both(spark, tmp_path):
     message = restart(spark, tmp_path, {"engine": "processor", "n_buckets": 4},
                       {"engine": "processor", "n_buckets": 6})
     assert "n_buckets: the state location was created with 4, this run uses 6" in message
+
+
+def test_query_location_keeps_uri_options_last():
+    base = "s3://bucket/state?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert query_state_location(base, "q1") == \
+        "s3://bucket/state/query-q1?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert query_state_location("/data/state?odd", "q1") == "/data/state?odd/query-q1"
