@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ SCHEMA = "user string, ts timestamp, amount long"
 NATIVE = "native session_window"
 ARROW = "sessionize (arrow)"
 PROCESSOR = "sessionize (processor)"
+Builder = Callable[[Any, "str | None"], Any]  # (input frame, watermark delay) -> sessions
 FLUSH_USER = "flush"  # the far-future event's user: its own session never closes
 
 
@@ -209,13 +211,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         files, flush, n_rows = write_batches(root / "files", args.rows, args.batches)
         results["rows"] = n_rows
-        peers = [(NATIVE, lambda _: native), (ARROW, lambda r: ours("arrow", r)),
-                 (PROCESSOR, lambda r: ours("processor", r))]
+        peers: list[tuple[str, Callable[[Path], Builder]]] = [
+            (NATIVE, lambda _: native), (ARROW, partial(ours, "arrow")),
+            (PROCESSOR, partial(ours, "processor"))]
         # warm up the JVM and the Python workers once, on one file, so no peer pays for it
         for name, make in peers:
             run_streaming(spark, files[:1], root / "warm" / name.replace(" ", "_"),
                           make(root / "warm" / name.replace(" ", "_")))
-        streaming, static = {}, {}
+        streaming: dict[str, dict[str, Any]] = {}
+        static: dict[str, dict[str, Any]] = {}
         for name, make in peers:
             run_root = root / "stream" / name.replace(" ", "_")
             streaming[name] = run_streaming(spark, [*files, flush], run_root, make(run_root))
