@@ -76,6 +76,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from spark_adapter import sessionize
+    from tests.spark.replay_driver import run_to_end
 
     root = Path(args.root)
     pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -103,28 +104,13 @@ def main() -> int:
                               aggregations={"n": "count", "total": ("sum", "amount")},
                               watermark_delay=DELAY, state_location=args.state,
                               local_dir=str(root / "local"))
-    out = root / "out"
-    out.mkdir(exist_ok=True)
-
-    def sink(frame: Any, batch_id: int) -> None:
+    def before_batch(batch_id: int) -> None:
         if batch_id == args.kill_executor_at:
             threading.Thread(target=kill_executor_when_tasks_run,
                              args=(spark, root / "killed-executors.json"), daemon=True).start()
-        rows = sorted([r[0], r[1].isoformat(), r[2].isoformat(), r[3], r[4]]
-                      for r in frame.collect())
-        target = out / f"{batch_id}.{os.getpid()}.json"
-        target.with_suffix(".tmp").write_text(json.dumps(rows))
-        target.with_suffix(".tmp").rename(target)
-        if batch_id == args.kill_driver_at:
-            os.kill(os.getpid(), signal.SIGKILL)
 
-    query = (sessions.writeStream.foreachBatch(sink).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    query.processAllAvailable()
-    query.stop()
-    spark.stop()
+    run_to_end(spark, sessions, root, args.kill_driver_at, before_batch)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
