@@ -5,7 +5,8 @@ PYTHON ?= python3
 # pip runs only when pyproject.toml is newer than this stamp, quietly; its log is shown on failure
 STAMP := $(VENV)/.installed
 
-.PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 soak clean
+.PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 soak \
+	cluster-test clean
 
 $(PY):
 	@$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,12 @@ $(SPARK35)/bin/python:
 test-spark35: $(SPARK35)/bin/python
 	$(SPARK35)/bin/python -m pytest -p no:cacheprovider tests/spark/test_parity.py \
 		tests/spark/test_replay.py -k 'not processor'
+
+# The cluster test (local-cluster[2,1,1024], state on moto S3) runs once in `make test`; this
+# repeats its executor and driver SIGKILL runs with more kill points.
+CLUSTER_LOOPS ?= 5
+cluster-test: install
+	SESSIONSTORE_CLUSTER_LOOPS=$(CLUSTER_LOOPS) $(VENV)/bin/pytest tests/spark_cluster -q
 
 spark-run: install
 	$(PY) -m spark_adapter.example

@@ -223,61 +223,35 @@ def spark_section() -> list[str]:
     data = _load("spark")
     if data is None:
         return []
-    runs = data["throughput"]
-    ours = runs["sessionize"]["steady_rows_per_s"]
-    native = runs["native session_window"]["steady_rows_per_s"]
     lines = [
-        "## Spark: sessionize against native session_window and applyInPandasWithState",
+        "## Spark: native session_window, the Arrow engine and the processor engine",
         "",
-        f"`python -m benchmarks.spark_bench`: the sample clickstream ({data['events']:,} events, "
-        f"30 min gap, 10 min watermark delay) streamed from Parquet, one file per micro-batch, "
-        f"`local[2]`, 2 shuffle partitions, a `noop` sink ({_machine(data)}). *Steady* leaves "
-        "out the first batch, which pays for starting Python workers.",
+        f"`python -m benchmarks.spark_bench`: the sample clickstream ({data['rows']:,} rows, "
+        f"{data['gap']} gap, {data['watermark_delay']} watermark delay) in one Spark "
+        f"{data['spark']} session, `{data['master']}`, {data['partitions']} shuffle partitions "
+        f"({_machine(data)}; load average at the end {data['load_average'][0]:.1f}). Streaming: "
+        f"{data['batches']} Parquet files, one per micro-batch, then one far-future event that "
+        "closes every session; the time is the sum over every micro-batch, no-data batches "
+        "included. Static: the same files as one DataFrame. Each run counts its sessions and "
+        "sums a hash of every session row, so equal counts and checksums mean equal results.",
         "",
-        "| peer | input rows | rows/s | steady rows/s |",
-        "|---|---:|---:|---:|",
+        "| mode | peer | rows/s | x native | sessions | batches (data + no-data) |",
+        "|---|---|---:|---:|---:|---|",
     ]
-    for name, run in runs.items():
-        lines.append(f"| {name} | {run['rows']:,} | {_fmt(run['rows_per_s'])} | "
-                     f"{_fmt(run['steady_rows_per_s'])} |")
-    small_ours = runs["sessionize, same small stream"]["steady_rows_per_s"]
-    hand = runs["applyInPandasWithState (hand-written)"]["steady_rows_per_s"]
+    for mode in ("streaming", "static"):
+        for name, run in data[mode].items():
+            ratio = data["ratios_vs_native"][mode][name]
+            batches = (f"{run['data_batches']} + {run['no_data_batches']}"
+                       if mode == "streaming" else "")
+            lines.append(f"| {mode} | {name} | {_fmt(run['rows_per_s'])} | {ratio:.2f} | "
+                         f"{run['sessions']:,} | {batches} |")
+    equal = data["equal_results"]
     lines += [
         "",
-        f"Steady throughput: sessionize is **{ours / native:.2f}x** native `session_window` "
-        f"(which can only run built-in aggregates) and **{small_ours / hand:.1f}x** the "
-        "hand-written `applyInPandasWithState` sessionizer on the same small stream (that one "
-        "calls Python once per user, so it is measured on fewer events).",
+        f"Equal results across the three: streaming {'yes' if equal['streaming'] else 'NO'}, "
+        f"static {'yes' if equal['static'] else 'NO'}.",
         "",
     ]
-    growth = data["state_growth"]
-    per_batch = growth["sessions_per_batch"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for name, batches in growth["runs"].items():
-        sessions = [per_batch * (i + 1) for i in range(len(batches))]
-        ax.plot(sessions, [b["ms"] / 1000 for b in batches], marker="o", label=name)
-    ax.set_xlabel("sessions retained in state")
-    ax.set_ylabel("batch latency (s)")
-    ax.set_title(f"Batch latency as state grows ({per_batch:,} new sessions per batch)")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "bench" / "spark_state_growth.png", dpi=110)
-    plt.close(fig)
-    lines += [
-        "### Batch latency as retained state grows",
-        "",
-        f"Each batch brings {per_batch:,} new users with two events each; a one-day watermark "
-        "delay keeps every session in state.",
-        "",
-        "| batch | sessions retained | " + " | ".join(f"{n} (s)" for n in growth["runs"]) + " |",
-        "|---:|---:|" + "---:|" * len(growth["runs"]),
-    ]
-    n_batches = min(len(b) for b in growth["runs"].values())
-    for i in range(n_batches):
-        cells = " | ".join(f"{growth['runs'][n][i]['ms'] / 1000:.2f}" for n in growth["runs"])
-        lines.append(f"| {i} | {per_batch * (i + 1):,} | {cells} |")
-    lines += ["", "![state growth](bench/spark_state_growth.png)", ""]
     return lines
 
 

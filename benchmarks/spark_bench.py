@@ -1,33 +1,35 @@
-"""Spark benchmark: sessionize against Spark's native session_window and a hand-written
-applyInPandasWithState sessionizer, on the same generated clickstream, in one run.
+"""Spark benchmark: native ``session_window``, the Arrow engine and the processor engine, in one
+Spark session on the same data, streaming and static.
 
-Two workloads, both streaming from Parquet files, one file per micro-batch, in ``local[2]``:
+* Streaming: the same Parquet files, one per micro-batch, through each query, then one file
+  whose single far-future event lets the watermark close every session. Rows/s divide the input
+  rows by the summed ``triggerExecution`` time of *every* micro-batch, no-data batches included
+  (they are where sessions close).
+* Static: the same files read as one DataFrame; rows/s divide the input rows by the wall time of
+  one job that computes every output row.
 
-* throughput: rows/s per micro-batch for each peer;
-* state growth: batch latency while retained state grows past a million sessions (nothing is
-  evicted: the watermark delay is a day), for sessionize and native session_window.
+Each run also counts its sessions and sums a hash of every session row (key, bounds,
+aggregates), so equal counts and checksums mean equal results. It reports numbers and asserts
+none; ratios against native are the figures to quote on a shared machine::
 
-It reports numbers and asserts none::
-
-    python -m benchmarks.spark_bench
+    python -m benchmarks.spark_bench [--rows N] [--batches B] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -37,7 +39,13 @@ from .common import peak_rss_mb, write_results
 
 log = logging.getLogger("benchmarks.spark")
 GAP = "30 minutes"
-GAP_MS = 30 * 60_000
+DELAY = "10 minutes"
+SCHEMA = "user string, ts timestamp, amount long"
+NATIVE = "native session_window"
+ARROW = "sessionize (arrow)"
+PROCESSOR = "sessionize (processor)"
+Builder = Callable[[Any, "str | None"], Any]  # (input frame, watermark delay) -> sessions
+FLUSH_USER = "flush"  # the far-future event's user: its own session never closes
 
 
 def spark_session(partitions: int) -> Any:
@@ -46,200 +54,197 @@ def spark_session(partitions: int) -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
     from pyspark.sql import SparkSession
 
+    from spark_adapter.sessionize import ROCKSDB_PROVIDER
+
     spark = (
         SparkSession.builder.master("local[2]").appName("sessionstore-bench")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "6g")
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        # every micro-batch's progress, not the default last 100
+        .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def write_batches(directory: Path, users: np.ndarray, times_ms: np.ndarray,
-                  amounts: np.ndarray, n_batches: int) -> list[Path]:
-    """Split the stream into ``n_batches`` Parquet files in arrival order."""
+def write_batches(directory: Path, n_rows: int, n_batches: int) -> tuple[list[Path], Path, int]:
+    """The sample clickstream as ``n_batches`` Parquet files in arrival order, and a flush file.
+
+    Returns (data files, flush file, input rows in the data files).
+    """
+    stream = generate(n_rows, n_users=max(1, n_rows // 8), hours=6)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i, part in enumerate(np.array_split(np.arange(len(users)), n_batches)):
-        table = pa.table({
-            "user": pa.array([f"user{u}" for u in users[part].tolist()]),
-            "ts": pa.array(times_ms[part], type=pa.timestamp("ms")),
-            "amount": pa.array(amounts[part], type=pa.int64()),
-        })
+    for i, part in enumerate(np.array_split(np.arange(len(stream.users)), n_batches)):
         path = directory / f"batch-{i:04d}.parquet"
-        pq.write_table(table, path)
+        _write(path, [f"user{u}" for u in stream.users[part].tolist()], stream.times_ms[part],
+               stream.amounts[part])
         paths.append(path)
-    return paths
+    flush = directory / f"batch-{n_batches:04d}.parquet"
+    far_ms = int(stream.times_ms.max()) + 86_400_000  # a day later: past every gap and delay
+    _write(flush, [FLUSH_USER], np.array([far_ms]), np.array([0]))
+    return paths, flush, len(stream.users)
 
 
-def stream_batches(spark: Any, files: list[Path], root: Path,
-                   build: Callable[[Any], Any], output_mode: str) -> list[dict[str, Any]]:
-    """Feed one file per micro-batch; return per-batch input rows and durations."""
-    source = root / "source"
-    source.mkdir(parents=True)
-    schema = "user string, ts timestamp, amount long"
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1) \
-        .parquet(str(source))
-    query = (build(stream).writeStream.format("noop").outputMode(output_mode)
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    for path in files:
-        shutil.copy(path, source / (path.name + ".tmp"))
-        os.rename(source / (path.name + ".tmp"), source / path.name)
-        query.processAllAvailable()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    query.stop()
-    return [
-        {"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"],
-         "state_rows": sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators") or [])}
-        for p in progress
-    ]
+def _write(path: Path, users: list[str], times_ms: np.ndarray, amounts: np.ndarray) -> None:
+    pq.write_table(pa.table({
+        "user": pa.array(users, pa.string()),
+        "ts": pa.array(times_ms, type=pa.timestamp("ms", tz="UTC")),
+        "amount": pa.array(amounts, type=pa.int64()),
+    }), path)
 
 
-def sessionize_query(root: Path, delay: str) -> Callable[[Any], Any]:
-    from spark_adapter import sessionize
-
-    def build(stream: Any) -> Any:
-        return sessionize(stream, key="user", timestamp="ts", gap=GAP,
-                          aggregations={"clicks": "count", "revenue": ("sum", "amount")},
-                          watermark_delay=delay, state_location=str(root / "state"),
-                          local_dir=str(root / "local"))
-
-    return build
-
-
-def native_query(delay: str) -> Callable[[Any], Any]:
+def native(frame: Any, delay: str | None) -> Any:
     from pyspark.sql import functions as F
 
-    def build(stream: Any) -> Any:
-        return (stream.withWatermark("ts", delay)
-                .groupBy("user", F.session_window("ts", GAP))
-                .agg(F.count("*").alias("clicks"), F.sum("amount").alias("revenue")))
+    if delay is not None:
+        frame = frame.withWatermark("ts", delay)
+    return (frame.groupBy("user", F.session_window("ts", GAP).alias("w"))
+            .agg(F.count("*").alias("clicks"), F.sum("amount").alias("revenue"))
+            .select("user", F.col("w.start").alias("session_start"),
+                    F.col("w.end").alias("session_end"), "clicks", "revenue"))
+
+
+def ours(engine: str, root: Path) -> Callable[[Any, str | None], Any]:
+    from spark_adapter import sessionize
+
+    def build(frame: Any, delay: str | None) -> Any:
+        options: dict[str, Any] = {}
+        if delay is not None:
+            options = {"watermark_delay": delay, "state_location": str(root / "state"),
+                       "local_dir": str(root / "local")}
+        return sessionize(frame, key="user", timestamp="ts", gap=GAP, engine=engine,
+                          aggregations={"clicks": "count", "revenue": ("sum", "amount")},
+                          **options)
 
     return build
 
 
-def _hand_written(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-    """What a user writes today: the user's sessions as JSON in GroupState."""
-    sessions = json.loads(state.get[0]) if state.exists else []
-    watermark = state.getCurrentWatermarkMs()
-    for frame in frames:
-        for t, amount in zip(frame["ts"].astype("int64") // 1_000_000, frame["amount"],
-                             strict=True):
-            start, end, clicks, revenue = t, t + GAP_MS, 1, int(amount)
-            keep = []
-            for s in sessions:
-                if s[1] >= t and s[0] <= t + GAP_MS:
-                    start, end = min(start, s[0]), max(end, s[1])
-                    clicks, revenue = clicks + s[2], revenue + s[3]
-                else:
-                    keep.append(s)
-            sessions = [*keep, [start, end, clicks, revenue]]
-    closed = [s for s in sessions if s[1] <= watermark]
-    sessions = [s for s in sessions if s[1] > watermark]
-    if sessions:
-        state.update((json.dumps(sessions),))
-        state.setTimeoutTimestamp(max(s[1] for s in sessions))
-    else:
-        state.remove()
-    if closed:
-        yield pd.DataFrame({"user": [key[0]] * len(closed), "start": [s[0] for s in closed],
-                            "end": [s[1] for s in closed], "clicks": [s[2] for s in closed],
-                            "revenue": [s[3] for s in closed]})
+def digest(frame: Any) -> tuple[int, int]:
+    """(session rows, sum of a 64-bit hash of each row): computes every output column."""
+    from pyspark.sql import functions as F
+
+    row = frame.agg(
+        F.count("*").alias("n"),
+        F.sum(F.xxhash64("user", "session_start", "session_end", "clicks", "revenue")
+              .cast("decimal(38,0)")).alias("h"),
+    ).collect()[0]
+    return int(row["n"]), int(row["h"] or 0)
 
 
-def pandas_state_query(delay: str) -> Callable[[Any], Any]:
-    from pyspark.sql.streaming.state import GroupStateTimeout
+def run_streaming(spark: Any, files: list[Path], root: Path,
+                  build: Callable[[Any, str | None], Any]) -> dict[str, Any]:
+    """Every file, one per micro-batch, then as many no-data batches as Spark runs."""
+    source = root / "source"
+    source.mkdir(parents=True)
+    for path in files:
+        shutil.copy(path, source / path.name)
+        # the file source orders by modification time: make it the file order
+        os.utime(source / path.name, (1_700_000_000 + len(os.listdir(source)),) * 2)
+    totals = {"sessions": 0, "checksum": 0}
 
-    def build(stream: Any) -> Any:
-        return stream.withWatermark("ts", delay).groupBy("user").applyInPandasWithState(
-            _hand_written, "user string, start long, end long, clicks long, revenue long",
-            "sessions string", "append", GroupStateTimeout.EventTimeTimeout)
+    def sink(frame: Any, batch_id: int) -> None:
+        sessions, checksum = digest(frame.filter(frame.user != FLUSH_USER))
+        totals["sessions"] += sessions
+        totals["checksum"] += checksum
 
-    return build
-
-
-def summarise(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1) \
+        .parquet(str(source))
+    started = time.perf_counter()
+    query = (build(stream, DELAY).writeStream.foreachBatch(sink).outputMode("append")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    query.processAllAvailable()
+    wall_s = time.perf_counter() - started
+    progress = list(query.recentProgress)
+    query.stop()
+    batches = [{"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
+               for p in progress]
     rows = sum(b["rows"] for b in batches)
-    ms = sum(b["ms"] for b in batches)
-    steady = batches[1:] or batches  # the first batch pays for Python worker start-up
+    seconds = sum(b["ms"] for b in batches) / 1000
+    data = [b for b in batches if b["rows"]]
+    steady = data[1:] or data  # the first data batch pays for starting Python workers
     return {
         "rows": rows,
-        "seconds": ms / 1000,
-        "rows_per_s": rows / (ms / 1000),
-        "steady_rows_per_s": sum(b["rows"] for b in steady) / (sum(b["ms"] for b in steady) / 1000),
+        "seconds": seconds,
+        "wall_seconds": wall_s,
+        "rows_per_s": rows / seconds,
+        "steady_rows_per_s": sum(b["rows"] for b in steady) / (sum(b["ms"] for b in steady)
+                                                               / 1000),
+        "data_batches": len(data),
+        "no_data_batches": len(batches) - len(data),
+        "sessions": totals["sessions"],
+        "checksum": str(totals["checksum"]),
         "batches": batches,
     }
 
 
+def run_static(spark: Any, files: list[Path], build: Callable[[Any, str | None], Any],
+               rows: int) -> dict[str, Any]:
+    frame = spark.read.schema(SCHEMA).parquet(*[str(p) for p in files])
+    started = time.perf_counter()
+    sessions, checksum = digest(build(frame, None))
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+            "sessions": sessions, "checksum": str(checksum)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=400_000)
-    parser.add_argument("--batches", type=int, default=8)
-    parser.add_argument("--pandas-state-events", type=int, default=60_000)
-    parser.add_argument("--growth-batches", type=int, default=12)
-    parser.add_argument("--growth-sessions-per-batch", type=int, default=90_000)
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--rows", type=int, default=200_000,
+                        help="input rows (the sample clickstream); default 200,000")
+    parser.add_argument("--batches", type=int, default=8, help="data micro-batches")
+    parser.add_argument("--partitions", type=int, default=2, help="shuffle partitions")
+    parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    spark = spark_session(partitions=2)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    log.setLevel(logging.INFO)  # ours only: py4j logs every command at INFO
+    spark = spark_session(args.partitions)
     root = Path(tempfile.mkdtemp(prefix="spark-bench-"))
-    results: dict[str, Any] = {"events": args.events, "gap": GAP}
+    results: dict[str, Any] = {"rows": 0, "gap": GAP, "watermark_delay": DELAY,
+                               "batches": args.batches, "partitions": args.partitions,
+                               "master": "local[2]", "spark": spark.version}
     try:
-        stream = generate(args.events, n_users=50_000, hours=6)
-        files = write_batches(root / "files", stream.users, stream.times_ms, stream.amounts,
-                              args.batches)
-        peers = [
-            ("sessionize", sessionize_query(root / "q-ours", "10 minutes"), "append", files),
-            ("native session_window", native_query("10 minutes"), "append", files),
-        ]
-        small = generate(args.pandas_state_events, n_users=5_000, hours=6, seed=7)
-        small_files = write_batches(root / "small", small.users, small.times_ms, small.amounts,
-                                    args.batches)
-        peers += [
-            ("applyInPandasWithState (hand-written)", pandas_state_query("10 minutes"), "append",
-             small_files),
-            ("sessionize, same small stream", sessionize_query(root / "q-ours-small",
-                                                               "10 minutes"),
-             "append", small_files),
-        ]
-        throughput = {}
-        for name, build, mode, inputs in peers:
-            summary = summarise(stream_batches(spark, inputs, root / name.replace(" ", "_"),
-                                               build, mode))
-            throughput[name] = summary
-            log.info("%-42s %10.0f rows/s (steady %10.0f)", name, summary["rows_per_s"],
-                     summary["steady_rows_per_s"])
-        results["throughput"] = throughput
-
-        # state growth: each batch brings new users' sessions; a day of watermark delay keeps
-        # every session in state
-        per_batch = args.growth_sessions_per_batch
-        users, times, amounts = [], [], []
-        for b in range(args.growth_batches):
-            ids = np.arange(b * per_batch, (b + 1) * per_batch, dtype=np.int64)
-            base = 1_700_000_000_000 + b * 60_000
-            users += [ids, ids]
-            times += [np.full(per_batch, base), np.full(per_batch, base + 1000)]
-            amounts += [np.zeros(per_batch, dtype=np.int64)] * 2
-        all_users = np.concatenate(users)
-        all_times = np.concatenate(times)
-        all_amounts = np.concatenate(amounts)
-        growth_files = write_batches(root / "growth", all_users, all_times, all_amounts,
-                                     args.growth_batches)
-        growth = {}
-        for name, build in [("sessionize", sessionize_query(root / "g-ours", "1 day")),
-                            ("native session_window", native_query("1 day"))]:
-            batches = stream_batches(spark, growth_files, root / f"g-{name.replace(' ', '_')}",
-                                     build, "append")
-            growth[name] = batches
-            log.info("%-42s batch ms: %s", name, [b["ms"] for b in batches])
-        results["state_growth"] = {"sessions_per_batch": per_batch, "runs": growth}
+        files, flush, n_rows = write_batches(root / "files", args.rows, args.batches)
+        results["rows"] = n_rows
+        peers: list[tuple[str, Callable[[Path], Builder]]] = [
+            (NATIVE, lambda _: native), (ARROW, partial(ours, "arrow")),
+            (PROCESSOR, partial(ours, "processor"))]
+        # warm up the JVM and the Python workers once, on one file, so no peer pays for it
+        for name, make in peers:
+            run_streaming(spark, files[:1], root / "warm" / name.replace(" ", "_"),
+                          make(root / "warm" / name.replace(" ", "_")))
+        streaming: dict[str, dict[str, Any]] = {}
+        static: dict[str, dict[str, Any]] = {}
+        for name, make in peers:
+            run_root = root / "stream" / name.replace(" ", "_")
+            streaming[name] = run_streaming(spark, [*files, flush], run_root, make(run_root))
+            log.info("streaming %-24s %9.0f rows/s  %d sessions  (%d data + %d no-data "
+                     "batches)", name, streaming[name]["rows_per_s"],
+                     streaming[name]["sessions"], streaming[name]["data_batches"],
+                     streaming[name]["no_data_batches"])
+        for name, make in peers:
+            static[name] = run_static(spark, files, make(root / "static"), n_rows)
+            log.info("static    %-24s %9.0f rows/s  %d sessions", name,
+                     static[name]["rows_per_s"], static[name]["sessions"])
+        results["streaming"] = streaming
+        results["static"] = static
+        results["ratios_vs_native"] = {
+            mode: {name: runs[name]["rows_per_s"] / runs[NATIVE]["rows_per_s"] for name in runs}
+            for mode, runs in (("streaming", streaming), ("static", static))
+        }
+        results["equal_results"] = {
+            mode: len({(r["sessions"], r["checksum"]) for r in runs.values()}) == 1
+            for mode, runs in (("streaming", streaming), ("static", static))
+        }
+        log.info("ratios vs native: %s; equal results: %s", results["ratios_vs_native"],
+                 results["equal_results"])
         results["driver_peak_rss_mb"] = peak_rss_mb()
+        results["load_average"] = os.getloadavg()
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

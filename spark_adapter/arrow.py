@@ -47,6 +47,7 @@ from sessionstore.timeutil import INT64_MAX
 from . import columns
 from .config import SessionizeConfig, emits_batch, engine_rows
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
+from .state import StateLayout, pin_layout, query_state_location
 
 log = logging.getLogger(__name__)
 SPARK_INITIAL_WATERMARK_MS = 0  # Spark's watermark starts at 0 and never goes below it
@@ -148,6 +149,24 @@ def previous_metadata(committed: Any) -> dict[str, Any]:
     return {}
 
 
+def query_location(config: SessionizeConfig) -> str:
+    """This query's own state location, checked against the layout it was first run with.
+
+    Called in every task of both streaming engines, before anything is read or written: the
+    query id is visible only there (see :func:`spark_adapter.state.current_query_id`).
+
+    Raises:
+        StateLayoutMismatchError: the query was started with another n_buckets, partition count
+            or configuration (the message names both values); nothing has been changed.
+    """
+    assert config.state_location is not None
+    location = query_state_location(config.state_location)
+    pin_layout(location, StateLayout(n_buckets=config.n_buckets,
+                                     num_partitions=config.n_partitions,
+                                     config_digest=config.layout_digest))
+    return location
+
+
 def _task_batch_and_partition() -> tuple[int, int]:
     context = TaskContext.get()
     if context is None:
@@ -162,12 +181,12 @@ def stream_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the streaming Arrow engine (see the module docstring)."""
     batch_id, partition = _task_batch_and_partition()
-    assert config.state_location is not None
+    location = query_location(config)
     provider = SessionStoreProvider(
-        config.state_location, config.operator, partition, local_root=config.local_dir,
+        location, config.operator, partition, local_root=config.local_dir,
         retention_ms=config.retention_us, keep_versions=config.keep_versions,
     )
-    watermarks = WatermarkLog(config.state_location, config.operator, config.n_partitions)
+    watermarks = WatermarkLog(location, config.operator, config.n_partitions)
     store = provider.load(batch_id - 1)
     try:
         engine = SessionAggregator(store, config.windows(), config.aggregation,

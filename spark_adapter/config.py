@@ -70,8 +70,10 @@ class SessionizeConfig:
     timezone: str = "UTC"
     delay_ms: int = 0
     n_partitions: int = 1
-    state_location: str | None = None
+    state_location: str | None = None  # the base; each query's own lies under it
     operator: str = "sessionize"
+    n_buckets: int = 1
+    layout_digest: str = ""  # of every setting the state depends on (pinned on first run)
     keep_versions: int = 100
     local_dir: str | None = None
     trigger: AfterWatermark | None = None

@@ -92,9 +92,8 @@ class SessionizeProcessor(StatefulProcessor):
             raise RuntimeError("sessionize: no streaming batch id; is this a streaming query?")
         self.batch = int(batch)
         cfg = self.config
-        assert cfg.state_location is not None
         self.provider = SessionStoreProvider(
-            cfg.state_location, cfg.operator, context.partitionId(),
+            arrow.query_location(cfg), cfg.operator, context.partitionId(),
             local_root=cfg.local_dir, retention_ms=cfg.retention_us,
             keep_versions=cfg.keep_versions,
         )

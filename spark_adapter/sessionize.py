@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -20,7 +19,8 @@ from sessionstore.timeutil import duration_ms
 
 from . import arrow, columns
 from .config import SessionizeConfig, duration_us
-from .provider import check_name, open_filesystem
+from .provider import open_filesystem
+from .state import config_digest
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,14 @@ def sessionize(
         watermark_delay: required for streaming input: how far Spark's watermark trails the
             largest event time (whole milliseconds, as Spark's own watermark).
         inclusive_gap: events exactly ``gap`` apart share a session (as Spark's session_window).
-        state_location: where versioned snapshots go (a path or a ``pyarrow.fs`` URI such as
-            ``s3://bucket/prefix``), visible to every executor. Defaults to
-            ``<spark.sql.streaming.checkpointLocation>/sessionstore`` when that is set.
+        state_location: the base under which versioned snapshots go (a path or a
+            ``pyarrow.fs`` URI such as ``s3://bucket/prefix``), visible to every executor.
+            Defaults to ``<spark.sql.streaming.checkpointLocation>/sessionstore`` when that is
+            set. Each streaming query keeps its state in its own ``query-<query id>`` under it
+            (the id Spark keeps in the query's checkpoint), so two queries never share state
+            and a restart from the same checkpoint finds its own. The first run pins
+            ``n_buckets``, the partition count and a digest of the configuration there; a
+            restart with other values fails (``StateLayoutMismatchError``, naming both values).
         n_buckets: ``engine="processor"`` only: how many groups rows are spread over (default:
             4 x shuffle partitions). The Arrow engine uses one engine per shuffle partition.
         local_dir: where executors keep working copies (default: a temp directory).
@@ -204,11 +209,16 @@ def sessionize(
     config.state_location = _state_location(spark, state_location)
     open_filesystem(config.state_location)  # fail on the driver for a bad URI
     config.keep_versions = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain") or "100")
-    digest = hashlib.sha1(
-        repr((engine, key_columns, timestamp, gap_us, inclusive_gap, emit, output_names,
-              repr(trigger), repr(accumulation))).encode()
-    ).hexdigest()[:10]
-    config.operator = check_name(f"sessionize-{digest}", "operator")
+    # the Arrow engine keeps one engine per shuffle partition: a bucket is a partition
+    config.n_buckets = n_buckets if engine == "processor" else partitions
+    config.layout_digest = config_digest({
+        "engine": engine, "key": [[k, schema[k].simpleString()] for k in key_columns],
+        "timestamp": [timestamp, schema[timestamp].simpleString()],
+        "values": [[c, schema[c].simpleString()] for c in value_columns],
+        "gap_us": gap_us, "inclusive_gap": bool(inclusive_gap), "emit": emit,
+        "aggregations": {name: _describe(item) for name, item in aggregations.items()},
+        "trigger": repr(trigger), "accumulation": repr(accumulation),
+    })
     if engine == "processor":
         return _processor_stream(spark, selected, config, n_buckets)
     # Spark's own watermark is declared on the event time, as for native session_window: it
@@ -271,7 +281,15 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     )
 
 
+def _describe(item: Any) -> Any:
+    """An aggregation as the layout digest sees it: stable across processes (no addresses)."""
+    if isinstance(item, Aggregation):
+        return f"{type(item).__module__}.{type(item).__qualname__}:{getattr(item, 'name', '')}"
+    return list(item) if isinstance(item, tuple) else item
+
+
 def _state_location(spark: SparkSession, state_location: str | None) -> str:
+    """The base location; every query keeps its state in its own ``query-<id>`` under it."""
     if state_location is not None:
         return state_location
     checkpoint = spark.conf.get("spark.sql.streaming.checkpointLocation", None)

@@ -194,7 +194,8 @@ def query_state_location(base: str, query_id: str | None = None) -> str:
     check_name(query_id, "query_id")
     if not isinstance(base, str) or not base:
         raise ValueError(f"base must be a path or URI, got {base!r}")
-    return f"{base.rstrip('/')}/query-{query_id}"
+    root, mark, options = base.partition("?") if "://" in base else (base, "", "")
+    return f"{root.rstrip('/')}/query-{query_id}{mark}{options}"  # URI options stay last
 
 
 def read_state_metrics(state_location: str) -> dict[str, int]:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,27 @@ def main() -> int:
                               watermark_delay="5 seconds", engine=args.engine,
                               state_location=str(root / "state"),
                               local_dir=str(root / "local"))
+    run_to_end(spark, sessions, root, args.kill_at)
+    return 0
+
+
+def run_to_end(spark: Any, sessions: Any, root: Path, kill_driver_at: int,
+               before_batch: Callable[[int], None] | None = None) -> None:
+    """Run ``sessions`` until the source is drained, into a foreachBatch sink that writes each
+    batch's rows to ``<root>/out/<batch>.<pid>.json`` and SIGKILLs this driver right after
+    writing batch ``kill_driver_at`` (after the sink's commit, before Spark's commits/N)."""
     out = root / "out"
     out.mkdir(exist_ok=True)
 
     def sink(frame: Any, batch_id: int) -> None:
+        if before_batch is not None:
+            before_batch(batch_id)
         rows = sorted([r[0], r[1].isoformat(), r[2].isoformat(), r[3], r[4]]
                       for r in frame.collect())
         target = out / f"{batch_id}.{os.getpid()}.json"
         target.with_suffix(".tmp").write_text(json.dumps(rows))
         target.with_suffix(".tmp").rename(target)
-        if batch_id == args.kill_at:
+        if batch_id == kill_driver_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     query = (sessions.writeStream.foreachBatch(sink).outputMode("append")
@@ -69,8 +81,6 @@ def main() -> int:
     query.processAllAvailable()
     query.stop()
     spark.stop()
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

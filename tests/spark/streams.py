@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ SCHEMA = T.StructType([
     T.StructField("amount", T.LongType()),
 ])
 EPOCH = dt.datetime(2024, 1, 1)
+PROJECT = Path(__file__).resolve().parents[2]
 SPAN_S = 60  # event time covered by one file
 
 
@@ -82,6 +86,12 @@ class StreamRun:
         self.progress = list(self.query.recentProgress)
         self.query.stop()
 
+    def state_location(self, base: Path) -> str:
+        """Where sessionize kept this query's state under ``base``."""
+        from spark_adapter import query_state_location
+
+        return query_state_location(str(base), str(self.query.id))
+
     def dropped_by_watermark(self) -> int:
         """Spark's own count of input rows it dropped as older than the watermark."""
         return sum(
@@ -99,3 +109,41 @@ def wipe(path: Path) -> Callable[[], None]:
         shutil.rmtree(path, ignore_errors=True)
 
     return run
+
+
+# -- driver processes: each run its own driver, killed and restarted by the test ---------------
+
+
+def run_driver(module: str, root: Path, *args: str,
+               timeout_s: int = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m <module> <root> <args>`` with this project importable; its result."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run([sys.executable, "-m", module, str(root), *args], cwd=PROJECT,
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def prepare_source(root: Path, files: list[list[tuple[str, int, int]]]) -> Path:
+    """``<root>/source`` holding ``files``, which the file source will take in this order."""
+    source = root / "source"
+    source.mkdir(parents=True)
+    for i, rows in enumerate(files):
+        write_file(source, i, rows)
+        # the file source takes files in modification-time order: make it the file order
+        os.utime(source / f"f{i:04d}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    return root
+
+
+def driver_outputs(root: Path) -> dict[int, list[list]]:
+    """Batch id -> the rows each attempt's sink wrote under ``<root>/out``, in attempt order."""
+    found: dict[int, list[tuple[float, list]]] = {}
+    for path in (root / "out").glob("*.json"):
+        batch = int(path.name.split(".")[0])
+        found.setdefault(batch, []).append((path.stat().st_mtime, json.loads(path.read_text())))
+    return {b: [rows for _, rows in sorted(attempts, key=lambda a: a[0])]
+            for b, attempts in found.items()}
+
+
+def final_rows(attempts: dict[int, list[list]]) -> list[tuple]:
+    """What a sink that keeps each batch's last attempt holds at the end."""
+    return sorted(tuple(r) for b in attempts for r in attempts[b][-1])

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from spark_adapter import read_state_metrics, sessionize
+from spark_adapter import query_state_location, read_state_metrics, sessionize
 
 EPOCH = dt.datetime(2024, 1, 1)
 SCHEMA = "user string, ts timestamp, amount long"
@@ -49,7 +49,8 @@ def write_batch(directory: Path, index: int, rows: list[tuple[str, str | None, i
     tmp.rename(directory / f"b{index:03d}.json")
 
 
-def run_stream(spark: Any, root: Path, build: Any) -> dict[int, list[tuple]]:
+def run_stream(spark: Any, root: Path, build: Any) -> tuple[dict[int, list[tuple]], str]:
+    """Each micro-batch's rows (batches without rows left out), and the query's id."""
     source = root / "source"
     source.mkdir(parents=True)
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
@@ -67,7 +68,7 @@ def run_stream(spark: Any, root: Path, build: Any) -> dict[int, list[tuple]]:
             query.processAllAvailable()
     finally:
         query.stop()
-    return {b: rows for b, rows in got.items() if rows}
+    return {b: rows for b, rows in got.items() if rows}, str(query.id)
 
 
 def native(stream: Any) -> Any:
@@ -79,7 +80,7 @@ def native(stream: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def native_batches(spark, tmp_path_factory) -> dict[int, list[tuple]]:
-    return run_stream(spark, tmp_path_factory.mktemp("native"), native)
+    return run_stream(spark, tmp_path_factory.mktemp("native"), native)[0]
 
 
 @pytest.mark.parametrize("engine", ["arrow", "processor"])
@@ -92,7 +93,7 @@ def test_streaming_equals_native_batch_by_batch(spark, tmp_path, native_batches,
                           state_location=str(state), local_dir=str(tmp_path / "local"),
                           engine=engine)
 
-    ours = run_stream(spark, tmp_path, build)
+    ours, query_id = run_stream(spark, tmp_path, build)
     assert ours == native_batches
     sessions = {(r[0], r[1]): r for rows in ours.values() for r in rows}
     # the late-row rule: 91 s joined a's session; 84.999999 s and 85 s were late
@@ -106,7 +107,7 @@ def test_streaming_equals_native_batch_by_batch(spark, tmp_path, native_batches,
         EPOCH + dt.timedelta(seconds=215, microseconds=500)
     # d's session closes in the no-data batch that follows the last file, as native's does
     assert [r[0] for r in ours[max(ours)]] == ["d"] and max(ours) == max(native_batches)
-    totals = read_state_metrics(str(state))
+    totals = read_state_metrics(query_state_location(str(state), query_id))
     assert totals["null_times_dropped"] == 1
     if engine == "arrow":
         assert totals["dropped_records"] == 2

@@ -141,7 +141,7 @@ def test_task_failure_is_retried_without_double_counting(spark, reference, tmp_p
     rows = run.rows()
     assert sorted(r[:-1] for r in rows) == sorted(reference)
     assert all(int(r[-1]) == r[3] for r in rows)  # the flaky count equals the count
-    totals = read_state_metrics(str(tmp_path / "state"))
+    totals = read_state_metrics(run.state_location(tmp_path / "state"))
     assert totals["records_in"] == sum(len(f) for f in FILES)
 
 
@@ -162,7 +162,7 @@ def test_late_rows_are_dropped_and_counted(spark, tmp_path, engine):
     run.stop()
     got = sorted((r[1].second + 60 * r[1].minute, r[3]) for r in run.rows())
     assert got == [(0, 1), (100, 2)]
-    totals = read_state_metrics(str(state))
+    totals = read_state_metrics(run.state_location(state))
     if engine == "arrow":  # the engine itself judges lateness, and counts what it drops
         assert run.dropped_by_watermark() == 0
         assert totals["records_in"] == 6 and totals["dropped_records"] == 2
