@@ -60,6 +60,7 @@ import pyarrow.fs as pafs
 from sessionstore import SessionStore, StoreCorruptedError
 from sessionstore.store.checkpoint import CHECKPOINTS_DIR, committed_versions, version_dir_name
 from sessionstore.store.checkpoint import read_manifest as read_store_manifest
+from sessionstore.store.rocksdb import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +187,10 @@ def publish_object(fs: pafs.FileSystem, path: str, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(Path(os.path.dirname(path)))
     else:
         with fs.open_output_stream(path) as handle:
             handle.write(data)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- manifests --------------------------------------------------------------------------------
