@@ -28,11 +28,13 @@ def apply_step(store, i: int) -> None:
 def main(path: str) -> None:
     with SessionStore(path, retention_ms=RETENTION, segment_interval_ms=INTERVAL) as store:
         done = store.committed_metadata["step"] if store.committed_metadata else 0
+        print("ready", flush=True)  # the parent times its kill from here, not from start-up
         i = done
         while True:
             i += 1
             apply_step(store, i)
             store.commit({"step": i})
+            print(i, flush=True)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,21 @@ def test_sigkill_at_random_moments_reopens_at_last_commit(tmp_path: Path):
     rng = random.Random(94)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     steps_seen = []
-    for _ in range(KILLS):
+    for kill in range(KILLS):
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.store.crash_child", str(path)], cwd=ROOT, env=env
+            [sys.executable, "-m", "tests.store.crash_child", str(path)], cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, text=True,
         )
-        time.sleep(rng.uniform(0.25, 0.9))
+        # Time the kill from the child's "ready" line: starting Python takes longer than the
+        # whole window on a busy machine, and a kill during start-up tests nothing.
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        if kill % 4 == 3:  # sometimes wait for a commit first, so the tail moves on
+            child.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.3))
         child.send_signal(signal.SIGKILL)
         child.wait()
+        child.stdout.close()
         assert child.returncode == -signal.SIGKILL
         with SessionStore(path, retention_ms=RETENTION, segment_interval_ms=INTERVAL) as store:
             step = store.committed_metadata["step"] if store.committed_metadata else 0
