@@ -217,20 +217,23 @@ def event_gaps(engine: SessionAggregator, values: Any, times: np.ndarray,
 
 def _gap_column(values: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]:
     """``(gaps, valid)``: int64 gaps (0 where null) and where they are not null."""
-    if isinstance(values, list):
+    arrow = values
+    if isinstance(values, list) or (hasattr(values, "to_numpy")  # lists, pandas Series
+                                    and not isinstance(values, np.ndarray | pa.Array
+                                                       | pa.ChunkedArray)):
         with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError,
                                  ValueError):
-            values = pa.array(values)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array) and (pa.types.is_integer(values.type)
-                                         or pa.types.is_null(values.type)):
-        if len(values) != n:
-            raise ValueError(f"{name} has {len(values)} rows, timestamps_ms has {n}")
-        valid = values.is_valid().to_numpy(zero_copy_only=False).astype(np.bool_)
-        if pa.types.is_null(values.type):
+            arrow = pa.array(values)
+    if isinstance(arrow, pa.ChunkedArray):
+        arrow = arrow.combine_chunks()
+    if isinstance(arrow, pa.Array) and (pa.types.is_integer(arrow.type)
+                                        or pa.types.is_null(arrow.type)):
+        if len(arrow) != n:
+            raise ValueError(f"{name} has {len(arrow)} rows, timestamps_ms has {n}")
+        valid = arrow.is_valid().to_numpy(zero_copy_only=False).astype(np.bool_)
+        if pa.types.is_null(arrow.type):
             return np.zeros(n, dtype=np.int64), valid
-        raw = values.fill_null(0).to_numpy(zero_copy_only=False)
+        raw = arrow.fill_null(0).to_numpy(zero_copy_only=False)
         if raw.dtype == np.uint64 and len(raw) and raw.max() > np.iinfo(np.int64).max:
             row = int(np.argmax(raw > np.iinfo(np.int64).max))
             raise ValueError(f"{name}[{row}] = {raw[row]} does not fit in int64")
@@ -241,12 +244,10 @@ def _gap_column(values: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]
     if isinstance(column, np.ndarray) and column.dtype.kind in "iu" \
             and column.dtype != np.uint64:
         return column.astype(np.int64), np.ones(n, dtype=np.bool_)
-    if isinstance(column, np.ndarray) and column.dtype.kind == "f":
-        raise TypeError(f"{name} must be integer durations (engine units), got a float column")
     items = column.tolist() if isinstance(column, np.ndarray) else list(column)
     gaps = np.zeros(n, dtype=np.int64)
     valid = np.ones(n, dtype=np.bool_)
-    for row, item in enumerate(items):
+    for row, item in enumerate(items):  # durations one by one: the error names the row
         if item is None or _is_missing(item):
             valid[row] = False
         else:
@@ -255,9 +256,8 @@ def _gap_column(values: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def _is_missing(item: Any) -> bool:
-    """pandas' NA/NaT and float NaN (a null in a pandas column), without importing pandas."""
-    if isinstance(item, float):
-        return item != item
+    """pandas' NA and NaT (a null in a pandas column), without importing pandas. A float NaN
+    is not missing: floats are refused, as in the time column."""
     return type(item).__name__ in ("NAType", "NaTType")
 
 
