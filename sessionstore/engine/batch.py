@@ -123,7 +123,7 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     out: list[Emit] = []
     if n == 0:
         return out
-    kept = None if gaps is None else gaps.kept
+    kept = None if gaps is None or not gaps.dropped else gaps.kept  # None: every event
     if kept is not None and len(kept) == 0:  # every event has an invalid gap
         _count_invalid_gaps(engine, gaps)
         return out
@@ -617,9 +617,10 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
                     late_values = (table.column(value).to_pylist()
                                    if value is not None and engine.on_late is not None
                                    else None)
-                    if gaps is None:
+                    if gaps is None or not gaps.dropped:
+                        ends = times + (cfg.max_gap_ms if gaps is None else gaps.gaps)
                         blocks = _fast(engine, codes, uniques, uniques_arrow, part_values,
-                                       times, late_values, times + cfg.max_gap_ms)
+                                       times, late_values, ends)
                     else:
                         kept = gaps.kept
                         blocks = _fast(
