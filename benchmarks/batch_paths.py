@@ -3,6 +3,11 @@
 (disorder, short sessions, skew). Ratios to the dict sessionizer, repeated; it asserts nothing::
 
     python -m benchmarks.batch_paths --events 300000 --repeat 3
+
+Each row also runs the batch paths with a *dynamic gap* (issue 12): the same stream, with a gap
+drawn per event uniformly in ``[1, 2 * gap]`` (so ``max_gap_ms = 2 * gap``), given as the
+``gaps_ms`` / ``gap=`` column. Those lines show the dynamic run's CPU time over the fixed-gap
+run's on the same path and store (the issue's target: at most 1.5x).
 """
 
 from __future__ import annotations
@@ -32,35 +37,49 @@ PATHS = ("event", "process_batch", "process_table")
 
 
 def run_path(path: str, keys: np.ndarray, times: np.ndarray, gap_ms: int, disorder_ms: int,
-             store_kind: str, root: Path) -> tuple[float, int]:
-    """Seconds and sessions emitted: count per key, emit-on-close, a commit per batch."""
-    windows = SessionWindows(gap_ms)
+             store_kind: str, root: Path, gaps: np.ndarray | None = None
+             ) -> tuple[float, int, float]:
+    """Seconds, sessions emitted and CPU seconds: count per key, emit-on-close, a commit per
+    batch. With ``gaps``, each event's own gap (and ``max_gap_ms = 2 * gap_ms``)."""
+    windows = (SessionWindows(gap_ms) if gaps is None
+               else SessionWindows(None, max_gap_ms=2 * gap_ms))
     store = _open_store(store_kind, root, f"{path}-{time.monotonic_ns()}",
                         windows.retention_ms + disorder_ms)
     engine = SessionAggregator(store, windows, aggregations.count(),
                                max_out_of_orderness_ms=disorder_ms,
                                emit=EmitStrategy.ON_WINDOW_CLOSE)
     key_list, time_list = keys.tolist(), times.tolist()
+    gap_list = None if gaps is None else gaps.tolist()
     emitted = 0
     gc.collect()
     start = time.perf_counter()
+    cpu_start = time.process_time()
     for i in range(0, len(keys), BATCH_EVENTS):
         j = i + BATCH_EVENTS
         if path == "event":
             process = engine.process
-            for key, t in zip(key_list[i:j], time_list[i:j], strict=True):
-                emitted += len(process(key, key, t))
+            if gap_list is None:
+                for key, t in zip(key_list[i:j], time_list[i:j], strict=True):
+                    emitted += len(process(key, key, t))
+            else:
+                for key, t, g in zip(key_list[i:j], time_list[i:j], gap_list[i:j], strict=True):
+                    emitted += len(process(key, key, t, g))
         elif path == "process_batch":
-            emitted += len(engine.process_batch(keys[i:j], keys[i:j], times[i:j]))
-        else:
+            emitted += len(engine.process_batch(keys[i:j], keys[i:j], times[i:j],
+                                                None if gaps is None else gaps[i:j]))
+        elif gaps is None:
             table = pa.table({"k": keys[i:j], "t": times[i:j]})
             emitted += engine.process_table(table, key="k", time="t").num_rows
+        else:
+            table = pa.table({"k": keys[i:j], "t": times[i:j], "g": gaps[i:j]})
+            emitted += engine.process_table(table, key="k", time="t", gap="g").num_rows
         engine.commit()
     emitted += len(engine.advance_watermark(INT64_MAX))
     engine.commit()
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     store.close()
-    return elapsed, emitted
+    return elapsed, emitted, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,32 +89,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-event", action="store_true", help="skip the slow event path")
     parser.add_argument("--rows", type=int, default=len(ROWS), help="run the first N rows")
+    parser.add_argument("--store", choices=("rocksdb", "memory", "both"), default="both")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="batch-paths-"))
     try:
         for disorder_ms, target in ROWS[:args.rows]:
             keys, times = q11_like_stream(args.events, args.keys, disorder_ms)
             gap_ms = gap_for(keys, times, target)
+            gaps = np.random.default_rng(12).integers(1, 2 * gap_ms + 1, len(keys),
+                                                      dtype=np.int64)
             ratios: dict[str, list[float]] = {}
             counts: set[int] = set()
+            dynamic_counts: set[int] = set()
+            stores = ("rocksdb", "memory") if args.store == "both" else (args.store,)
             for _ in range(args.repeat):
                 base, dict_count = _timed_dict(keys.tolist(), times.tolist(), gap_ms,
                                                disorder_ms)
                 counts.add(dict_count)
-                for store_kind in ("rocksdb", "memory"):
+                for store_kind in stores:
                     for path in PATHS:
                         if path == "event" and args.skip_event:
                             continue
-                        elapsed, emitted = run_path(path, keys, times, gap_ms, disorder_ms,
-                                                    store_kind, root)
+                        elapsed, emitted, cpu = run_path(path, keys, times, gap_ms,
+                                                         disorder_ms, store_kind, root)
                         counts.add(emitted)
                         ratios.setdefault(f"{path}/{store_kind}", []).append(base / elapsed)
+                        _, dynamic_emitted, dynamic_cpu = run_path(
+                            path, keys, times, gap_ms, disorder_ms, store_kind, root, gaps)
+                        dynamic_counts.add(dynamic_emitted)
+                        ratios.setdefault(f"{path}+gaps/{store_kind} cpu", []).append(
+                            dynamic_cpu / cpu)
             summary: dict[str, Any] = {name: f"{statistics.median(r):.2f}x "
                                        f"({min(r):.2f}-{max(r):.2f})"
                                        for name, r in ratios.items()}
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             print(f"disorder {disorder_ms} ms, {target} events/session, gap {gap_ms} ms, "
-                  f"sessions {sorted(counts)}, load average {load}:")
+                  f"sessions {sorted(counts)} (dynamic gaps: {sorted(dynamic_counts)}), "
+                  f"load average {load}; '+gaps' lines are dynamic-gap CPU time over the "
+                  f"fixed gap's on the same path and store:")
             for name, text in summary.items():
                 print(f"    {name:24s} {text}", flush=True)
     finally:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from . import aggregations, aggspec
 from .aggspec import AggSpec
 from .engine import Emit, EmitStrategy, SessionAggregator
+from .engine.config import closing_watermark_ms
 from .io import (
     KEY_TYPES,
     InputError,
@@ -362,9 +363,8 @@ class _Run:
                 self.snapshot.publish(self.metrics())
             # The input is over: move W just far enough that every session closes, so the
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
-            windows = self.engine.windows
             end = INT64_MAX if self.max_time_ms is None else \
-                min(self.max_time_ms + windows.gap_ms + windows.grace_ms, INT64_MAX)
+                closing_watermark_ms(self.engine.windows, self.max_time_ms)
             self.pending.extend(self.engine.advance_watermark(end))
             self.commit(seen)
             self.snapshot.publish(self.metrics())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as _dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,25 +14,54 @@ from .timeutil import check_int64, duration_ms
 class SessionWindows:
     """Session windows: an event at ``t`` opens ``[t, t + gap)``; overlapping windows merge.
 
+    The gap is fixed (one duration for every event) or *dynamic* (each event brings its own,
+    as Spark's ``session_window(time, gap_expression)`` and Flink's dynamic session windows do).
+    A session ends at the largest ``t + gap`` over its events.
+
     Args:
-        gap_ms: the inactivity gap (> 0). Also accepts a ``timedelta`` or ``"10 minutes"``.
+        gap_ms: the inactivity gap: a duration (> 0; an int of milliseconds, a ``timedelta`` or
+            ``"10 minutes"``) for a fixed gap; a callable ``(key, value, timestamp_ms) -> gap``
+            (the gap as a duration, or ``None``) for a gap computed per event; or ``None`` for a
+            gap given with each event (``process(..., gap_ms=)``, ``gaps_ms=`` of
+            ``process_batch``, ``gap=`` of ``process_table``).
         grace_ms: how long after a session's end (in watermark time) late events may still
             change it (>= 0).
         inclusive_gap: True (Spark, Flink, Kafka) merges windows that merely touch, so events
             exactly ``gap`` apart share a session; False (Beam) requires them to overlap.
         retention_ms: how long the store keeps a session after its end; at least
-            ``gap_ms + grace_ms``, which is the default.
+            ``max_gap_ms + grace_ms`` (plus ``max_duration_ms`` when set), which is the default.
+        max_gap_ms: the largest gap an event may have (> 0). Required with a dynamic gap (the
+            store's retention must cover the largest gap that can occur); an event whose gap
+            exceeds it is refused with ``ValueError``. With a fixed gap it is the gap (passing a
+            different value is an error).
+        max_duration_ms: the longest span a session may have (> 0), or ``None`` (no cap).
+
+    Per event, a dynamic gap that is ``None`` or ``<= 0`` drops the event (counted in the
+    ``dropped-records`` and ``dropped-invalid-gap-records`` metrics), as Spark filters such rows.
+
+    Attributes:
+        dynamic: whether the gap varies per event.
+        gap_ms: the fixed gap, or ``None`` when dynamic.
+        gap_fn: the per-event gap callable, or ``None``.
+        max_gap_ms: the largest gap (the fixed gap when not dynamic); always set.
+        max_duration_ms: the session length cap, or ``None``.
 
     Raises:
-        ValueError: ``gap_ms <= 0``, ``grace_ms < 0``, ``retention_ms < gap_ms + grace_ms``, or
-            a value (``gap_ms + grace_ms`` included) outside int64.
-        TypeError: an argument is not a duration.
+        ValueError: ``gap_ms <= 0``, ``max_gap_ms <= 0``, a dynamic gap without ``max_gap_ms``,
+            a fixed gap with a different ``max_gap_ms``, ``grace_ms < 0``,
+            ``max_duration_ms <= 0``, ``retention_ms`` below its minimum, or a value (the derived
+            retention included) outside int64.
+        TypeError: an argument is not a duration (or a callable / ``None`` for ``gap_ms``).
     """
 
-    gap_ms: int
+    gap_ms: int | None
     grace_ms: int
     inclusive_gap: bool
     retention_ms: int
+    max_gap_ms: int
+    max_duration_ms: int | None
+    gap_fn: Callable[[Any, Any, int], Any] | None
+    dynamic: bool
 
     def __init__(
         self,
@@ -38,33 +69,70 @@ class SessionWindows:
         grace_ms: Any = 0,
         inclusive_gap: bool = True,
         retention_ms: Any = None,
+        *,
+        max_gap_ms: Any = None,
+        max_duration_ms: Any = None,
     ) -> None:
-        gap = duration_ms(gap_ms, "gap_ms")
-        if gap <= 0:
-            raise ValueError(f"gap_ms must be > 0, got {gap}")
+        gap_fn: Callable[[Any, Any, int], Any] | None = None
+        gap: int | None = None
+        if gap_ms is None or (callable(gap_ms) and not isinstance(gap_ms, (str, _dt.timedelta))):
+            gap_fn = gap_ms
+            if max_gap_ms is None:
+                raise ValueError("max_gap_ms is required with a dynamic gap_ms (a callable or "
+                                 "None): the store's retention must cover the largest gap")
+            max_gap = duration_ms(max_gap_ms, "max_gap_ms")
+            if max_gap <= 0:
+                raise ValueError(f"max_gap_ms must be > 0, got {max_gap}")
+            gap_term = "max_gap_ms"
+        else:
+            gap = duration_ms(gap_ms, "gap_ms")
+            if gap <= 0:
+                raise ValueError(f"gap_ms must be > 0, got {gap}")
+            if max_gap_ms is not None:
+                given = duration_ms(max_gap_ms, "max_gap_ms")
+                if given != gap:
+                    raise ValueError(f"max_gap_ms must equal a fixed gap_ms = {gap} (or be "
+                                     f"omitted), got {given}")
+            max_gap = gap
+            gap_term = "gap_ms"
         grace = duration_ms(grace_ms, "grace_ms")
         if grace < 0:
             raise ValueError(f"grace_ms must be >= 0, got {grace}")
         if not isinstance(inclusive_gap, bool):
             raise TypeError(f"inclusive_gap must be a bool, got {inclusive_gap!r}")
+        max_duration: int | None = None
+        if max_duration_ms is not None:
+            max_duration = duration_ms(max_duration_ms, "max_duration_ms")
+            if max_duration <= 0:
+                raise ValueError(f"max_duration_ms must be > 0, got {max_duration}")
+        minimum = max_gap + grace + (max_duration or 0)
+        label = f"{gap_term} + grace_ms" + (" + max_duration_ms" if max_duration else "")
         if retention_ms is None:  # the derived value must fit int64 like the given ones
-            retention = check_int64(gap + grace, "retention_ms (gap_ms + grace_ms)")
+            retention = check_int64(minimum, f"retention_ms ({label})")
         else:
             retention = duration_ms(retention_ms, "retention_ms")
-        if retention < gap + grace:
-            raise ValueError(
-                f"retention_ms must be >= gap_ms + grace_ms = {gap + grace}, got {retention}"
-            )
+        if retention < minimum:
+            raise ValueError(f"retention_ms must be >= {label} = {minimum}, got {retention}")
         object.__setattr__(self, "gap_ms", gap)
         object.__setattr__(self, "grace_ms", grace)
         object.__setattr__(self, "inclusive_gap", inclusive_gap)
         object.__setattr__(self, "retention_ms", retention)
+        object.__setattr__(self, "max_gap_ms", max_gap)
+        object.__setattr__(self, "max_duration_ms", max_duration)
+        object.__setattr__(self, "gap_fn", gap_fn)
+        object.__setattr__(self, "dynamic", gap is None)
 
-    def merge_bounds(self, timestamp_ms: int) -> tuple[int, int]:
-        """``(earliest_end, latest_start)`` of the sessions an event at ``timestamp_ms`` joins."""
+    def merge_bounds(self, timestamp_ms: int, gap_ms: int | None = None) -> tuple[int, int]:
+        """``(earliest_end, latest_start)`` of the sessions an event at ``timestamp_ms`` joins.
+
+        ``gap_ms`` is the event's own gap; it defaults to the fixed gap (required when
+        dynamic)."""
+        gap = self.gap_ms if gap_ms is None else gap_ms
+        if gap is None:
+            raise ValueError("merge_bounds needs the event's gap_ms with a dynamic gap")
         if self.inclusive_gap:
-            return timestamp_ms, timestamp_ms + self.gap_ms
-        return timestamp_ms + 1, timestamp_ms + self.gap_ms - 1
+            return timestamp_ms, timestamp_ms + gap
+        return timestamp_ms + 1, timestamp_ms + gap - 1
 
 
 @dataclass(frozen=True, init=False)

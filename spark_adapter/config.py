@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from sessionstore import AccumulationMode, AfterWatermark, EmitStrategy, SessionWindows
 from sessionstore.aggregations import Aggregation
 from sessionstore.engine import Emit
+from sessionstore.engine.config import required_retention_ms
 from sessionstore.timeutil import duration_ms
 
 from . import columns
@@ -84,7 +85,8 @@ class SessionizeConfig:
     def retention_us(self) -> int:
         """How long the store keeps a session after its end: until Spark's watermark, which
         trails the newest event by the delay, has passed it for certain."""
-        return self.gap_us + self.delay_ms * 1000 + 1
+        return required_retention_ms(SessionWindows(self.gap_us, 0, self.inclusive_gap),
+                                     self.delay_ms * 1000 + 1, "event_time")
 
     def windows(self) -> SessionWindows:
         return SessionWindows(self.gap_us, 0, self.inclusive_gap, retention_ms=self.retention_us)

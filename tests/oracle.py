@@ -11,15 +11,19 @@ from typing import Any
 NEG_INF = float("-inf")
 
 
-def sessionize(steps: list[tuple[Any, ...]], gap: int, grace: int = 0, inclusive: bool = True,
-               out_of_orderness: int | None = 0) -> tuple[list[tuple[Any, ...]], list[Any]]:
+def sessionize(steps: list[tuple[Any, ...]], gap: int | None, grace: int = 0,
+               inclusive: bool = True, out_of_orderness: int | None = 0,
+               invalid_gaps: list[Any] | None = None) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """Sessionize a whole input.
 
     Args:
-        steps: ``("event", key, value, t)`` and ``("watermark", w)`` in arrival order.
-        gap, grace, inclusive: the windows.
+        steps: ``("event", key, value, t)`` and ``("watermark", w)`` in arrival order; an event
+            may carry its own gap as a fifth item, ``("event", key, value, t, gap)``.
+        gap, grace, inclusive: the windows; ``gap`` is the gap of events without their own.
         out_of_orderness: the event-time watermark lag; None for an external watermark (only
             ``watermark`` steps move it).
+        invalid_gaps: receives the values of events whose own gap is None or <= 0; those are
+            dropped as if they never arrived (they move no watermark).
 
     Returns:
         ``(sessions, dropped)``: every session as ``(key, start, end, values)`` with values in
@@ -32,16 +36,21 @@ def sessionize(steps: list[tuple[Any, ...]], gap: int, grace: int = 0, inclusive
         if step[0] == "watermark":
             w = max(w, step[1])
             continue
-        _, key, value, t = step
-        if w >= t + gap + grace:
+        key, value, t = step[1:4]
+        own = step[4] if len(step) > 4 else gap
+        if own is None or own <= 0:
+            if invalid_gaps is not None:
+                invalid_gaps.append(value)
+            continue
+        if w >= t + own + grace:
             dropped.append(value)
             continue
         mine = sessions.setdefault(key, [])
-        lo, hi = t, t + gap
+        lo, hi = t, t + own
         keep, join = [], []
         for s in mine:
             final = s[1] <= w - grace
-            reach = (s[1] >= t and s[0] <= t + gap) if inclusive else (s[1] > t and s[0] < t + gap)
+            reach = (s[1] >= t and s[0] <= t + own) if inclusive else (s[1] > t and s[0] < t + own)
             (join if reach and not final else keep).append(s)
         items = [(t, arrival, value)]
         for s in join:

@@ -29,7 +29,7 @@ from .. import keyschema
 from ..aggregations import Aggregation, Combined
 from ..store.caching import CachingSessionStore
 from ..store.metered import MeteredSessionStore
-from ..timeutil import INT64_MAX, INT64_MIN, check_int64
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
 from ..types import Session, SessionStoreProtocol
@@ -69,8 +69,9 @@ class SessionAggregator:
 
     Args:
         store: any session store (``SessionStore`` or ``InMemorySessionStore``). Its retention
-            must be at least ``gap + grace`` (+ ``max_out_of_orderness_ms`` with an event-time
-            watermark): :func:`~sessionstore.engine.config.required_retention_ms`.
+            must be at least ``max_gap + grace`` (+ ``max_duration_ms`` when set, +
+            ``max_out_of_orderness_ms`` with an event-time watermark):
+            :func:`~sessionstore.engine.config.required_retention_ms`.
         windows: the :class:`SessionWindows`.
         aggregation: an :class:`~sessionstore.aggregations.Aggregation`.
         emit: ``ON_WINDOW_UPDATE`` (the default without a trigger) or ``ON_WINDOW_CLOSE``.
@@ -204,39 +205,103 @@ class SessionAggregator:
 
     @property
     def metrics(self) -> dict[str, float]:
-        """``records-in``, ``dropped-records``, ``emit-final-*`` (KIP-825) and store metrics."""
+        """``records-in``, ``dropped-records`` (late or invalid-gap events),
+        ``dropped-invalid-gap-records``, ``emit-final-*`` (KIP-825) and store metrics."""
         return self._metrics.snapshot(self._metered.metrics)
 
-    def process(self, key: Any, value: Any, timestamp_ms: Any) -> list[Emit]:
+    def process(self, key: Any, value: Any, timestamp_ms: Any,
+                gap_ms: Any = None) -> list[Emit]:
         """Add one event; return what it emits.
 
+        Args:
+            key, value, timestamp_ms: the event.
+            gap_ms: the event's own gap, with windows whose gap comes with each event
+                (``SessionWindows(None, max_gap_ms=...)``): a duration (int ms, ``timedelta``
+                or ``"5 minutes"``), or None. Required then; refused with a fixed gap or a gap
+                callable (which computes it from ``(key, value, timestamp_ms)``).
+
+        A dynamic gap that is None or ``<= 0`` drops the event (counted in
+        ``dropped-records`` and ``dropped-invalid-gap-records``; ``on_late`` is not called).
+
         Raises:
-            ValueError: a None key or an out-of-range timestamp.
-            TypeError: a key, timestamp or value of the wrong type (the value and the new
+            ValueError: a None key, an out-of-range timestamp (``t + gap + grace`` must fit
+                int64), a gap above ``max_gap_ms``, a missing or unexpected ``gap_ms``.
+            TypeError: a key, timestamp, gap or value of the wrong type (the value and the new
                 accumulator must be msgpack-serialisable). Nothing changes then.
         """
+        cfg = self.config
         t = timestamp_ms if type(timestamp_ms) is int else None
-        if t is None or not INT64_MIN <= t <= self.config.max_timestamp_ms:
-            t = self._check_timestamp(timestamp_ms)
+        gap: int | None = None  # the event's own gap; None with a fixed gap
+        if not cfg.dynamic:
+            if gap_ms is not None:
+                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows have a fixed gap "
+                                 f"({cfg.gap_ms} ms); pass gap_ms only with "
+                                 f"SessionWindows(None, max_gap_ms=...)")
+            if t is None or not INT64_MIN <= t <= cfg.max_timestamp_ms:
+                t = self._check_timestamp(timestamp_ms)
+        else:
+            if t is None or not INT64_MIN <= t <= INT64_MAX:
+                t = to_timestamp_ms(timestamp_ms, "timestamp_ms")
         keyschema.encode_key(key)
         check_encodable(value, "value")
+        if cfg.dynamic:  # after the key and value checks: a gap callable sees valid events
+            gap = self._event_gap(key, value, t, gap_ms)
         if self._table is not None:
             self._leave_table()
         out: list[Emit] = []
-        self._process_one(key, value, t, out)
+        if gap is None and cfg.dynamic:  # an invalid gap: dropped, as Spark filters it
+            # (dropped here, not as late: it does not call on_late nor move the watermark)
+            self._metrics.records_in += 1
+            self._metrics.dropped += 1
+            self._metrics.dropped_invalid_gap += 1
+            return out
+        self._process_one(key, value, t, out, gap)
         if self._forwarded:
             out.extend(self._drain_forwarded())
         return out
 
-    def process_batch(self, keys: Any, values: Any, timestamps_ms: Any) -> list[Emit]:
+    def _event_gap(self, key: Any, value: Any, t: int, gap_ms: Any) -> int | None:
+        """The dynamic gap of one event (None: invalid, the event is dropped).
+
+        Raises:
+            ValueError / TypeError: naming the argument (a missing or unexpected ``gap_ms``, a
+                gap that is not a duration, above ``max_gap_ms``, or overflowing int64).
+        """
+        fn = self.windows.gap_fn
+        if fn is not None:
+            if gap_ms is not None:
+                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows compute each "
+                                 f"event's gap with their gap callable; pass one or the other")
+            raw, name = fn(key, value, t), "the gap callable's result"
+        else:
+            if gap_ms is None:
+                raise ValueError("gap_ms is required: the windows take each event's gap with "
+                                 "the event (SessionWindows(None, ...))")
+            raw, name = gap_ms, "gap_ms"
+        if raw is None:
+            return None
+        gap = raw if type(raw) is int else duration_ms(raw, name)
+        if gap <= 0:
+            return None
+        cfg = self.config
+        if gap > cfg.max_gap_ms:
+            raise ValueError(f"{name} = {gap} exceeds max_gap_ms = {cfg.max_gap_ms} "
+                             f"(event at timestamp_ms {t})")
+        if t > INT64_MAX - gap - cfg.grace_ms:
+            raise ValueError(f"timestamp_ms {t} + {name} {gap} + grace_ms overflows int64")
+        return gap
+
+    def process_batch(self, keys: Any, values: Any, timestamps_ms: Any,
+                      gaps_ms: Any = None) -> list[Emit]:
         """Add a batch of events, in order. See :func:`sessionstore.engine.batch.process_batch`
-        for the contract (atomic, validated first, equal to the event path)."""
+        for the contract (atomic, validated first, equal to the event path); ``gaps_ms`` is
+        each event's gap with windows whose gap comes with each event."""
         from .batch import process_batch
 
-        return process_batch(self, keys, values, timestamps_ms)
+        return process_batch(self, keys, values, timestamps_ms, gaps_ms)
 
     def process_table(self, table: Any, *, key: str | list[str], time: str,
-                      value: str | None = None) -> Any:
+                      value: str | None = None, gap: str | None = None) -> Any:
         """Add a batch of events given as columns; return what it emits as columns.
 
         Args:
@@ -246,6 +311,9 @@ class SessionAggregator:
             value: the column that built-ins without ``column=`` read (``sum_of()``, ...), and
                 the value custom aggregations and ``on_late`` receive. Without it, the exact
                 slower path hands custom aggregations each row as a dict.
+            gap: with windows whose gap comes with each event, the column of each event's gap:
+                integers in engine units (like ``time``); a null or ``<= 0`` drops the row
+                (counted). Refused with a fixed gap or a gap callable.
 
         Returns:
             A ``pyarrow.Table`` with one row per emitted session, in emission order: the key
@@ -270,7 +338,7 @@ class SessionAggregator:
         if self._runner is not None:
             raise TypeError("process_table does not emit panes: with trigger=, use "
                             "process_batch")
-        return process_table(self, table, key=key, time=time, value=value)
+        return process_table(self, table, key=key, time=time, value=value, gap=gap)
 
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
@@ -409,20 +477,23 @@ class SessionAggregator:
         if self.on_late is not None:
             self.on_late(key, value, t)
 
-    def _process_one(self, key: Any, value: Any, t: int, out: list[Emit]) -> None:
+    def _process_one(self, key: Any, value: Any, t: int, out: list[Emit],
+                     gap: int | None = None) -> None:
+        """One validated event; ``gap`` is its own gap (None: the fixed gap)."""
         self._metrics.records_in += 1
         times = self._times
         cfg = self.config
+        own_end = t + (cfg.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
         # TimeKeeper.is_late and closed_before, inlined: this runs once per event
         w = times.watermark
-        if w >= t + cfg.gap_ms + cfg.grace_ms:
+        if w >= own_end + cfg.grace_ms:
             self._drop(key, value, t)
             return
         closed_before = w - cfg.grace_ms
         if closed_before < times.last_close:
             closed_before = times.last_close
         view = self._state.sessions_of(key, closed_before)
-        start, end, joined = merge_event(view.keys(), t, t + cfg.gap_ms, closed_before,
+        start, end, joined = merge_event(view.keys(), t, own_end, closed_before,
                                          cfg.inclusive_gap)
         new = Session(key, start, end)
         records = [SessionRecord.from_wire(view[b][0]) for b in joined]

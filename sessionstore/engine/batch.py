@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from .. import batch as columns
 from .. import keyschema
-from ..timeutil import INT64_MIN
+from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
 from .columnar import (
     NUMERIC_KINDS,
@@ -64,12 +64,18 @@ if TYPE_CHECKING:
 
 
 def process_batch(engine: SessionAggregator, keys: Any, values: Any,
-                  timestamps_ms: Any) -> list[Emit]:
+                  timestamps_ms: Any, gaps_ms: Any = None) -> list[Emit]:
     """Add a batch of events in arrival order.
 
     Args:
         keys, values, timestamps_ms: lists, numpy arrays, pandas Series or Arrow arrays of the
             same length; times are int64 milliseconds (or datetimes).
+        gaps_ms: each event's gap, with windows whose gap comes with each event
+            (``SessionWindows(None, max_gap_ms=...)``): a column like the others of durations
+            (ints in engine units, or ``timedelta`` / duration strings in a list) or nulls.
+            Required then; refused with a fixed gap or a gap callable (which is called per
+            event instead). A null or ``<= 0`` gap drops its event (counted in
+            ``dropped-records`` and ``dropped-invalid-gap-records``).
 
     Returns:
         With ON_WINDOW_CLOSE or a trigger: exactly what a loop of ``process`` emits. With
@@ -78,8 +84,9 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
         delivered session merged away).
 
     Raises:
-        TypeError / ValueError: a bad key, time or value, naming the argument and the row
-            (``values[3] cannot be stored ...``). A batch is atomic: nothing changes then.
+        TypeError / ValueError: a bad key, time, gap or value, naming the argument and the
+            row (``values[3] cannot be stored ...``, ``gaps_ms[2] = 900 exceeds max_gap_ms =
+            600``). A batch is atomic: nothing changes then.
     """
     key_list = columns.as_list(keys, "keys")
     n = len(key_list)
@@ -88,40 +95,180 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if len(value_list) != n:
         raise ValueError(f"values has {len(value_list)} rows, keys has {n}")
     cfg = engine.config
-    if n and int(times.max()) > cfg.max_timestamp_ms:
+    if not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
         row = int(np.argmax(times > cfg.max_timestamp_ms))
         raise ValueError(
             f"timestamps_ms[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64"
         )
     codes, uniques, uniques_arrow = columns.factorize_keys_arrow(key_list)
     first_unencodable(value_list, "values")
+    gaps = None
+    if cfg.dynamic:
+        if engine.windows.gap_fn is not None:
+            if gaps_ms is not None:
+                raise ValueError("gaps_ms given, but the windows compute each event's gap with "
+                                 "their gap callable; pass one or the other")
+            fn = engine.windows.gap_fn
+            raw = [fn(k, v, t) for k, v, t in zip(key_list, value_list, times.tolist(),
+                                                  strict=True)]
+            gaps = event_gaps(engine, raw, times, "the gap callable's results")
+        else:
+            if gaps_ms is None:
+                raise ValueError("gaps_ms is required: the windows take each event's gap with "
+                                 "the event (SessionWindows(None, ...))")
+            gaps = event_gaps(engine, gaps_ms, times, "gaps_ms")
+    elif gaps_ms is not None:
+        raise ValueError(f"gaps_ms given, but the windows have a fixed gap ({cfg.gap_ms} ms); "
+                         f"pass gaps_ms only with SessionWindows(None, max_gap_ms=...)")
     out: list[Emit] = []
     if n == 0:
         return out
+    kept = None if gaps is None or not gaps.dropped else gaps.kept  # None: every event
+    if kept is not None and len(kept) == 0:  # every event has an invalid gap
+        _count_invalid_gaps(engine, gaps)
+        return out
+    ends = times + cfg.max_gap_ms if gaps is None else times + gaps.gaps  # max_gap: fixed gap
     if engine._columnar_kinds is not None:
         with _collector_paused():
             try:
                 part_values = _part_values_of_list(engine, value_list)
-                blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                               value_list)
+                if kept is None:
+                    blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
+                                   value_list, ends)
+                else:
+                    blocks = _fast(engine, codes[kept], uniques, uniques_arrow,
+                                   [None if v is None else v[kept] for v in part_values],
+                                   times[kept], [value_list[i] for i in kept.tolist()],
+                                   ends[kept])
             except NotColumnar:
                 pass
             else:
                 names = engine._result_names
                 for block, flags in blocks:
                     out.extend(block.emits(names, flags))
+                _count_invalid_gaps(engine, gaps)
                 return out
     engine._leave_table()
     if engine._runner is not None:
         _precheck_accumulators(engine, key_list, value_list, times)
         step = engine._process_one
-        for key, value, t in zip(key_list, value_list, times.tolist(), strict=True):
-            step(key, value, t, out)
+        if gaps is None:
+            for key, value, t in zip(key_list, value_list, times.tolist(), strict=True):
+                step(key, value, t, out)
+        else:
+            _count_invalid_gaps(engine, gaps)
+            gap_list = gaps.gaps.tolist()
+            for i in gaps.kept.tolist():
+                step(key_list[i], value_list[i], int(times[i]), out, gap_list[i])
         return out
-    _columnar(engine, codes, uniques, value_list, times, out)
+    if kept is None:
+        _columnar(engine, codes, uniques, value_list, times, out, ends)
+    else:
+        _columnar(engine, codes[kept], uniques, [value_list[i] for i in kept.tolist()],
+                  times[kept], out, ends[kept])
+        _count_invalid_gaps(engine, gaps)
     if engine._forwarded:
         out.extend(engine._drain_forwarded())
     return out
+
+
+class EventGaps:
+    """The validated dynamic gaps of a batch: ``gaps`` (int64, 0 where invalid) and ``kept``
+    (the rows whose gap is valid, ascending); the other rows are dropped."""
+
+    __slots__ = ("gaps", "kept", "dropped")
+
+    def __init__(self, gaps: np.ndarray, kept: np.ndarray, n: int) -> None:
+        self.gaps = gaps
+        self.kept = kept
+        self.dropped = n - len(kept)
+
+
+def event_gaps(engine: SessionAggregator, values: Any, times: np.ndarray,
+               name: str) -> EventGaps:
+    """Validate a batch's per-event gaps (vectorised for integer columns).
+
+    A null or ``<= 0`` gap marks its row dropped. Raises (naming ``name``, the row and both
+    values) for a gap above ``max_gap_ms``, and for ``t + gap + grace`` beyond int64.
+
+    Raises:
+        TypeError: a column that is not integer durations (floats included), naming the row.
+        ValueError: as above; a length mismatch.
+    """
+    n = len(times)
+    gaps, valid = _gap_column(values, n, name)
+    cfg = engine.config
+    valid &= gaps > 0
+    over = valid & (gaps > cfg.max_gap_ms)
+    if over.any():
+        row = int(np.argmax(over))
+        raise ValueError(f"{name}[{row}] = {int(gaps[row])} exceeds max_gap_ms = "
+                         f"{cfg.max_gap_ms} (event at {int(times[row])})")
+    gaps = np.where(valid, gaps, 0)
+    # t + gap + grace must fit int64; gap <= max_gap_ms, so INT64_MAX - gap - grace cannot wrap
+    overflow = valid & (times > (INT64_MAX - cfg.grace_ms) - gaps)
+    if overflow.any():
+        row = int(np.argmax(overflow))
+        raise ValueError(f"timestamps_ms[{row}] = {int(times[row])}: + {name}[{row}] "
+                         f"({int(gaps[row])}) + grace_ms overflows int64")
+    kept = np.flatnonzero(valid).astype(np.int64)
+    return EventGaps(gaps.astype(np.int64), kept, n)
+
+
+def _gap_column(values: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(gaps, valid)``: int64 gaps (0 where null) and where they are not null."""
+    arrow = values
+    if isinstance(values, list) or (hasattr(values, "to_numpy")  # lists, pandas Series
+                                    and not isinstance(values, np.ndarray | pa.Array
+                                                       | pa.ChunkedArray)):
+        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError,
+                                 ValueError):
+            arrow = pa.array(values)
+    if isinstance(arrow, pa.ChunkedArray):
+        arrow = arrow.combine_chunks()
+    if isinstance(arrow, pa.Array) and (pa.types.is_integer(arrow.type)
+                                        or pa.types.is_null(arrow.type)):
+        if len(arrow) != n:
+            raise ValueError(f"{name} has {len(arrow)} rows, timestamps_ms has {n}")
+        valid = arrow.is_valid().to_numpy(zero_copy_only=False).astype(np.bool_)
+        if pa.types.is_null(arrow.type):
+            return np.zeros(n, dtype=np.int64), valid
+        raw = arrow.fill_null(0).to_numpy(zero_copy_only=False)
+        if raw.dtype == np.uint64 and len(raw) and raw.max() > np.iinfo(np.int64).max:
+            row = int(np.argmax(raw > np.iinfo(np.int64).max))
+            raise ValueError(f"{name}[{row}] = {raw[row]} does not fit in int64")
+        return raw.astype(np.int64), valid
+    column = columns.as_column(values, name)
+    if len(column) != n:
+        raise ValueError(f"{name} has {len(column)} rows, timestamps_ms has {n}")
+    if isinstance(column, np.ndarray) and column.dtype.kind in "iu" \
+            and column.dtype != np.uint64:
+        return column.astype(np.int64), np.ones(n, dtype=np.bool_)
+    items = column.tolist() if isinstance(column, np.ndarray) else list(column)
+    gaps = np.zeros(n, dtype=np.int64)
+    valid = np.ones(n, dtype=np.bool_)
+    for row, item in enumerate(items):  # durations one by one: the error names the row
+        if item is None or _is_missing(item):
+            valid[row] = False
+        else:
+            gaps[row] = duration_ms(item, f"{name}[{row}]")
+    return gaps, valid
+
+
+def _is_missing(item: Any) -> bool:
+    """pandas' NA and NaT (a null in a pandas column), without importing pandas. A float NaN
+    is not missing: floats are refused, as in the time column."""
+    return type(item).__name__ in ("NAType", "NaTType")
+
+
+def _count_invalid_gaps(engine: SessionAggregator, gaps: EventGaps | None) -> None:
+    """Count the batch's events dropped for an invalid gap (after the batch succeeded)."""
+    if gaps is None or not gaps.dropped:
+        return
+    metrics = engine._metrics
+    metrics.records_in += gaps.dropped
+    metrics.dropped += gaps.dropped
+    metrics.dropped_invalid_gap += gaps.dropped
 
 
 def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: list[Any],
@@ -136,14 +283,15 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
 
 
 def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
-              values: list[Any], times: np.ndarray, out: list[Emit]) -> None:
+              values: list[Any], times: np.ndarray, out: list[Emit], ends: np.ndarray) -> None:
+    """The exact batch path; ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
     clock = engine._times
     metrics = engine._metrics
-    gap, grace = cfg.gap_ms, cfg.grace_ms
+    grace = cfg.grace_ms
     n = len(times)
     before = clock.watermarks_before(times)
-    late = before >= times + (gap + grace)
+    late = before >= ends + grace
     # before - grace, without wrapping around below INT64_MIN
     closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace, clock.last_close)
     accepted = np.flatnonzero(~late)
@@ -167,7 +315,7 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
                 open_starts.append(s)
                 open_ends.append(e)
                 open_raw.append(cached[0])
-    plan = plan_batch(acc_codes, acc_times, acc_times + gap, acc_closed,
+    plan = plan_batch(acc_codes, acc_times, ends[accepted], acc_closed,
                       np.array(open_codes, dtype=np.int64), np.array(open_starts, dtype=np.int64),
                       np.array(open_ends, dtype=np.int64), cfg.inclusive_gap)
 
@@ -302,17 +450,18 @@ def _items(values: list[Any], column: str) -> list[Any]:
 
 
 def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
-          part_values: list[Any], times: np.ndarray, late_values: list[Any] | None
-          ) -> list[Block]:
+          part_values: list[Any], times: np.ndarray, late_values: list[Any] | None,
+          ends: np.ndarray) -> list[Block]:
     """The columnar batch step. Everything that can fail on the batch's content fails before
-    the first change (raising :class:`NotColumnar` sends the batch to the exact path)."""
+    the first change (raising :class:`NotColumnar` sends the batch to the exact path).
+    ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
     clock = engine._times
     kinds = engine._columnar_kinds
     assert kinds is not None
     n = len(times)
     before = clock.watermarks_before(times)
-    late = before >= times + (cfg.gap_ms + cfg.grace_ms)
+    late = before >= ends + cfg.grace_ms
     # before - grace, without wrapping around below INT64_MIN
     closed_before = np.maximum(np.maximum(before, NO_WATERMARK + cfg.grace_ms) - cfg.grace_ms,
                                clock.last_close)
@@ -332,7 +481,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     cand = np.flatnonzero(table_codes >= 0)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
-    plan = plan_batch(acc_codes, acc_times, _event_ends(acc_times, cfg.gap_ms),
+    plan = plan_batch(acc_codes, acc_times, ends[accepted],
                       closed_before[accepted], table_codes[cand], cand_starts, cand_ends,
                       cfg.inclusive_gap)
     open_parts = [part.take(cand) for part in table.parts]
@@ -394,12 +543,6 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     return blocks
 
 
-def _event_ends(times_ms: np.ndarray, gap_ms: int) -> np.ndarray:
-    """Each event's own window end. One gap for all today; issue 12's per-event gap column
-    replaces this (the plan already takes an end per event)."""
-    return times_ms + gap_ms
-
-
 
 # -- the columnar in/out API -----------------------------------------------------------------
 
@@ -409,7 +552,7 @@ RETRACTION = "retraction"
 
 
 def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str], time: str,
-                  value: str | None = None) -> pa.Table:
+                  value: str | None = None, gap: str | None = None) -> pa.Table:
     """Add a batch of events given as an Arrow table; return what it emits as an Arrow table.
 
     See :meth:`SessionAggregator.process_table` for the contract.
@@ -424,7 +567,8 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
             or not all(isinstance(k, str) for k in key_names):
         raise TypeError(f"key must be a column name or a non-empty list of names, got {key!r}")
     for name, what in [(k, "key") for k in key_names] + [(time, "time")] + (
-            [] if value is None else [(value, "value")]):
+            [] if value is None else [(value, "value")]) + (
+            [] if gap is None else [(gap, "gap")]):
         if not isinstance(name, str) or name not in table.column_names:
             raise ValueError(f"{what}={name!r} is not a column of the table "
                              f"(columns: {table.column_names})")
@@ -437,7 +581,21 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
     n = table.num_rows
     times = _time_column(table.column(time).combine_chunks(), time)
     cfg = engine.config
-    if n and int(times.max()) > cfg.max_timestamp_ms:
+    gaps = None
+    if cfg.dynamic and engine.windows.gap_fn is None:
+        if gap is None:
+            raise ValueError("gap=<column> is required: the windows take each event's gap with "
+                             "the event (SessionWindows(None, ...))")
+        column = table.column(gap)
+        if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
+            raise TypeError(f"gap column {gap!r} must hold integers in engine units (like the "
+                            f"time column), got {column.type}; cast it first")
+        gaps = event_gaps(engine, column, times, gap)
+    elif gap is not None:
+        raise ValueError(f"gap={gap!r} given, but the windows have "
+                         + ("a gap callable" if cfg.dynamic else f"a fixed gap ({cfg.gap_ms})")
+                         + "; pass gap= only with SessionWindows(None, max_gap_ms=...)")
+    elif not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
         row = int(np.argmax(times > cfg.max_timestamp_ms))
         raise ValueError(
             f"{time}[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64")
@@ -448,26 +606,39 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
             raise ValueError(f"the output column {name!r} of the aggregation collides with a "
                              f"key or session column; rename it in combine()")
     kinds = engine._columnar_kinds
-    if kinds is not None:
+    if kinds is not None and not (cfg.dynamic and gaps is None):  # a gap callable: per row
         part_values, types = _table_part_values(engine, table, value)
         if part_values is not None:
-            if n == 0:
+            if n == 0 or (gaps is not None and len(gaps.kept) == 0):
+                _count_invalid_gaps(engine, gaps)
                 return _blocks_to_table(engine, [], key_names, table, types)
             with _collector_paused():
                 try:
                     late_values = (table.column(value).to_pylist()
                                    if value is not None and engine.on_late is not None
                                    else None)
-                    blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                                   late_values)
+                    if gaps is None or not gaps.dropped:
+                        ends = times + (cfg.max_gap_ms if gaps is None else gaps.gaps)
+                        blocks = _fast(engine, codes, uniques, uniques_arrow, part_values,
+                                       times, late_values, ends)
+                    else:
+                        kept = gaps.kept
+                        blocks = _fast(
+                            engine, codes[kept], uniques, uniques_arrow,
+                            [None if v is None else v[kept] for v in part_values],
+                            times[kept], None if late_values is None
+                            else [late_values[i] for i in kept.tolist()],
+                            times[kept] + gaps.gaps[kept])
                 except NotColumnar:
                     pass
                 else:
+                    _count_invalid_gaps(engine, gaps)
                     return _blocks_to_table(engine, blocks, key_names, table, types)
     # the exact slower path: the event values are the ``value`` column, or each row as a dict
     values = table.column(value).to_pylist() if value is not None else table.to_pylist()
     keys_list = [uniques[c] for c in codes.tolist()]
-    emits = process_batch(engine, keys_list, values, times)
+    emits = process_batch(engine, keys_list, values, times,
+                          None if gap is None else table.column(gap))
     return _emits_to_table(engine, emits, key_names, table)
 
 

@@ -1,10 +1,12 @@
 """One place for the engine's defaults and the retention rule.
 
 The store's retention must cover every session until the engine has emitted it. Sessions end
-``gap`` after their last event, stream time (the largest session end the store saw) runs up to
-``gap + max_out_of_orderness`` ahead of the watermark, and a session may change for ``grace``
-after its end, so the minimum is ``gap + grace + max_out_of_orderness`` (the out-of-orderness
-term only applies when the engine derives its watermark from event times).
+at most ``max_gap`` after their last event (``max_gap`` is the gap when it is fixed), stream time
+(the largest session end the store saw) runs up to ``max_gap + max_out_of_orderness`` ahead of
+the watermark, and a session may change for ``grace`` after its end, so the minimum is
+``max_gap + grace + max_out_of_orderness`` (the out-of-orderness term only applies when the
+engine derives its watermark from event times), plus ``max_duration`` when sessions are capped
+(a cut session's successors are re-cut from its start).
 """
 
 from __future__ import annotations
@@ -28,15 +30,22 @@ def required_retention_ms(windows: SessionWindows, max_out_of_orderness_ms: int,
     """The smallest store retention that keeps every session until the engine emitted it.
 
     Args:
-        windows: the session windows (gap and grace).
+        windows: the session windows (largest gap, grace, maximum duration).
         max_out_of_orderness_ms: the lag of an event-time watermark behind the data.
         watermark: ``"event_time"`` or ``"external"``.
 
     Returns:
-        ``gap + grace`` plus ``max_out_of_orderness_ms`` for an event-time watermark.
+        ``max_gap + grace (+ max_duration)`` plus ``max_out_of_orderness_ms`` for an event-time
+        watermark.
     """
     ooo = max_out_of_orderness_ms if watermark == "event_time" else 0
-    return windows.gap_ms + windows.grace_ms + ooo
+    return windows.max_gap_ms + windows.grace_ms + (windows.max_duration_ms or 0) + ooo
+
+
+def closing_watermark_ms(windows: SessionWindows, max_time_ms: int) -> int:
+    """A watermark that closes every session whose events are at or before ``max_time_ms``:
+    each ends by ``t + max_gap``, and stays open ``grace`` after that (capped at int64)."""
+    return min(max_time_ms + windows.max_gap_ms + windows.grace_ms, INT64_MAX)
 
 
 def expiry_cap_ms(close_cursor_ms: int, retention_ms: int) -> int:
@@ -52,18 +61,24 @@ class EngineConfig:
     """The validated options of a :class:`~sessionstore.engine.SessionAggregator`.
 
     Attributes:
-        gap_ms, grace_ms, inclusive_gap: from the windows.
+        gap_ms, grace_ms, inclusive_gap: from the windows (``gap_ms`` is None when dynamic).
+        max_gap_ms: the largest gap an event may have (the gap when fixed).
+        dynamic: whether each event has its own gap.
+        max_duration_ms: the longest a session may span, or None.
         max_out_of_orderness_ms: lag of the event-time watermark behind the largest event time.
         watermark: ``"event_time"`` or ``"external"``.
         cache_max_sessions: capacity of the write-back cache (0: write through).
     """
 
-    gap_ms: int
+    gap_ms: int | None
     grace_ms: int
     inclusive_gap: bool
     max_out_of_orderness_ms: int
     watermark: str
     cache_max_sessions: int
+    max_gap_ms: int = 0
+    dynamic: bool = False
+    max_duration_ms: int | None = None
 
     @classmethod
     def build(cls, windows: SessionWindows, *, watermark: str, max_out_of_orderness_ms: Any,
@@ -87,13 +102,17 @@ class EngineConfig:
         if store_retention_ms < needed:
             raise ValueError(
                 f"store retention_ms={store_retention_ms} must be >= {needed} "
-                f"(gap_ms + grace_ms + max_out_of_orderness_ms), or closed sessions could "
+                f"({'max_gap_ms' if windows.dynamic else 'gap_ms'} + grace_ms"
+                f"{' + max_duration_ms' if windows.max_duration_ms else ''}"
+                f" + max_out_of_orderness_ms), or closed sessions could "
                 f"expire before they are emitted"
             )
         return cls(windows.gap_ms, windows.grace_ms, windows.inclusive_gap, ooo, watermark,
-                   cache_max_sessions)
+                   cache_max_sessions, windows.max_gap_ms, windows.dynamic,
+                   windows.max_duration_ms)
 
     @property
     def max_timestamp_ms(self) -> int:
-        """The largest event time whose window end plus grace still fits in int64."""
-        return INT64_MAX - self.gap_ms - self.grace_ms
+        """The largest event time whose window end plus grace still fits in int64 for every
+        allowed gap (an event's own check uses its own gap: ``INT64_MAX - gap - grace``)."""
+        return INT64_MAX - self.max_gap_ms - self.grace_ms

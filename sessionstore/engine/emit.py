@@ -45,7 +45,8 @@ class EngineMetrics:
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.records_in = 0
-        self.dropped = 0
+        self.dropped = 0  # every dropped event: late ones and those with an invalid gap
+        self.dropped_invalid_gap = 0  # events whose dynamic gap was null or <= 0
         self.emitted = 0
         self.final = SlidingRate()
         self.final_latency_sum = 0
@@ -77,6 +78,7 @@ class EngineMetrics:
         out: dict[str, float] = {
             "records-in": self.records_in,
             "dropped-records": self.dropped,
+            "dropped-invalid-gap-records": self.dropped_invalid_gap,
             "emitted-records": self.emitted,
             "emit-final-records-total": total,
             "emit-final-records-rate": rate,

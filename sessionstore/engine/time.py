@@ -2,8 +2,8 @@
 
 * The watermark ``W`` never goes back. In ``"event_time"`` mode it is the largest event time
   minus ``max_out_of_orderness_ms``; in ``"external"`` mode only the owner moves it.
-* An event is late when its own window is already closed on arrival: ``W >= t + gap + grace``,
-  judged against ``W`` as it stood before the event.
+* An event is late when its own window is already closed on arrival: ``W >= t + gap + grace``
+  (with a dynamic gap, the event's own gap), judged against ``W`` as it stood before the event.
 * Sessions ending at or before ``closed_before`` are final. The close cursor ``last_close`` is
   the largest ``W - grace`` the engine has emitted every closed session for; expiry is never
   allowed past it (see :func:`~sessionstore.engine.config.expiry_cap_ms`).
@@ -33,9 +33,13 @@ class TimeKeeper:
         self.last_on_time = NO_WATERMARK  # ON_TIME panes fired up to here (triggers)
         self.seq = 0  # arrival sequence of accepted events (orders ties in collect)
 
-    def is_late(self, t_ms: int) -> bool:
+    def is_late(self, t_ms: int, gap_ms: int | None = None) -> bool:
+        """Whether an event at ``t_ms`` with gap ``gap_ms`` (the fixed gap by default) is late:
+        its own window ``[t, t + gap)`` closed before it arrived."""
         cfg = self.config
-        return self.watermark >= t_ms + cfg.gap_ms + cfg.grace_ms
+        gap = cfg.gap_ms if gap_ms is None else gap_ms
+        assert gap is not None, "a dynamic gap needs the event's gap_ms"
+        return self.watermark >= t_ms + gap + cfg.grace_ms
 
     def closed_before(self) -> int:
         """Sessions ending at or before this never change again."""
@@ -64,8 +68,9 @@ class TimeKeeper:
         """The watermark each event of a batch sees on arrival, as a loop of events would.
 
         Late events do not move the watermark in a loop either (they are dropped first), but a
-        late event is by definition at least ``gap + grace`` behind the watermark, so counting
-        it in the running maximum changes nothing.
+        late event is by definition at least ``gap + grace`` (gap > 0) behind the watermark, so
+        counting it in the running maximum changes nothing. Events dropped for an invalid gap
+        never reach this (they are removed from the batch first).
         """
         w0 = self.watermark
         n = len(times_ms)

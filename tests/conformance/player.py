@@ -62,7 +62,12 @@ def _sub_trigger(spec: dict[str, Any] | None) -> Any:
 def engine_options(scenario: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments of SessionAggregator for a scenario (without store and clock)."""
     w = scenario["windows"]
-    windows = SessionWindows(w["gap"], w.get("grace", 0), w["inclusive_gap"])
+    gap: Any = w["gap"]
+    if "gap_by_value" in w:  # a gap callable of the event's value (Spark's CASE WHEN, a UDF)
+        by_value = w["gap_by_value"]
+        gap = lambda key, value, t: by_value.get(value, by_value.get("default"))  # noqa: E731
+    extra = {} if "max_gap" not in w else {"max_gap_ms": w["max_gap"]}
+    windows = SessionWindows(gap, w.get("grace", 0), w["inclusive_gap"], **extra)
     agg = {"collect": aggregations.collect, "count": aggregations.count}[scenario["aggregation"]]()
     options: dict[str, Any] = {
         "windows": windows,
@@ -157,19 +162,26 @@ class EngineHarness:
 
     def run(self) -> list[Any]:
         out: list[Any] = []
-        pending: list[tuple[Any, Any, int]] = []
+        pending: list[tuple[Any, Any, int, Any]] = []
 
         def drain() -> None:
             if pending:
-                keys, values, times = zip(*pending, strict=True)
-                out.extend(self.engine.process_batch(list(keys), list(values), list(times)))
+                keys, values, times, gaps = zip(*pending, strict=True)
+                # events with their own gap (a fourth item) give the batch a gap column
+                gap_column = list(gaps) if len(self.scenario["steps"][0].get("event", ())) > 3 \
+                    else None
+                out.extend(self.engine.process_batch(list(keys), list(values), list(times),
+                                                     gap_column))
                 pending.clear()
 
         for step in self.scenario["steps"]:
             if "event" in step:
-                key, value, t = step["event"]
+                key, value, t, *own_gap = step["event"]
+                gap = own_gap[0] if own_gap else None
                 if self.batched:
-                    pending.append((key, value, to_ms(t)))
+                    pending.append((key, value, to_ms(t), gap))
+                elif own_gap:
+                    out.extend(self.engine.process(key, value, to_ms(t), gap))
                 else:
                     out.extend(self.engine.process(key, value, to_ms(t)))
                 continue

@@ -18,7 +18,7 @@ from tests.conformance.player import (
 )
 
 ENGINE_FILES = ["blog_sessions.yaml", "engine_sessions.yaml", "blog_triggers.yaml",
-                "beam_sessions.yaml"]
+                "beam_sessions.yaml", "dynamic_gap_sessions.yaml"]
 SCENARIOS = [
     pytest.param(scenario, id=f"{name.split('.')[0]}:{scenario['name']}")
     for name in ENGINE_FILES
@@ -69,6 +69,12 @@ def test_transcript(scenario, backend, batched, tmp_path):
     fill_pane_wildcards(got, want)
     assert got == want
     assert harness.dropped == scenario.get("dropped", 0)
+    if not any("commit_and_reopen" in step or "reopen_without_commit" in step
+               for step in scenario["steps"]):  # metrics are per engine instance
+        metrics = harness.engine.metrics
+        invalid = scenario.get("dropped_invalid_gap", 0)
+        assert metrics["dropped-invalid-gap-records"] == invalid
+        assert metrics["dropped-records"] == invalid + scenario.get("dropped", 0)
 
 
 @pytest.mark.parametrize("scenario", load("kip94_store.yaml"), ids=lambda s: s["name"])

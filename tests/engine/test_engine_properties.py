@@ -42,7 +42,15 @@ class Driver:
         self.cuts = cuts
         self.write_cache = write_cache
         self.bad_row = bad_row
-        self.windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"])
+        self.dynamic = cfg.get("dynamic")  # None (fixed gap), "column" or "callable"
+        if self.dynamic is None:
+            self.windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"])
+        else:  # each event carries its gap: ("event", key, value, t, gap)
+            gap_of: dict[Any, Any] = {}  # the callable reads an event's gap by its value
+            self.gap_of = gap_of
+            self.windows = SessionWindows(
+                None if self.dynamic == "column" else (lambda k, v, t: gap_of[v]),
+                cfg["grace"], cfg["inclusive"], max_gap_ms=cfg["max_gap"])
         retention = required_retention_ms(self.windows, cfg["ooo"], cfg["watermark"])
         self.store = InMemorySessionStore(retention_ms=retention + cfg["extra_retention"],
                                           segment_interval_ms=cfg["segment"])
@@ -62,28 +70,31 @@ class Driver:
         out: list[Any] = []
         kept_steps: list[tuple[Any, ...]] = []
         effective: list[tuple[Any, ...]] = []
-        pending: list[tuple[Any, Any, int]] = []
+        pending: list[tuple[Any, Any, int, Any]] = []
+        column = self.dynamic == "column"
         engine_events = 0
 
         def drain() -> None:
             if not pending:
                 return
-            keys, values, times = (list(c) for c in zip(*pending, strict=True))
+            keys, values, times, gaps = (list(c) for c in zip(*pending, strict=True))
             if self.bad_row is not None and self.bad_row < len(values):
                 bad = list(values)
                 bad[self.bad_row] = decimal.Decimal("1.5")
                 before = self.engine.metrics["records-in"]
                 with pytest.raises(TypeError, match=rf"values\[{self.bad_row}\]"):
-                    self.engine.process_batch(keys, bad, times)
+                    self.engine.process_batch(keys, bad, times, gaps if column else None)
                 assert self.engine.metrics["records-in"] == before  # nothing changed
                 self.refused += 1
                 self.bad_row = None
             if self.tabled:
-                table = pa.table({"k": keys, "v": values, "t": pa.array(times, pa.int64())})
-                out.extend(table_emits(self.engine.process_table(table, key="k", time="t",
-                                                                 value="v")))
+                table = pa.table({"k": keys, "v": values, "t": pa.array(times, pa.int64()),
+                                  "g": pa.array(gaps, pa.int64())})
+                out.extend(table_emits(self.engine.process_table(
+                    table, key="k", time="t", value="v", gap="g" if column else None)))
             else:
-                out.extend(self.engine.process_batch(keys, values, times))
+                out.extend(self.engine.process_batch(keys, values, times,
+                                                     gaps if column else None))
             if self.write_cache:
                 out.extend(self.engine.flush())
             pending.clear()
@@ -91,14 +102,20 @@ class Driver:
         for step in steps:
             kind = step[0]
             if kind == "event":
-                _, key, value, t = step
+                key, value, t = step[1:4]
+                gap = step[4] if len(step) > 4 else None
+                if self.dynamic == "callable":
+                    self.gap_of[value] = gap
                 effective.append(step)
                 if self.batched:
-                    pending.append((key, value, t))
+                    pending.append((key, value, t, gap))
                     if self.cuts[engine_events % len(self.cuts)]:
                         drain()
                 else:
-                    out.extend(self.engine.process(key, value, t))
+                    # process() requires gap_ms (None means "not given"): a null gap is
+                    # passed as 0, which is dropped and counted the same way
+                    out.extend(self.engine.process(key, value, t, 0 if gap is None else gap)
+                               if column else self.engine.process(key, value, t))
                     if self.write_cache and self.cuts[engine_events % len(self.cuts)]:
                         out.extend(self.engine.flush())  # where the batched run cuts
                 engine_events += 1
@@ -132,7 +149,8 @@ class Driver:
 
 def reference(cfg: dict[str, Any], steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     ooo = cfg["ooo"] if cfg["watermark"] == "event_time" else None
-    sessions, _ = oracle.sessionize(steps, cfg["gap"], cfg["grace"], cfg["inclusive"], ooo)
+    gap = None if cfg.get("dynamic") else cfg["gap"]
+    sessions, _ = oracle.sessionize(steps, gap, cfg["grace"], cfg["inclusive"], ooo)
     return sessions
 
 
@@ -239,3 +257,135 @@ def test_process_table_equals_process_batch_event_path_and_oracle(cfg, steps, cu
         assert got["sum"] == sum(values)
         assert (got["min"], got["max"]) == (min(values), max(values))
         assert (got["first"], got["last"]) == (values[0], values[-1])
+
+
+# -- dynamic gaps (issue 12): each event brings its own gap -----------------------------------
+
+
+@st.composite
+def dynamic_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """engine_configs, with the gap given per event (as a column/argument or by a callable)
+    and bounded by max_gap (which then sizes retention and the tiny segments)."""
+    cfg = draw(engine_configs())
+    max_gap = draw(st.integers(1, 25))
+    return {**cfg, "dynamic": draw(st.sampled_from(["column", "callable"])),
+            "max_gap": max_gap, "segment": draw(st.sampled_from([1, 2, max_gap, None]))}
+
+
+@st.composite
+def dynamic_steps(draw: st.DrawFn, max_gap: int) -> list[tuple[Any, ...]]:
+    """engine_steps with a gap drawn per event: mostly in 1..max_gap (max_gap itself often),
+    sometimes None, 0 or negative (those events are dropped, as Spark filters them)."""
+    gaps = st.one_of(st.integers(1, max_gap), st.just(max_gap), st.just(1),
+                     st.sampled_from([None, 0, -1, -7]))
+    return [(*s, draw(gaps)) if s[0] == "event" else s for s in draw(engine_steps())]
+
+
+@st.composite
+def dynamic_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    cfg = draw(dynamic_configs())
+    return cfg, draw(dynamic_steps(cfg["max_gap"]))
+
+
+@given(dynamic_cases(), cuts_strategy, st.none() | st.integers(0, 5))
+@example(  # a long gap bridges two short ones: the session ends at the largest t + gap
+    ({"gap": 1, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "external", "cache": 0,
+      "segment": 1, "extra_retention": 0, "dynamic": "column", "max_gap": 20},
+     [("event", "a", 0, 0, 20), ("event", "a", 1, 5, 1), ("event", "a", 2, 20, 3),
+      ("event", "a", 3, 2, 0), ("event", "a", 4, 24, None), ("event", "a", 5, 23, 2)]),
+    [True], None)
+def test_dynamic_gap_close_mode_event_path_batch_path_and_oracle_agree(case, cuts, bad_row):
+    cfg, steps = case
+    emits, effective = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, False, cuts).run(steps)
+    assert as_rows(emits) == reference(cfg, effective)
+    assert len({e.session for e in emits}) == len(emits)  # each session once
+    batched, effective_b = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, True, cuts,
+                                  bad_row=bad_row).run(steps)
+    assert effective_b == effective
+    assert batched == emits
+
+
+@given(dynamic_cases(), cuts_strategy)
+def test_dynamic_gap_update_mode_changelogs_rebuild_the_oracle_sessions(case, cuts):
+    cfg, steps = case
+    plain, effective = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, cuts).run(steps)
+    want = reference(cfg, effective)
+    assert changelog_table(plain) == want
+    cached, _ = Driver({**cfg, "cache": 100_000}, EmitStrategy.ON_WINDOW_UPDATE, False, cuts,
+                       write_cache=True).run(steps)
+    batched, _ = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, True, cuts).run(steps)
+    assert batched == cached
+    assert changelog_table(cached) == want
+
+
+@given(dynamic_cases(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
+def test_dynamic_gap_process_table_equals_process_batch_and_oracle(case, cuts, emit):
+    cfg, steps = case
+    steps = string_keys(steps)
+    tabled, effective = Driver(cfg, emit, True, cuts, tabled=True,
+                               aggregation=AGG_ALL).run(steps)
+    batched, _ = Driver(cfg, emit, True, cuts, aggregation=AGG_ALL).run(steps)
+    assert tabled == batched
+    want = reference(cfg, effective)
+    rows = as_rows(tabled) if emit is EmitStrategy.ON_WINDOW_CLOSE else changelog_table(tabled)
+    assert rows == want
+    if emit is EmitStrategy.ON_WINDOW_CLOSE:
+        plain, _ = Driver(cfg, emit, False, cuts, aggregation=AGG_ALL).run(steps)
+        assert tabled == plain
+
+
+@given(dynamic_cases(), cuts_strategy, st.booleans())
+def test_dynamic_gap_drops_are_counted_as_the_oracle_drops(case, cuts, tabled):
+    cfg, steps = case
+    steps = string_keys([s for s in steps if s[0] in ("event", "watermark")])
+    ooo = cfg["ooo"] if cfg["watermark"] == "event_time" else None
+    invalid: list[Any] = []
+    _, late = oracle.sessionize(steps, None, cfg["grace"], cfg["inclusive"], ooo, invalid)
+    for batched in (False, True):
+        driver = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, batched, cuts,
+                        tabled=tabled and batched)
+        driver.run(steps)
+        metrics = driver.engine.metrics
+        assert metrics["records-in"] == sum(1 for s in steps if s[0] == "event")
+        assert metrics["dropped-invalid-gap-records"] == len(invalid)
+        assert metrics["dropped-records"] == len(invalid) + len(late)
+
+
+@given(dynamic_cases(), st.integers(0, 39), st.sampled_from(["event", "batch", "table"]))
+def test_a_gap_above_max_gap_is_refused_and_changes_nothing(case, row, path):
+    cfg, steps = case
+    cfg = {**cfg, "dynamic": "column"}
+    events = [(str(s[1]), s[2], s[3], 0 if s[4] is None else s[4])
+              for s in steps if s[0] == "event"]
+    if not events:
+        return
+    row %= len(events)
+    too_big = cfg["max_gap"] + 1 + row
+    keys, values, times, gaps = (list(c) for c in zip(*events, strict=True))
+    gaps[row] = too_big
+
+    def play(refuse: bool) -> tuple[list[Emit], tuple[float, float, float]]:
+        """Events before ``row``, the refused call (or none), the events from ``row`` on."""
+        engine = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, [True]).engine
+        out = []
+        for event in events[:row]:
+            out += engine.process(*event)
+        if refuse:
+            with pytest.raises(ValueError, match=rf"\[{row}\] = {too_big} exceeds max_gap_ms = "
+                               rf"{cfg['max_gap']}" if path != "event" else
+                               rf"gap_ms = {too_big} exceeds max_gap_ms = {cfg['max_gap']}"):
+                if path == "event":
+                    engine.process(keys[row], values[row], times[row], too_big)
+                elif path == "batch":
+                    engine.process_batch(keys, values, times, gaps)
+                else:
+                    table = pa.table({"k": keys, "v": values, "t": pa.array(times, pa.int64()),
+                                      "g": pa.array(gaps, pa.int64())})
+                    engine.process_table(table, key="k", time="t", value="v", gap="g")
+        for event in events[row:]:
+            out += engine.process(*event)
+        out += engine.advance_watermark(INT64_MAX)
+        m = engine.metrics
+        return out, (m["records-in"], m["dropped-records"], m["dropped-invalid-gap-records"])
+
+    assert play(True) == play(False)
