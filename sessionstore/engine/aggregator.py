@@ -37,6 +37,7 @@ from ..windows import SessionWindows
 from .columnar import OpenTable, columnar_parts
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
+from .max_duration import MaxDuration
 from .merge import merge_event
 from .record import Phase, SessionRecord, check_encodable
 from .time import TimeKeeper
@@ -162,13 +163,18 @@ class SessionAggregator:
                 trigger, self.accumulation, self.clock, aggregation, self._times,
                 self._metrics, self._put_record)
         )
-        parts = None if trigger is not None or write_cache else columnar_parts(aggregation)
+        parts = (None if trigger is not None or write_cache
+                 or windows.max_duration_ms is not None else columnar_parts(aggregation))
         self._columnar_kinds = None if parts is None else [kind for kind, _ in parts]
         self._columnar_columns = [] if parts is None else [column for _, column in parts]
         self._result_names = aggregation.names if isinstance(aggregation, Combined) else None
         # the open sessions as columns, while the fast batch path runs (None otherwise); the
         # store holds everything it holds after every batch, so it can be dropped at any time
         self._table: OpenTable | None = None
+        # issue 12: with max_duration_ms every event takes the re-cutting step of
+        # sessionstore/engine/max_duration.py (which refuses triggers)
+        self._max_duration = (None if windows.max_duration_ms is None
+                              else MaxDuration(self, windows.max_duration_ms))
         self._reset_indexes()
         self._restore()
 
@@ -480,6 +486,10 @@ class SessionAggregator:
     def _process_one(self, key: Any, value: Any, t: int, out: list[Emit],
                      gap: int | None = None) -> None:
         """One validated event; ``gap`` is its own gap (None: the fixed gap)."""
+        if self._max_duration is not None:  # issue 12: maximum session duration
+            self._max_duration.process(
+                key, value, t, t + (self.config.max_gap_ms if gap is None else gap), out)
+            return
         self._metrics.records_in += 1
         times = self._times
         cfg = self.config

@@ -56,6 +56,7 @@ from .columnar import (
 )
 from .config import NO_WATERMARK
 from .emit import Emit, make_emit
+from .max_duration import ChangeLog
 from .merge import plan_batch
 from .record import SessionRecord, check_encodable, first_unencodable
 
@@ -149,6 +150,9 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
                 _count_invalid_gaps(engine, gaps)
                 return out
     engine._leave_table()
+    if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
+        _max_duration_batch(engine, key_list, value_list, times, out)
+        return out
     if engine._runner is not None:
         _precheck_accumulators(engine, key_list, value_list, times)
         step = engine._process_one
@@ -280,6 +284,27 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
     for row, (key, value, t) in enumerate(zip(keys, values, times.tolist(), strict=True)):
         check_encodable(agg.add(key, value, t, 0, agg.initial()),
                         f"the accumulator of values[{row}]")
+
+
+def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list[Any],
+                        times: np.ndarray, out: list[Emit]) -> None:
+    """A batch with ``max_duration_ms``: the event step of each event in arrival order; with
+    ON_WINDOW_UPDATE, the changes are emitted once at the end, as the write cache flushes them
+    (see :mod:`sessionstore.engine.max_duration`)."""
+    planner = engine._max_duration
+    assert planner is not None
+    _precheck_accumulators(engine, keys, values, times)
+    log: ChangeLog | None = {} if engine._updates and not engine.write_cache else None
+    gap = engine.config.gap_ms
+    step = planner.process
+    for key, value, t in zip(keys, values, times.tolist(), strict=True):
+        step(key, value, t, t + gap, out, log)
+    if log is not None:
+        planner.emit_log(log, out)
+    if engine.write_cache:
+        engine._state.flush()
+    if engine._forwarded:
+        out.extend(engine._drain_forwarded())
 
 
 def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],

@@ -1,7 +1,9 @@
 """The stored value of one session: a typed record and its msgpack wire form.
 
 On disk a record is the msgpack list ``[acc, n_new, pane_index, phase, pt_target_ms]`` (the
-layout of store format 1, kept so that existing stores reopen). In memory it is a
+layout of store format 1, kept so that existing stores reopen); with ``max_duration_ms`` the
+list has two more items, the session's events and their largest window end
+(:mod:`sessionstore.engine.max_duration`). In memory it is a
 :class:`SessionRecord`, so no code indexes a positional list.
 """
 
@@ -53,7 +55,10 @@ class SessionRecord:
             ValueError: ``raw`` is not a record of this layout (a foreign or damaged store).
         """
         if not isinstance(raw, list | tuple) or len(raw) != 5:
-            raise ValueError(f"not a session record: {raw!r:.80}")
+            # with max_duration_ms two more items follow (engine/max_duration.py)
+            if not isinstance(raw, list | tuple) or len(raw) != 7:
+                raise ValueError(f"not a session record: {raw!r:.80}")
+            raw = raw[:5]
         acc, n_new, index, phase, target = raw
         # a dict lookup: calling the enum costs more than the rest of the decode (and EARLY
         # is 0, so no `or`)

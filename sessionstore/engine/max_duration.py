@@ -1,0 +1,310 @@
+"""Maximum session duration (issue 12): a session never spans more than ``max_duration_ms``.
+
+**The rule**, per key, offline: sort the events by time (ties by arrival). A session starts at
+its first event ``s``; the next event ``t`` joins it iff it is gap-connected (``t <= end`` with
+``inclusive_gap``, ``t < end`` without, where ``end = max(t_i + gap_i)`` over the session's events
+so far) *and* ``t < s + max_duration``; otherwise ``t`` starts a new session. A session's bounds
+are ``[s, min(max(t_i + gap_i), s + max_duration))``. Along one cut the sessions are disjoint and
+their ends increase strictly (a session ends at or before the next one's first event).
+
+**Lateness.** With a maximum duration, an event alone forms the session
+``[t, t + min(gap, max_duration))``: that is its own window, and the event is late when
+``W >= t + min(gap, max_duration) + grace`` (without a maximum duration this is the usual
+``t + gap + grace``). With that definition no session is ever created already closed, which
+keeps closing in end order and keeps a new session from ever taking the bounds of a final one
+(see the proof in :meth:`MaxDuration._step`).
+
+**Out of order.** An event earlier than a session's start (or inside it) can re-anchor a chain:
+the cuts move and events move between sessions, which aggregates alone cannot follow. So while a
+session is open, its record keeps its events, ``[t, seq, own_end, value]`` in (time, arrival)
+order, and the largest ``t + gap`` over them; an event re-cuts, by the rule above, the key's open
+sessions from the one it falls into (earlier sessions cannot change: the cut is a left-to-right
+scan, and the scan up to that session's first event is the same). Re-cut sessions get their
+accumulator recomputed from their events (``initial()`` then ``add`` in (time, arrival) order);
+the diff (removed sessions, new or changed ones) goes through the engine's normal store writes
+and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
+(``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are final:
+they never join a re-cut. An event that comes after every open event of its key (the in-order
+case) only extends the last session or starts a new one, at the cost of one ``add``.
+
+**Cost.** A session's record holds its events (values included) besides the accumulator, until
+retention expires it: memory and disk grow with the events per session, not only the sessions,
+and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
+every change). An out-of-order event costs O(events of the sessions it re-cuts).
+
+**Refused combinations.** Triggers (early/late panes over sessions whose events move between
+them have no sound pane history) raise ``ValueError``. The batch path takes the event-by-event
+plan (the columnar fast path is off), so it gives exactly the event path's answer.
+
+Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
+first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
+accumulators works unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import TYPE_CHECKING, Any
+
+from .. import keyschema
+from ..types import Session
+from .emit import Emit, make_emit
+from .record import check_encodable
+
+if TYPE_CHECKING:
+    from .aggregator import SessionAggregator
+
+Cut = tuple[int, int, int, int]
+"""``(start, end, max_end, stop)`` of one session of a cut: its events are
+``events[previous stop:stop]``."""
+
+ChangeLog = dict[Session, list[Any]]
+"""Per session touched in a batch: ``[accumulator delivered before the batch or None,
+accumulator now or None]``."""
+
+
+def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
+    """Cut a key's events by the rule above.
+
+    Args:
+        events: ``[t, seq, own_end, value]`` lists sorted by (t, seq).
+        max_duration_ms: the maximum session duration (> 0).
+        inclusive: the gap convention (``inclusive_gap``).
+
+    Returns:
+        One :data:`Cut` per session, in order.
+    """
+    out: list[Cut] = []
+    n = len(events)
+    i = 0
+    while i < n:
+        first = events[i]
+        start = first[0]
+        run = first[2]
+        limit = start + max_duration_ms
+        j = i + 1
+        while j < n:
+            event = events[j]
+            t = event[0]
+            if t >= limit or (t > run if inclusive else t >= run):
+                break
+            if event[2] > run:
+                run = event[2]
+            j += 1
+        out.append((start, run if run < limit else limit, run, j))
+        i = j
+    return out
+
+
+def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
+    """The end of the session an event at ``t_ms`` forms alone: ``t + min(gap, max_duration)``."""
+    capped = t_ms + max_duration_ms
+    return own_end_ms if own_end_ms < capped else capped
+
+
+def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], int]:
+    """The events and largest own end a stored record keeps.
+
+    Raises:
+        ValueError: the record was written without ``max_duration_ms`` (or is damaged).
+    """
+    if not isinstance(raw, list | tuple) or len(raw) != 7:
+        raise ValueError(
+            f"session {Session(key, *bounds)} was stored without max_duration_ms (its record "
+            f"keeps no events); open this store with the windows it was written with"
+        )
+    return raw[5], raw[6]
+
+
+def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
+    return [acc, 0, 0, 0, None, events, max_end]
+
+
+class MaxDuration:
+    """The event step of an engine whose windows have ``max_duration_ms``.
+
+    Args:
+        engine: the :class:`~sessionstore.engine.SessionAggregator` it serves (its store,
+            cursors, aggregation and emission).
+        max_duration_ms: the maximum session duration.
+
+    Raises:
+        ValueError: the engine has a trigger (not supported with a maximum duration).
+    """
+
+    def __init__(self, engine: SessionAggregator, max_duration_ms: int) -> None:
+        if engine.trigger is not None:
+            raise ValueError(
+                "max_duration_ms does not combine with trigger=: events move between sessions "
+                "when an out-of-order event re-cuts them, which no pane history follows; use "
+                "emit=ON_WINDOW_UPDATE or ON_WINDOW_CLOSE"
+            )
+        self.engine = engine
+        self.max_duration_ms = max_duration_ms
+
+    def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
+                log: ChangeLog | None = None) -> None:
+        """Add one validated event (the event path's step; the batch path loops over it).
+
+        Args:
+            key, value, t: the event.
+            own_end: the end of its own window, ``t + gap(event)``.
+            out: emits are appended here (closing, and ``ON_WINDOW_UPDATE`` without ``log``).
+            log: with ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded here instead of
+                emitted (:meth:`emit_log` emits them at the end of the batch).
+        """
+        engine = self.engine
+        engine._metrics.records_in += 1
+        times = engine._times
+        grace = engine.config.grace_ms
+        md = self.max_duration_ms
+        w = times.watermark
+        if w >= own_window_end(t, own_end, md) + grace:
+            engine._drop(key, value, t)
+            return
+        closed_before = w - grace
+        if closed_before < times.last_close:
+            closed_before = times.last_close
+        self._step(key, value, t, own_end, closed_before, out, log)
+        if times.observe(t):
+            engine._on_watermark(out)
+
+    def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
+              out: list[Emit], log: ChangeLog | None) -> None:
+        """Re-cut the key's open sessions with the new event and apply the difference.
+
+        No session this creates is closed on creation. The first re-cut session starts at an
+        open session's first event (it keeps all that session's events, so it ends no earlier,
+        after ``closed_before``) or at the new event (it ends at ``t + min(gap, max_duration)``
+        or later, after ``closed_before`` since the event is not late). Every later one starts
+        at an event at or past the end of the one before, so after ``closed_before`` too.
+        """
+        engine = self.engine
+        cfg = engine.config
+        md = self.max_duration_ms
+        inclusive = cfg.inclusive_gap
+        agg = engine.aggregation
+        times = engine._times
+        seq = times.seq + 1
+        event = [t, seq, own_end, value]
+        view = engine._state.sessions_of(key, closed_before)
+        bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
+        j = bisect.bisect_right([b[0] for b in bounds], t) - 1
+        removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
+        # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
+        # a session changed in place)
+        added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
+        last = len(bounds) - 1
+        appended = False
+        if j == last and j >= 0:
+            b = bounds[j]
+            raw = view[b][0]
+            events, max_end = _payload(raw, key, b)
+            if t >= events[-1][0]:  # after every open event of the key: extend or start anew
+                appended = True
+                start = b[0]
+                if t < start + md and (t <= max_end if inclusive else t < max_end):
+                    new_max = own_end if own_end > max_end else max_end
+                    end = new_max if new_max < start + md else start + md
+                    acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
+                    if end != b[1]:
+                        removed.append((b, raw[0]))
+                    added.append((start, end, acc, [*events, event], new_max, end != b[1],
+                                  raw[0]))
+                else:
+                    added.append((t, own_window_end(t, own_end, md),
+                                  agg.add(key, value, t, seq, agg.initial()), [event], own_end,
+                                  True, None))
+        elif j < 0 and not bounds:
+            appended = True
+            added.append((t, own_window_end(t, own_end, md),
+                          agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
+                          None))
+        if not appended:
+            first = j if j > 0 else 0
+            old = bounds[first:]
+            gathered: list[Any] = []
+            for b in old:
+                gathered.extend(_payload(view[b][0], key, b)[0])
+            pos = bisect.bisect_right([e[0] for e in gathered], t)  # after equal times: arrival
+            gathered.insert(pos, event)
+            old_set = set(old)
+            kept: set[tuple[int, int]] = set()
+            low = 0
+            for start, end, max_end, stop in cut(gathered, md, inclusive):
+                members = gathered[low:stop]
+                holds_new = low <= pos < stop
+                low = stop
+                if not holds_new and (start, end) in old_set:
+                    kept.add((start, end))  # the same events: unchanged
+                    continue
+                acc = agg.add_run(key, [e[3] for e in members], [e[0] for e in members],
+                                  [e[1] for e in members], agg.initial())
+                fresh = (start, end) not in old_set
+                if not fresh:
+                    kept.add((start, end))  # changed in place: no removal
+                added.append((start, end, acc, members, max_end, fresh,
+                              None if fresh else view[(start, end)][0][0]))
+            removed = [(b, view[b][0][0]) for b in old if b not in kept]
+        if engine._check_acc:
+            for start, end, acc, *_ in added:
+                check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
+        # apply: nothing below fails on the event's content
+        times.seq = seq
+        state = engine._state
+        for b, _ in removed:
+            state.remove(Session(key, b[0], b[1]))
+        for start, end, acc, events, max_end, *_ in added:
+            state.put(Session(key, start, end), _wire(acc, events, max_end))
+        if engine._updates:
+            if engine.write_cache:
+                return  # the write cache delivers the changes on flush
+            result = agg.result
+            if log is not None:
+                for b, old_acc in removed:
+                    session = Session(key, b[0], b[1])
+                    entry = log.get(session)
+                    if entry is None:
+                        log[session] = [old_acc, None]
+                    else:
+                        entry[1] = None
+                for start, end, acc, _, _, _, old_acc in added:
+                    session = Session(key, start, end)
+                    entry = log.get(session)
+                    if entry is None:
+                        log[session] = [old_acc, acc]
+                    else:
+                        entry[1] = acc
+                return
+            for b, old_acc in removed:
+                out.append(make_emit(Session(key, b[0], b[1]), result(old_acc), retraction=True))
+            for start, end, acc, *_ in added:
+                out.append(make_emit(Session(key, start, end), result(acc)))
+            engine._metrics.emitted += len(removed) + len(added)
+            return
+        heap = engine._close_heap
+        for _, end, _, _, _, fresh, _ in added:
+            if fresh:
+                heapq.heappush(heap, end)
+                if engine._record_close_times:
+                    engine._new_close_times.append(end)
+
+    def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
+        """Emit a batch's changes as the write cache would flush them: in (end, key, start)
+        order, an update per session changed, a retraction per session delivered before the
+        batch and removed by it."""
+        encode = keyschema.encode_key
+        result = self.engine.aggregation.result
+        emitted = 0
+        for session in sorted(log, key=lambda s: (s.end, encode(s.key), s.start)):
+            before, now = log[session]
+            if now is not None:
+                out.append(make_emit(session, result(now)))
+            elif before is not None:
+                out.append(make_emit(session, result(before), retraction=True))
+            else:
+                continue
+            emitted += 1
+        self.engine._metrics.emitted += emitted
+
