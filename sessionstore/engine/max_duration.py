@@ -209,9 +209,10 @@ class MaxDuration:
                     end = new_max if new_max < start + md else start + md
                     acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
                     if end != b[1]:
-                        removed.append((b, raw[0]))
-                    added.append((start, end, acc, [*events, event], new_max, end != b[1],
-                                  raw[0]))
+                        removed.append((b, raw[0]))  # the end moved: a new session
+                    moved = end != b[1]
+                    added.append((start, end, acc, [*events, event], new_max, moved,
+                                  None if moved else raw[0]))
                 else:
                     added.append((t, own_window_end(t, own_end, md),
                                   agg.add(key, value, t, seq, agg.initial()), [event], own_end,
