@@ -48,7 +48,9 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 from .. import keyschema
+from ..aggregations import Aggregation
 from ..types import Session
+from .columnar import columnar_parts
 from .emit import Emit, make_emit
 from .record import check_encodable
 
@@ -117,6 +119,13 @@ def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], in
     return raw[5], raw[6]
 
 
+def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
+    """The accumulator of ``events`` (in (time, arrival) order): ``initial()``, then each
+    event's ``add`` (``add_run`` gives the same by its contract)."""
+    return agg.add_run(key, [e[3] for e in events], [e[0] for e in events],
+                       [e[1] for e in events], agg.initial())
+
+
 def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
     return [acc, 0, 0, 0, None, events, max_end]
 
@@ -142,6 +151,10 @@ class MaxDuration:
             )
         self.engine = engine
         self.max_duration_ms = max_duration_ms
+        # the built-ins extend a copy of the accumulator (merge into initial() copies it
+        # exactly); any other aggregation is folded again from the events, so that only its
+        # initializer and aggregator are used, on fresh accumulators
+        self._incremental = columnar_parts(engine.aggregation) is not None
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
@@ -207,11 +220,15 @@ class MaxDuration:
                 if t < start + md and (t <= max_end if inclusive else t < max_end):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
-                    acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
+                    events = [*events, event]
+                    if self._incremental:
+                        acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
+                    else:
+                        acc = _fold(agg, key, events)
                     if end != b[1]:
                         removed.append((b, raw[0]))  # the end moved: a new session
                     moved = end != b[1]
-                    added.append((start, end, acc, [*events, event], new_max, moved,
+                    added.append((start, end, acc, events, new_max, moved,
                                   None if moved else raw[0]))
                 else:
                     added.append((t, own_window_end(t, own_end, md),
@@ -240,8 +257,7 @@ class MaxDuration:
                 if not holds_new and (start, end) in old_set:
                     kept.add((start, end))  # the same events: unchanged
                     continue
-                acc = agg.add_run(key, [e[3] for e in members], [e[0] for e in members],
-                                  [e[1] for e in members], agg.initial())
+                acc = _fold(agg, key, members)
                 fresh = (start, end) not in old_set
                 if not fresh:
                     kept.add((start, end))  # changed in place: no removal

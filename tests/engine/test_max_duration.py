@@ -260,3 +260,26 @@ def test_max_duration_validation():
     with pytest.raises(TypeError, match="max_duration_ms"):
         SessionWindows(gap_ms=10, max_duration_ms=[1])
     assert SessionWindows(gap_ms=10, max_duration_ms="12 hours").max_duration_ms == 43_200_000
+
+
+def _no_merger(key: Any, a: Any, b: Any) -> Any:
+    raise AssertionError("a maximum duration folds custom aggregations from their events")
+
+
+CUSTOM = aggregations.combine({
+    "n": aggregations.count(),
+    # (time, value) pairs, appended in the order add() sees them: (time, arrival) order
+    "values": aggregations.aggregate(list, lambda key, value, acc: [*acc, value], _no_merger),
+})
+
+
+@given(md_configs(), engine_steps(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
+def test_custom_aggregations_are_folded_from_the_events_on_both_paths(cfg, steps, cuts, emit):
+    plain, effective = MaxDurationDriver(cfg, emit, False, cuts, aggregation=CUSTOM).run(steps)
+    batched, _ = MaxDurationDriver(cfg, emit, True, cuts, aggregation=CUSTOM).run(steps)
+    rows = as_rows(plain) if emit is CLOSE else changelog_table(plain)
+    assert rows == reference(cfg, effective)
+    if emit is CLOSE:
+        assert batched == plain
+    else:
+        assert changelog_table(batched) == rows
