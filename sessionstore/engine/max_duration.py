@@ -220,10 +220,16 @@ class MaxDuration:
                 if t < start + md and (t <= max_end if inclusive else t < max_end):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
-                    events = [*events, event]
                     if self._incremental:
                         acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
+                        if engine._check_acc:
+                            events = [*events, event]  # the accumulator check may refuse
+                        else:
+                            # in place, O(1): only the record being replaced holds this list,
+                            # and nothing below can fail (the store copies what it writes)
+                            events.append(event)
                     else:
+                        events = [*events, event]
                         acc = _fold(agg, key, events)
                     if end != b[1]:
                         removed.append((b, raw[0]))  # the end moved: a new session
