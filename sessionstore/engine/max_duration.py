@@ -25,7 +25,10 @@ the diff (removed sessions, new or changed ones) goes through the engine's norma
 and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
 (``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are final:
 they never join a re-cut. An event that comes after every open event of its key (the in-order
-case) only extends the last session or starts a new one, at the cost of one ``add``.
+case) only extends the last session or starts a new one, at the cost of one ``add``; so does
+an event inside a session that reaches no further than the session's events do (no bound and
+no later cut moves). Built-in accumulators are extended then, as everywhere in the engine (a
+float sum adds in arrival order); other aggregations are always folded again from the events.
 
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
@@ -209,39 +212,40 @@ class MaxDuration:
         # a session changed in place)
         added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
         last = len(bounds) - 1
-        appended = False
-        if j == last and j >= 0:
+        appended = True  # the cases that need no re-cut
+        if j >= 0:
             b = bounds[j]
             raw = view[b][0]
             events, max_end = _payload(raw, key, b)
-            if t >= events[-1][0]:  # after every open event of the key: extend or start anew
-                appended = True
-                start = b[0]
+            start = b[0]
+            if j == last and t >= events[-1][0]:
+                # after every open event of the key: it extends the last session or starts one
                 if t < start + md and (t <= max_end if inclusive else t < max_end):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
-                    if self._incremental:
-                        acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), raw[0]))
-                        if engine._check_acc:
-                            events = [*events, event]  # the accumulator check may refuse
-                        else:
-                            # in place, O(1): only the record being replaced holds this list,
-                            # and nothing below can fail (the store copies what it writes)
-                            events.append(event)
-                    else:
-                        events = [*events, event]
-                        acc = _fold(agg, key, events)
-                    if end != b[1]:
-                        removed.append((b, raw[0]))  # the end moved: a new session
+                    acc, events = self._grow(key, value, t, seq, raw[0], events, event,
+                                             len(events))
                     moved = end != b[1]
+                    if moved:
+                        removed.append((b, raw[0]))
                     added.append((start, end, acc, events, new_max, moved,
                                   None if moved else raw[0]))
                 else:
                     added.append((t, own_window_end(t, own_end, md),
                                   agg.add(key, value, t, seq, agg.initial()), [event], own_end,
                                   True, None))
-        elif j < 0 and not bounds:
-            appended = True
+            elif t < events[-1][0] and own_end <= max_end:
+                # inside a session, before its last event, reaching no further than it does:
+                # it joins that session (the events around it are connected, and stay so) and
+                # no bound or later cut moves, so it is an update in place, not a re-cut
+                pos = bisect.bisect_right([e[0] for e in events], t)  # after equal times
+                acc, events = self._grow(key, value, t, seq, raw[0], events, event, pos)
+                added.append((start, b[1], acc, events, max_end, False, raw[0]))
+            else:
+                appended = False
+        elif bounds:
+            appended = False
+        else:  # no open session
             added.append((t, own_window_end(t, own_end, md),
                           agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
                           None))
@@ -312,6 +316,22 @@ class MaxDuration:
                 heapq.heappush(heap, end)
                 if engine._record_close_times:
                     engine._new_close_times.append(end)
+
+    def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
+              event: list[Any], pos: int) -> tuple[Any, list[Any]]:
+        """A session's accumulator and events with ``event`` inserted at ``pos`` (its place in
+        (time, arrival) order), changing nothing until the caller applies them."""
+        agg = self.engine.aggregation
+        if not self._incremental:
+            events = [*events[:pos], event, *events[pos:]]
+            return _fold(agg, key, events), events
+        acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
+        if self.engine._check_acc:  # the accumulator check may still refuse: copy
+            return acc, [*events[:pos], event, *events[pos:]]
+        # in place (O(1) at the end): only the record this step replaces holds the list, and
+        # nothing after this can fail on the event (the store copies what it writes)
+        events.insert(pos, event)
+        return acc, events
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them: in (end, key, start)
