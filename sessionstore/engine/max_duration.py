@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 from typing import TYPE_CHECKING, Any
 
 from .. import keyschema
@@ -59,6 +60,8 @@ from .record import check_encodable
 
 if TYPE_CHECKING:
     from .aggregator import SessionAggregator
+
+_FIRST = operator.itemgetter(0)
 
 Cut = tuple[int, int, int, int]
 """``(start, end, max_end, stop)`` of one session of a cut: its events are
@@ -206,7 +209,7 @@ class MaxDuration:
         event = [t, seq, own_end, value]
         view = engine._state.sessions_of(key, closed_before)
         bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
-        j = bisect.bisect_right([b[0] for b in bounds], t) - 1
+        j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
         # a session changed in place)
@@ -238,7 +241,7 @@ class MaxDuration:
                 # inside a session, before its last event, reaching no further than it does:
                 # it joins that session (the events around it are connected, and stay so) and
                 # no bound or later cut moves, so it is an update in place, not a re-cut
-                pos = bisect.bisect_right([e[0] for e in events], t)  # after equal times
+                pos = bisect.bisect_right(events, t, key=_FIRST)  # after equal times
                 acc, events = self._grow(key, value, t, seq, raw[0], events, event, pos)
                 added.append((start, b[1], acc, events, max_end, False, raw[0]))
             else:
@@ -255,7 +258,7 @@ class MaxDuration:
             gathered: list[Any] = []
             for b in old:
                 gathered.extend(_payload(view[b][0], key, b)[0])
-            pos = bisect.bisect_right([e[0] for e in gathered], t)  # after equal times: arrival
+            pos = bisect.bisect_right(gathered, t, key=_FIRST)  # after equal times: arrival
             gathered.insert(pos, event)
             old_set = set(old)
             kept: set[tuple[int, int]] = set()
