@@ -65,7 +65,7 @@ def sessionize(steps: list[tuple[Any, ...]], gap: int | None, grace: int = 0,
 
 
 def sessionize_max_duration(
-    steps: list[tuple[Any, ...]], gap: int, max_duration: int, grace: int = 0,
+    steps: list[tuple[Any, ...]], gap: int | None, max_duration: int, grace: int = 0,
     inclusive: bool = True, out_of_orderness: int | None = 0,
 ) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """Sessionize with a maximum session duration (issue 12), step by step.
@@ -77,7 +77,8 @@ def sessionize_max_duration(
 
     Args:
         steps: ``("event", key, value, t)`` (or with a fifth item, the event's own gap) and
-            ``("watermark", w)``, in arrival order.
+            ``("watermark", w)``, in arrival order. An event whose own gap is None or <= 0 is
+            dropped as if it never arrived.
         gap, max_duration, grace, inclusive, out_of_orderness: as :func:`sessionize`.
 
     Returns:
@@ -92,6 +93,8 @@ def sessionize_max_duration(
             continue
         key, value, t = step[1], step[2], step[3]
         own_gap = step[4] if len(step) > 4 else gap
+        if own_gap is None or own_gap <= 0:
+            continue
         if w >= t + min(own_gap, max_duration) + grace:
             dropped.append(value)
             continue

@@ -151,7 +151,8 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
                 return out
     engine._leave_table()
     if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
-        _max_duration_batch(engine, key_list, value_list, times, out)
+        _max_duration_batch(engine, key_list, value_list, times, ends, kept, out)
+        _count_invalid_gaps(engine, gaps)
         return out
     if engine._runner is not None:
         _precheck_accumulators(engine, key_list, value_list, times)
@@ -287,18 +288,25 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
 
 
 def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list[Any],
-                        times: np.ndarray, out: list[Emit]) -> None:
-    """A batch with ``max_duration_ms``: the event step of each event in arrival order; with
-    ON_WINDOW_UPDATE, the changes are emitted once at the end, as the write cache flushes them
-    (see :mod:`sessionstore.engine.max_duration`)."""
+                        times: np.ndarray, ends: np.ndarray, kept: np.ndarray | None,
+                        out: list[Emit]) -> None:
+    """A batch with ``max_duration_ms``: the event step of each event (each kept row, with
+    ``kept``) in arrival order, with its own window end from ``ends``; with ON_WINDOW_UPDATE,
+    the changes are emitted once at the end, as the write cache flushes them (see
+    :mod:`sessionstore.engine.max_duration`)."""
     planner = engine._max_duration
     assert planner is not None
-    _precheck_accumulators(engine, keys, values, times)
+    _precheck_accumulators(engine, keys, values, times)  # names the row as given
+    if kept is not None:
+        rows = kept.tolist()
+        keys = [keys[i] for i in rows]
+        values = [values[i] for i in rows]
+        times = times[kept]
+        ends = ends[kept]
     log: ChangeLog | None = {} if engine._updates and not engine.write_cache else None
-    gap = engine.config.gap_ms
     step = planner.process
-    for key, value, t in zip(keys, values, times.tolist(), strict=True):
-        step(key, value, t, t + gap, out, log)
+    for key, value, t, end in zip(keys, values, times.tolist(), ends.tolist(), strict=True):
+        step(key, value, t, end, out, log)
     if log is not None:
         planner.emit_log(log, out)
     if engine.write_cache:

@@ -24,52 +24,55 @@ from sessionstore.engine import required_retention_ms
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
 from tests.engine.test_engine_properties import (
-    AGG,
     AGG_ALL,
     Driver,
     as_rows,
     changelog_table,
     cuts_strategy,
+    dynamic_configs,
+    dynamic_steps,
     string_keys,
 )
 from tests.strategies import ENGINE_KEYS, engine_configs, engine_steps
 
 
 @st.composite
-def md_configs(draw: st.DrawFn) -> dict[str, Any]:
-    """The engine property tests' adversarial configurations, plus a maximum duration from
-    below the gap to well above it."""
-    cfg = draw(engine_configs())
+def md_configs(draw: st.DrawFn, dynamic: bool = False) -> dict[str, Any]:
+    """The engine property tests' adversarial configurations (fixed or, with ``dynamic``, per
+    event gaps), plus a maximum duration from below the gap to well above it."""
+    cfg = draw(dynamic_configs() if dynamic else engine_configs())
     cfg["md"] = draw(st.integers(1, 40))
     return cfg
 
 
-class MaxDurationDriver(Driver):
-    """The property tests' driver, with ``max_duration_ms`` in the windows."""
+@st.composite
+def md_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """A configuration and steps; half of them with a gap per event (None, 0 and negative
+    gaps included, which drop their event)."""
+    cfg = draw(md_configs(dynamic=draw(st.booleans())))
+    steps = draw(dynamic_steps(cfg["max_gap"]) if cfg.get("dynamic") else engine_steps())
+    return cfg, steps
 
-    def __init__(self, cfg: dict[str, Any], emit: EmitStrategy, batched: bool,
-                 cuts: list[bool], write_cache: bool = False, tabled: bool = False,
-                 aggregation: Any = AGG) -> None:
-        self.tabled = tabled
-        self.aggregation = aggregation
-        self.cfg = cfg
-        self.emit = emit
-        self.batched = batched
-        self.cuts = cuts
-        self.write_cache = write_cache
-        self.bad_row = None
-        self.windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"],
-                                      max_duration_ms=cfg["md"])
+
+class MaxDurationDriver(Driver):
+    """The property tests' driver, with ``max_duration_ms`` added to its windows."""
+
+    def __init__(self, cfg: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(cfg, *args, **kwargs)  # its engine is replaced below
+        w = self.windows
+        self.windows = SessionWindows(
+            w.gap_fn if w.dynamic else w.gap_ms, w.grace_ms, w.inclusive_gap,
+            max_gap_ms=w.max_gap_ms if w.dynamic else None, max_duration_ms=cfg["md"])
         retention = required_retention_ms(self.windows, cfg["ooo"], cfg["watermark"])
         self.store = InMemorySessionStore(retention_ms=retention + cfg["extra_retention"],
                                           segment_interval_ms=cfg["segment"])
         self.engine = self._engine()
-        self.refused = 0
 
 
 def reference(cfg: dict[str, Any], steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     ooo = cfg["ooo"] if cfg["watermark"] == "event_time" else None
-    sessions, _ = oracle.sessionize_max_duration(steps, cfg["gap"], cfg["md"], cfg["grace"],
+    gap = None if cfg.get("dynamic") else cfg["gap"]
+    sessions, _ = oracle.sessionize_max_duration(steps, gap, cfg["md"], cfg["grace"],
                                                  cfg["inclusive"], ooo)
     return sessions
 
@@ -84,13 +87,21 @@ CLOSE = EmitStrategy.ON_WINDOW_CLOSE
 UPDATE = EmitStrategy.ON_WINDOW_UPDATE
 
 
-@given(md_configs(), engine_steps(), cuts_strategy)
+@given(md_cases(), cuts_strategy, st.none() | st.integers(0, 5))
 @example(  # an early event re-anchors the chain: [12, 22) becomes [3, 13) and [15, 25)
-    {"gap": 20, "grace": 0, "inclusive": True, "ooo": 20, "watermark": "event_time",
-     "cache": 0, "segment": 1, "extra_retention": 0, "md": 10},
-    [("event", "a", 0, 12), ("event", "a", 1, 15), ("event", "a", 2, 22), ("event", "a", 3, 3)],
-    [False])
-def test_close_mode_event_path_batch_path_and_oracle_agree(cfg, steps, cuts):
+    ({"gap": 20, "grace": 0, "inclusive": True, "ooo": 20, "watermark": "event_time",
+      "cache": 0, "segment": 1, "extra_retention": 0, "md": 10},
+     [("event", "a", 0, 12), ("event", "a", 1, 15), ("event", "a", 2, 22),
+      ("event", "a", 3, 3)]),
+    [False], None)
+@example(  # per-event gaps: a long gap keeps the chain connected, the cap still cuts it
+    ({"gap": 1, "grace": 0, "inclusive": False, "ooo": 0, "watermark": "external", "cache": 2,
+      "segment": 1, "extra_retention": 0, "dynamic": "column", "max_gap": 25, "md": 8},
+     [("event", "a", 0, 10, 25), ("event", "a", 1, 30, 1), ("event", "a", 2, 17, 2),
+      ("event", "a", 3, 12, None), ("event", "a", 4, 2, 9), ("event", "a", 5, 18, 0)]),
+    [True, False], 1)
+def test_close_mode_event_path_batch_path_and_oracle_agree(case, cuts, bad_row):
+    cfg, steps = case
     emits, effective = MaxDurationDriver(cfg, CLOSE, False, cuts).run(steps)
     want = reference(cfg, effective)
     check_bounds(cfg, want)
@@ -98,13 +109,14 @@ def test_close_mode_event_path_batch_path_and_oracle_agree(cfg, steps, cuts):
     assert len({e.session for e in emits}) == len(emits)  # each session once
     ends = [e.session.end for e in emits]
     assert ends == sorted(ends) or any(s[0] in ("abort", "reopen") for s in steps)
-    batched, effective_b = MaxDurationDriver(cfg, CLOSE, True, cuts).run(steps)
+    batched, effective_b = MaxDurationDriver(cfg, CLOSE, True, cuts, bad_row=bad_row).run(steps)
     assert effective_b == effective
     assert batched == emits
 
 
-@given(md_configs(), engine_steps(), cuts_strategy)
-def test_update_mode_changelogs_rebuild_the_oracle_sessions(cfg, steps, cuts):
+@given(md_cases(), cuts_strategy)
+def test_update_mode_changelogs_rebuild_the_oracle_sessions(case, cuts):
+    cfg, steps = case
     plain, effective = MaxDurationDriver(cfg, UPDATE, False, cuts).run(steps)
     want = reference(cfg, effective)
     assert changelog_table(plain) == want
@@ -117,8 +129,9 @@ def test_update_mode_changelogs_rebuild_the_oracle_sessions(cfg, steps, cuts):
     assert batched == cached
 
 
-@given(md_configs(), engine_steps(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
-def test_process_table_equals_process_batch_and_the_oracle(cfg, steps, cuts, emit):
+@given(md_cases(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
+def test_process_table_equals_process_batch_and_the_oracle(case, cuts, emit):
+    cfg, steps = case
     steps = string_keys(steps)
     tabled, effective = MaxDurationDriver(cfg, emit, True, cuts, tabled=True,
                                           aggregation=AGG_ALL).run(steps)
@@ -273,8 +286,9 @@ CUSTOM = aggregations.combine({
 })
 
 
-@given(md_configs(), engine_steps(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
-def test_custom_aggregations_are_folded_from_the_events_on_both_paths(cfg, steps, cuts, emit):
+@given(md_cases(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
+def test_custom_aggregations_are_folded_from_the_events_on_both_paths(case, cuts, emit):
+    cfg, steps = case
     plain, effective = MaxDurationDriver(cfg, emit, False, cuts, aggregation=CUSTOM).run(steps)
     batched, _ = MaxDurationDriver(cfg, emit, True, cuts, aggregation=CUSTOM).run(steps)
     rows = as_rows(plain) if emit is CLOSE else changelog_table(plain)
