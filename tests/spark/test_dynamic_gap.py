@@ -198,3 +198,167 @@ def test_offline_rule_on_the_contract_example():
         [("k", 0, 10, 1, 1), ("k", 25, 35, 1, 1)]
     assert offline([("k", 0, 10, 1), ("k", 10, 10, 1)], 30, inclusive=False) == \
         [("k", 0, 10, 1, 1), ("k", 10, 20, 1, 1)]
+
+
+# -- streaming: against native, micro-batch by micro-batch ----------------------------------------
+
+DELAY = "5 seconds"
+Row = tuple[str, dt.datetime, str | None, str, int]
+# W is Spark's watermark entering each batch (the largest event time before it, minus 5 s)
+STREAM: list[list[Row]] = [
+    # W = 0
+    [("a", at(0), "5 seconds", "x", 1), ("a", at(4), "20 seconds", "x", 2),
+     ("b", at(0), None, "x", 1), ("b", at(1), "0 seconds", "x", 1),
+     ("b", at(2), "-5 seconds", "x", 1), ("b", at(3), "soon", "x", 1),
+     ("c", at(10), "50 seconds", "x", 3), ("d", at(100), "10 seconds", "x", 4)],
+    # W = 95 s: e at 80 s with a 20 s gap ends at 100 > W (not late, though 80 < W);
+    # f at 80 s + 10 s ends at 90 <= W and g at 85 s + 10 s at exactly 95 = W: both late
+    [("e", at(80), "20 seconds", "x", 5), ("f", at(80), "10 seconds", "x", 6),
+     ("g", at(85), "10 seconds", "x", 7), ("d", at(104), "3 seconds", "x", 8),
+     ("z", at(200), "1 second", "x", 9)],
+    # W = 195 s: closes a, c, d, e, also in partitions without rows in this batch
+    [("z", at(200, 500), "40 seconds", "x", 10), ("y", at(300), "2 seconds", "x", 11)],
+    [],  # no new file: W = 295 s, the no-data batch closes z's session as native's does
+]
+
+
+def write_batch(directory: Path, index: int, rows: list[Row]) -> None:
+    tmp = directory / f".b{index}.tmp"
+    tmp.write_text("".join(json.dumps({"user": u, "ts": t.isoformat(), "dur": d, "kind": k,
+                                       "amount": a}) + "\n" for u, t, d, k, a in rows))
+    tmp.rename(directory / f"b{index:03d}.json")
+
+
+def run_stream(spark: Any, root: Path, batches: list[list[Row]],
+               build: Callable[[Any], Any]) -> tuple[dict[int, list[tuple]], str]:
+    """Each micro-batch's output rows (batches without any left out), and the query's id."""
+    source = root / "source"
+    source.mkdir(parents=True)
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    got: dict[int, list[tuple]] = {}
+
+    def sink(frame: Any, batch_id: int) -> None:
+        got[batch_id] = sorted(tuple(r) for r in frame.collect())
+
+    query = (build(stream).writeStream.foreachBatch(sink).outputMode("append")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    try:
+        for i, rows in enumerate(batches):
+            if rows:
+                write_batch(source, i, rows)
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    return {b: rows for b, rows in got.items() if rows}, str(query.id)
+
+
+@pytest.fixture(scope="module")
+def native_stream(spark, tmp_path_factory) -> dict[int, list[tuple]]:
+    def native(stream: Any) -> Any:
+        return (stream.withWatermark("ts", DELAY)
+                .groupBy("user", F.session_window("ts", F.col("dur")).alias("w"))
+                .agg(F.count("*").alias("n"), F.sum("amount").alias("total"))
+                .select("user", "w.start", "w.end", "n", "total"))
+
+    return run_stream(spark, tmp_path_factory.mktemp("native"), STREAM, native)[0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_streaming_dynamic_gaps_equal_native_batch_by_batch(spark, tmp_path, native_stream,
+                                                            engine):
+    state = tmp_path / "state"
+
+    def build(stream: Any) -> Any:
+        return sessionize(stream, key="user", timestamp="ts", gap=F.col("dur"),
+                          max_gap="1 minute", watermark_delay=DELAY,
+                          aggregations={"n": "count", "total": ("sum", "amount")},
+                          state_location=str(state), local_dir=str(tmp_path / "local"),
+                          engine=engine)
+
+    ours, query_id = run_stream(spark, tmp_path, STREAM, build)
+    assert ours == native_stream
+    sessions = {(r[0], r[1]): r[2:] for rows in ours.values() for r in rows}
+    assert sessions["e", at(80)] == (at(100), 1, 5)
+    assert not any(user in ("b", "f", "g") for user, _ in sessions)
+    assert sessions["d", at(100)] == (at(110), 2, 12)
+    assert [r[0] for r in ours[max(ours)]] == ["z"] and max(ours) == max(native_stream)
+    totals = read_state_metrics(query_state_location(str(state), query_id))
+    assert totals["invalid_gaps_dropped"] == 4
+    # the processor's Spark watermark is on t + max_gap: Spark drops none of these rows, the
+    # engine drops f and g by their own window ends
+    assert totals["dropped_records"] == 4 + 2
+
+
+# -- max_duration ---------------------------------------------------------------------------------
+
+def duration_rows(seed: int, n: int) -> list[tuple[str, int, int | None, int]]:
+    """(user, t us, gap us or None, amount) in a shuffled arrival order, with ties and events
+    exactly at start + max_duration."""
+    import random
+
+    rng = random.Random(seed)
+    rows: list[tuple[str, int, int | None, int]] = []
+    for i in range(n):
+        t = rng.randrange(0, 600) * SECOND + rng.choice([0, 0, 1, 999_999])
+        gap = rng.choice([None, 0, 5 * SECOND, 10 * SECOND, 30 * SECOND, 250])
+        rows.append((f"k{rng.randrange(4)}", t, gap, i))
+    rows += [("edge", 0, 10 * SECOND, 1), ("edge", 8 * SECOND, 10 * SECOND, 2),
+             ("edge", 16 * SECOND, 10 * SECOND, 3), ("edge", 24 * SECOND, 10 * SECOND, 4),
+             ("edge", 25 * SECOND, 10 * SECOND, 5), ("edge", 30 * SECOND, 10 * SECOND, 6)]
+    rng.shuffle(rows)
+    return rows
+
+
+def as_frame_rows(rows: list[tuple[str, int, int | None, int]]) -> list[Row]:
+    return [(u, at(0, t), None if g is None else f"{g} microseconds", "x", a)
+            for u, t, g, a in rows]
+
+
+def micros(value: dt.datetime) -> int:
+    return (value - EPOCH) // dt.timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_static_max_duration_equals_offline_rule(spark, engine):
+    rows = duration_rows(7, 300)
+    df = spark.createDataFrame(as_frame_rows(rows), SCHEMA).repartition(3)
+    aggs = {"n": "count", "total": ("sum", "amount")}
+    cap = 25 * SECOND
+    got = sorted((r[0], micros(r[1]), micros(r[2]), r[3], r[4]) for r in sessionize(
+        df, key="user", timestamp="ts", gap=F.col("dur"), max_gap="30 seconds",
+        max_duration=dt.timedelta(seconds=25), aggregations=aggs, engine=engine).collect())
+    assert got == offline(rows, cap)
+    assert [s[1:4] for s in got if s[0] == "edge"] == [(0, cap, 4), (cap, 40 * SECOND, 2)]
+    fixed = [(u, t, 10 * SECOND, a) for u, t, _, a in rows]
+    df_fixed = spark.createDataFrame(as_frame_rows(fixed), SCHEMA)
+    got_fixed = sorted((r[0], micros(r[1]), micros(r[2]), r[3], r[4]) for r in sessionize(
+        df_fixed, key="user", timestamp="ts", gap="10 seconds", max_duration="25 seconds",
+        aggregations=aggs, engine=engine).collect())
+    assert got_fixed == offline(fixed, cap)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_streaming_max_duration_equals_offline_rule(spark, tmp_path, engine):
+    """Rows arrive out of order (within the watermark delay, so none is late); the emitted
+    sessions equal the offline rule, whatever micro-batch they arrived in."""
+    rows = duration_rows(11, 200)
+    ordered = sorted(rows, key=lambda r: r[1])
+    # four micro-batches of event-time slices, each shuffled; a far key pushes the watermark
+    # past every session in the last one
+    slices = [ordered[i::4] for i in range(4)]
+    batches = [as_frame_rows(s) for s in slices]
+    batches.append([("zz", at(7200), "1 second", "x", 0)])
+    batches.append([])
+
+    def build(stream: Any) -> Any:
+        return sessionize(stream, key="user", timestamp="ts", gap=F.col("dur"),
+                          max_gap="30 seconds", max_duration="25 seconds",
+                          watermark_delay="1 hour", aggregations={
+                              "n": "count", "total": ("sum", "amount")},
+                          state_location=str(tmp_path / "state"),
+                          local_dir=str(tmp_path / "local"), engine=engine)
+
+    out, _ = run_stream(spark, tmp_path, batches, build)
+    got = sorted((r[0], micros(r[1]), micros(r[2]), r[3], r[4])
+                 for b in out.values() for r in b)
+    assert got == offline(rows, 25 * SECOND)
