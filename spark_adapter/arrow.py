@@ -51,7 +51,8 @@ from .state import StateLayout, pin_layout, query_state_location
 
 log = logging.getLogger(__name__)
 SPARK_INITIAL_WATERMARK_MS = 0  # Spark's watermark starts at 0 and never goes below it
-COUNTERS = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped")
+COUNTERS = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped",
+            "invalid_gaps_dropped")
 _MARKER = re.compile(r"^(\d{1,9})=(-?\d{1,19}|none)$")
 
 
@@ -65,7 +66,10 @@ def sessionize_rows(engine: SessionAggregator, config: SessionizeConfig,
     largest event time seen (us), or None for no row.
     """
     rows = engine_rows(config, table, sort=sort)
-    emits = engine.process_batch(rows.keys, rows.values, rows.times_us)
+    if rows.gaps_us is None:
+        emits = engine.process_batch(rows.keys, rows.values, rows.times_us)
+    else:
+        emits = engine.process_batch(rows.keys, rows.values, rows.times_us, gaps_ms=rows.gaps_us)
     counts = {"null_times_dropped": rows.null_times, "null_keys_dropped": rows.null_keys}
     return emits_batch(config, emits), counts, rows.max_time_us
 
@@ -131,6 +135,8 @@ def running_totals(previous: dict[str, Any], metrics: dict[str, float],
     totals = {name: int(previous.get(name, 0)) for name in COUNTERS}
     totals["records_in"] += int(metrics["records-in"])
     totals["dropped_records"] += int(metrics["dropped-records"])
+    # rows whose dynamic gap is null or <= 0 (also in dropped_records), as native filters them
+    totals["invalid_gaps_dropped"] += int(metrics.get("dropped-invalid-gap-records", 0))
     for name, count in counts.items():
         totals[name] += count
     return totals

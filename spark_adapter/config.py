@@ -61,7 +61,7 @@ class SessionizeConfig:
     time_type: T.DataType
     value_columns: list[str]
     value_types: list[T.DataType]
-    gap_us: int
+    gap_us: int | None  # None: the gap is per row, in the ``gap_column`` of the input
     inclusive_gap: bool
     emit: str  # "final" or "update"
     aggregation: Aggregation
@@ -79,17 +79,35 @@ class SessionizeConfig:
     local_dir: str | None = None
     trigger: AfterWatermark | None = None
     accumulation: AccumulationMode | None = None
+    gap_column: str | None = None  # the hidden int64 column of per-row gaps (us), if dynamic
+    gap_description: str = ""  # how the user gave a dynamic gap, for error messages
+    max_gap_us: int = 0  # the bound of a dynamic gap (the gap itself when it is fixed)
+    max_duration_us: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gap_us is not None and not self.max_gap_us:
+            self.max_gap_us = self.gap_us
+
+    @property
+    def dynamic(self) -> bool:
+        return self.gap_us is None
 
     @property
     def retention_us(self) -> int:
         """How long the store keeps a session after its end: until Spark's watermark, which
-        trails the newest event by the delay, has passed it for certain."""
-        return required_retention_ms(SessionWindows(self.gap_us, 0, self.inclusive_gap),
-                                     self.delay_ms * 1000 + 1, "event_time")
+        trails the newest event by the delay, has passed it for certain: the largest gap an
+        event may have, the longest a session may last (with ``max_duration``), the delay."""
+        return required_retention_ms(self._windows(None), self.delay_ms * 1000 + 1,
+                                     "event_time")
+
+    def _windows(self, retention_us: int | None) -> SessionWindows:
+        return SessionWindows(self.gap_us, 0, self.inclusive_gap, retention_ms=retention_us,
+                              max_gap_ms=self.max_gap_us if self.dynamic else None,
+                              max_duration_ms=self.max_duration_us)
 
     def windows(self) -> SessionWindows:
-        return SessionWindows(self.gap_us, 0, self.inclusive_gap, retention_ms=self.retention_us)
+        return self._windows(self.retention_us)
 
     def engine_options(self) -> dict[str, Any]:
         """Emission keyword arguments of SessionAggregator."""
@@ -122,16 +140,20 @@ class SessionizeConfig:
                           for f in self.output_schema().fields])
 
     def arrow_input_schema(self) -> pa.Schema:
-        """The rows a task receives: keys, the event time, then the other value columns."""
+        """The rows a task receives: keys, the event time, the other value columns, then the
+        per-row gap (int64 microseconds) when the gap is dynamic."""
         named = dict(zip(self.key_columns, self.key_types, strict=True))
         named[self.time_column] = self.time_type
         for name, data_type in zip(self.value_columns, self.value_types, strict=True):
             named.setdefault(name, data_type)
+        if self.gap_column is not None:
+            named[self.gap_column] = T.LongType()
         return pa.schema([pa.field(n, columns.arrow_type(t, self.timezone))
                           for n, t in named.items()])
 
     def ceil_gap_ms(self) -> int:
-        return math.ceil(self.gap_us / 1000)
+        """The largest gap an event can have, rounded up to whole milliseconds."""
+        return math.ceil(self.max_gap_us / 1000)
 
 
 @dataclass
@@ -144,6 +166,7 @@ class Rows:
     max_time_us: int | None
     null_times: int
     null_keys: int
+    gaps_us: list[int | None] | None = None  # per row, when the gap is dynamic
 
 
 def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
@@ -153,6 +176,12 @@ def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
     Rows with a null event time or a null key are dropped and counted (Spark's
     ``session_window`` also drops null times). With ``sort``, rows are put in one canonical order
     (time, then keys and values) so that a replay of the same rows repeats the same output.
+    With a dynamic gap, the rows' gaps come along (null and non-positive ones too: the engine
+    drops and counts those, as native ``session_window`` filters them).
+
+    Raises:
+        ValueError: a row's gap exceeds ``max_gap`` (naming the gap, the row and both values);
+            nothing has reached the engine then.
     """
     time_array = table.column(config.time_column)
     valid = pc.is_valid(time_array)
@@ -167,8 +196,11 @@ def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
         sortable = [config.time_column, *config.key_columns,
                     *[c for c, t in zip(config.value_columns, config.value_types, strict=True)
                       if columns.is_simple(t) and c not in config.key_columns]]
+        if config.gap_column is not None:
+            sortable.append(config.gap_column)
         table = table.take(pc.sort_indices(table, sort_keys=[(c, "ascending")
                                                              for c in dict.fromkeys(sortable)]))
+    gaps = None if config.gap_column is None else checked_gaps(config, table)
     times = table.column(config.time_column).cast(pa.int64()).to_numpy()
     key_lists = [columns.to_engine(table.column(k), t)
                  for k, t in zip(config.key_columns, config.key_types, strict=True)]
@@ -180,7 +212,29 @@ def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
     else:
         values = [None] * table.num_rows
     max_time = int(times.max()) if len(times) else None
-    return Rows(keys, values, times, max_time, null_times, null_keys)
+    return Rows(keys, values, times, max_time, null_times, null_keys, gaps)
+
+
+def checked_gaps(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> list[int | None]:
+    """The per-row gaps (us) of ``table``, none of them over ``max_gap``.
+
+    Raises:
+        ValueError: naming the gap expression, the first offending row (key and time) and both
+            values.
+    """
+    assert config.gap_column is not None
+    gaps = table.column(config.gap_column)
+    over = pc.fill_null(pc.greater(gaps, config.max_gap_us), False)
+    if pc.any(over).as_py():
+        row = int(pc.index(over, True).as_py())
+        key = [table.column(k)[row].as_py() for k in config.key_columns]
+        raise ValueError(
+            f"gap {config.gap_description} is {gaps[row].as_py()} us for the row with key "
+            f"{key[0] if len(key) == 1 else tuple(key)!r} at "
+            f"{config.time_column}={table.column(config.time_column)[row].as_py()}, over "
+            f"max_gap={config.max_gap_us} us; raise max_gap or bound the gap expression"
+        )
+    return list(gaps.to_pylist())
 
 
 def emits_batch(config: SessionizeConfig, emits: list[Emit]) -> pa.RecordBatch:

@@ -46,9 +46,11 @@ def frame_table(config: SessionizeConfig, frame: pd.DataFrame) -> pa.Table:
     Spark hands timestamps to pandas as naive wall-clock times of the session time zone.
     """
     data = {}
+    gap: list[tuple[str, T.DataType]] = [] if config.gap_column is None else [
+        (config.gap_column, T.LongType())]  # nullable: pandas may hold it as float with NaN
     for name, data_type in [*zip(config.key_columns, config.key_types, strict=True),
                             (config.time_column, config.time_type),
-                            *zip(config.value_columns, config.value_types, strict=True)]:
+                            *zip(config.value_columns, config.value_types, strict=True), *gap]:
         if name in data:
             continue
         series = frame[name]

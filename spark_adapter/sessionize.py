@@ -9,7 +9,7 @@ from functools import partial
 from operator import itemgetter
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -25,6 +25,81 @@ from .state import config_digest
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+GAP_COLUMN = "sessionstore_gap_us"
+GAP_TYPES = (T.StringType, T.CalendarIntervalType, T.NullType)  # what native casts to a gap
+
+
+def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> tuple[DataFrame, str] | None:
+    """``None`` for a fixed gap, else (``df`` with the hidden per-row gap column, a description
+    of the gap for messages).
+
+    A fixed gap is an int (ms), a ``timedelta`` or a duration string. Anything else that gives
+    a duration string or an interval per row (a ``Column``, or a SQL expression string that is
+    not a duration) is dynamic, with the meaning of native ``session_window(ts, gapExpr)``
+    (SPARK-36465): the row's window is ``[ts, ts + CAST(gap AS INTERVAL))``, added in the
+    session time zone as Spark adds it (months and days are calendar units), and its gap is that
+    window's length in microseconds: null when the expression is null or no interval, <= 0 when
+    the interval is (native filters both out).
+
+    Raises:
+        ValueError: the expression does not resolve or has another type (naming it).
+        TypeError: ``gap`` is of no accepted type.
+    """
+    if isinstance(gap, Column):
+        column, description = gap, f"{gap}"
+    elif isinstance(gap, str):
+        try:
+            duration_us(gap, "gap")
+            return None
+        except ValueError as not_duration:
+            try:
+                column, description = F.expr(gap), repr(gap)
+                df.select(column).schema  # noqa: B018 - resolves it: errors surface here
+            except Exception as exc:  # a parse or analysis error of Spark's own
+                raise ValueError(
+                    f"gap {gap!r} is neither a duration ({not_duration}) nor a SQL expression "
+                    f"of this DataFrame ({_first_line(exc)})") from None
+    elif isinstance(gap, dt.timedelta | int) and not isinstance(gap, bool):
+        return None
+    else:
+        raise TypeError(f"gap must be milliseconds (int), a timedelta, a duration string, a "
+                        f"Column or a SQL expression string, got {gap!r} ({type(gap).__name__})")
+    try:
+        gap_type = df.select(column.alias("gap")).schema.fields[0].dataType
+    except Exception as exc:
+        raise ValueError(f"gap {description} does not resolve against the DataFrame: "
+                         f"{_first_line(exc)}") from None
+    if not isinstance(gap_type, GAP_TYPES):
+        raise ValueError(
+            f"gap {description} has type {gap_type.simpleString()}; a per-row gap must be a "
+            f"duration string ('5 seconds') or a calendar interval (INTERVAL '5' SECOND, "
+            f"F.lit('1 month')), as for Spark's session_window")
+    for hidden in (GAP_COLUMN, END_SCRATCH):
+        if hidden in df.columns:
+            raise ValueError(f"the DataFrame has a column named {hidden!r}, which sessionize "
+                             f"uses for a dynamic gap; rename it")
+    ts = F.col(_quote(timestamp))
+    with_end = df.withColumn(END_SCRATCH, ts + column.cast("interval"))
+    if isinstance(df.schema[timestamp].dataType, T.TimestampNTZType):
+        # no time zone: the difference of the wall-clock micros, as native's
+        micros = F.expr(f"timestampdiff(MICROSECOND, {_quote(timestamp)}, {END_SCRATCH})")
+    else:
+        micros = F.unix_micros(F.col(END_SCRATCH)) - F.unix_micros(ts)
+    return with_end.withColumn(GAP_COLUMN, micros).drop(END_SCRATCH), description
+
+
+END_SCRATCH = "sessionstore_gap_end"
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _plan_aggregations(
     df: DataFrame, spec: Mapping[str, Any], key_columns: list[str], timestamp: str
 ) -> tuple[Aggregation, list[str], list[str], list[T.StructField], list[str]]:
@@ -74,7 +149,7 @@ def sessionize(
     *,
     key: str | Sequence[str],
     timestamp: str,
-    gap: str | dt.timedelta | int,
+    gap: str | dt.timedelta | int | Column,
     aggregations: Mapping[str, Any],
     emit: str = "final",
     watermark_delay: str | dt.timedelta | None = None,
@@ -85,6 +160,8 @@ def sessionize(
     trigger: AfterWatermark | None = None,
     accumulation: AccumulationMode | None = None,
     engine: str = "arrow",
+    max_gap: str | dt.timedelta | int | None = None,
+    max_duration: str | dt.timedelta | int | None = None,
 ) -> DataFrame:
     """Session windows over ``df``, static or streaming, with the sessionstore engine.
 
@@ -93,7 +170,15 @@ def sessionize(
         timestamp: the event-time column (a timestamp or timestamp_ntz). Rows whose time is
             null are dropped (as Spark's ``session_window`` does) and counted.
         gap: the inactivity gap: ``"10 minutes"``, ``"250 microseconds"``, a ``timedelta``
-            (microseconds kept) or an int of milliseconds.
+            (microseconds kept) or an int of milliseconds; or a per-row gap, as native
+            ``session_window(ts, gapExpr)`` takes it: a ``Column`` or a SQL expression string
+            (one that is not a duration) giving a duration string or a calendar interval, e.g.
+            ``F.col("duration")`` or ``F.when(F.col("kind") == "a", "5 seconds")
+            .otherwise("20 seconds")``. A row's window is then ``[t, t + gap(row))``, a session
+            ends at the largest ``t + gap`` of its rows, and a row is late when its own window
+            end is at or before the watermark. Rows whose gap is null or <= 0 are dropped and
+            counted (``invalid_gaps_dropped``, also in ``dropped_records``), as native filters
+            them. A dynamic gap needs ``max_gap``.
         aggregations: output name -> ``"count"``, ``(kind, column)`` with kind one of sum, min,
             max, first, last, collect, or a ``sessionstore.aggregations`` object (called with each
             row as a dict of the columns the other aggregations use; its result is a JSON string).
@@ -122,6 +207,15 @@ def sessionize(
             this project's versioned store; Spark >= 3.3) or ``"processor"``
             (``transformWithStateInPandas`` with Spark-managed timers; Spark >= 4). Both give
             the same rows on the same input.
+        max_gap: required with a per-row gap, refused with a fixed one: the largest gap a row
+            may have (a duration, as ``gap``). State is kept long enough for it; a row whose gap
+            exceeds it fails the task (or the query) with a ``ValueError`` naming the gap
+            expression, the row and both values.
+        max_duration: a session never spans more than this (a duration, as ``gap``): per key,
+            in event-time order, a row joins the current session only if it is gap-connected to
+            it *and* earlier than the session's start + ``max_duration``; otherwise it starts a
+            new session. The end is ``min(largest t + gap, start + max_duration)``. Whatever the
+            arrival order, the sessions equal this offline rule over the rows that are not late.
 
     Returns:
         The key column(s), ``session_start`` and ``session_end`` (of the time column's type;
@@ -131,7 +225,8 @@ def sessionize(
     Raises:
         ValueError: a missing column, a non-timestamp time column, a bad gap or aggregation, a
             column type an aggregation cannot use (naming the column and its type), a streaming
-            input without ``watermark_delay``, or null keys in a static input.
+            input without ``watermark_delay``, null keys in a static input, a per-row gap
+            without ``max_gap`` or of a type that is no duration (naming it).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
@@ -152,9 +247,27 @@ def sessionize(
     if not isinstance(schema[timestamp], columns.TIMES):
         raise ValueError(f"timestamp column {timestamp!r} must be a timestamp, got "
                          f"{schema[timestamp].simpleString()}")
-    gap_us = duration_us(gap, "gap")
-    if gap_us <= 0:
-        raise ValueError(f"gap must be > 0, got {gap_us} us")
+    dynamic = _dynamic_gap(df, gap, timestamp)
+    gap_us: int | None = None
+    if dynamic is None:
+        gap_us = duration_us(gap, "gap")
+        if gap_us <= 0:
+            raise ValueError(f"gap must be > 0, got {gap_us} us")
+        if max_gap is not None:
+            raise ValueError(f"max_gap bounds a per-row gap; gap={gap!r} is fixed, leave "
+                             f"max_gap out")
+        max_gap_us = gap_us
+    else:
+        if max_gap is None:
+            raise ValueError(f"gap {dynamic[1]} is per row: give max_gap=, the largest gap a row "
+                             f"may have (state is kept for it, and larger gaps are refused)")
+        max_gap_us = duration_us(max_gap, "max_gap")
+        if max_gap_us <= 0:
+            raise ValueError(f"max_gap must be > 0, got {max_gap_us} us")
+    max_duration_us = None if max_duration is None else duration_us(max_duration,
+                                                                     "max_duration")
+    if max_duration_us is not None and max_duration_us <= 0:
+        raise ValueError(f"max_duration must be > 0, got {max_duration_us} us")
     if emit not in ("final", "update"):
         raise ValueError(f"emit must be 'final' or 'update', got {emit!r}")
     if trigger is not None and not isinstance(trigger, AfterWatermark):
@@ -180,10 +293,15 @@ def sessionize(
         output_names=output_names, output_fields=agg_fields, json_outputs=json_outputs,
         timezone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
         n_partitions=partitions, local_dir=local_dir, trigger=trigger,
-        accumulation=accumulation,
+        accumulation=accumulation, max_gap_us=max_gap_us, max_duration_us=max_duration_us,
+        gap_column=None if dynamic is None else GAP_COLUMN,
+        gap_description="" if dynamic is None else dynamic[1],
     )
     carried = [c for c in value_columns if c not in key_columns and c != timestamp]
-    selected = df.select(*key_columns, timestamp, *carried)
+    if dynamic is None:
+        selected = df.select(*key_columns, timestamp, *carried)
+    else:  # the gap is computed on the input, whose columns the expression may read
+        selected = dynamic[0].select(*key_columns, timestamp, *carried, GAP_COLUMN)
 
     if not df.isStreaming:
         nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
@@ -211,14 +329,20 @@ def sessionize(
     config.keep_versions = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain") or "100")
     # the Arrow engine keeps one engine per shuffle partition: a bucket is a partition
     config.n_buckets = n_buckets if engine == "processor" else partitions
-    config.layout_digest = config_digest({
+    pinned: dict[str, Any] = {
         "engine": engine, "key": [[k, schema[k].simpleString()] for k in key_columns],
         "timestamp": [timestamp, schema[timestamp].simpleString()],
         "values": [[c, schema[c].simpleString()] for c in value_columns],
         "gap_us": gap_us, "inclusive_gap": bool(inclusive_gap), "emit": emit,
         "aggregations": {name: _describe(item) for name, item in aggregations.items()},
         "trigger": repr(trigger), "accumulation": repr(accumulation),
-    })
+    }
+    # only when used, so that the digest of a query without them is what it always was
+    if dynamic is not None:
+        pinned["gap"], pinned["max_gap_us"] = dynamic[1], max_gap_us
+    if max_duration_us is not None:
+        pinned["max_duration_us"] = max_duration_us
+    config.layout_digest = config_digest(pinned)
     if engine == "processor":
         return _processor_stream(spark, selected, config, n_buckets)
     # Spark's own watermark is declared on the event time, as for native session_window: it
@@ -268,7 +392,9 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     # Spark drops rows whose *declared* column is at or behind the previous batch's watermark.
     # Declared on the event's own window end, t + gap (rounded up to whole ms) with the delay
     # grown by the same amount, the watermark value equals native's and the rows Spark drops
-    # are exactly native's late rows.
+    # are exactly native's late rows. With a per-row gap it is declared on t + max_gap: the
+    # value is still native's, Spark drops only rows late by any gap, and the engine, which
+    # processes rows at the previous watermark, drops the others whose own t + gap is late.
     ceil_gap_ms = config.ceil_gap_ms()
     end = F.timestamp_micros(F.unix_micros(F.col(config.time_column).cast("timestamp"))
                              + F.lit(ceil_gap_ms * 1000))

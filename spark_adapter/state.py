@@ -209,7 +209,8 @@ def read_state_metrics(state_location: str) -> dict[str, int]:
         SnapshotCorruptedError: a newest manifest is damaged (names it).
     """
     fs, base = open_filesystem(state_location)
-    counters = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped")
+    counters = ("records_in", "dropped_records", "null_times_dropped", "null_keys_dropped",
+                "invalid_gaps_dropped")
     totals = dict.fromkeys(counters, 0) | {"partitions": 0}
     for operator in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         if operator.type != pafs.FileType.Directory:

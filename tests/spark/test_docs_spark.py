@@ -1,4 +1,4 @@
-"""The Spark examples in docs/ run against the suite's SparkSession."""
+"""The Spark examples in README.md and docs/ run against the suite's SparkSession."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"```python\n(# docs-test: spark\n.*?)```", re.S)
 EXAMPLES = [
     pytest.param(match.group(1), id=f"{doc.name}#{i}")
-    for doc in sorted(DOCS.glob("*.md"))
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
     for i, match in enumerate(BLOCK.finditer(doc.read_text()))
 ]
 
