@@ -20,6 +20,7 @@ from ..kernels import int64_column, sort_order
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
+from .keycodec import encode_keys
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
@@ -134,15 +135,7 @@ def check_sessions_many(
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
-    try:
-        encoded = list(map(keyschema.encode_key, keys))
-    except (TypeError, ValueError):  # find the row, then report it
-        for row, key in enumerate(keys):
-            try:
-                keyschema.encode_key(key)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{row}]: {exc}") from None
-        raise
+    encoded = encode_keys(keys)  # vectorised for int and str columns; names a bad row
     if key_index is None:
         index = np.arange(len(encoded), dtype=np.int64)
     else:

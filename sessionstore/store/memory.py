@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Iterator
 from itertools import filterfalse
 
@@ -12,95 +11,119 @@ import numpy as np
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
-# (end, key, start) -> (key, end, start), and back: the two orders of one session's tuple
-_KEY_FIRST = operator.itemgetter(1, 0, 2)
-
 
 class _Segment:
-    """One segment: values by ``(end, encoded_key, start)`` and the same sessions in two lists,
-    time-first ``(end, key, start)`` and key-first ``(key, end, start)``, sorted on first read.
+    """One segment: values by ``(end, encoded_key, start)``, the same sessions time-first in a
+    list ``(end, key, start)`` sorted on first read, and key-first as a per-key index
+    ``{key: [(end, start), ...]}`` built on first read.
 
-    Flat containers only, so that a commit's snapshot and a bulk write are C-level dict and list
-    operations rather than a Python call per key or per session. A bulk write appends to the
-    lists and marks them unsorted: the fast batch path writes every batch and rarely reads the
-    store, so the sort is paid by the read that needs it, once.
+    The values dict and the time list are flat, so that a commit's snapshot and a bulk write are
+    C-level dict and list operations rather than a Python call per key or per session. A bulk
+    write appends to the time list and drops the key index: the fast batch path writes every
+    batch and rarely reads the store, so the sort (and the index) is paid by the read that needs
+    it, once. The key index is per key because the event path's one-by-one writes land at
+    random places of a single key-first list, and inserting there moved half of it each time.
     """
 
-    __slots__ = ("values", "_by_time", "_by_key", "_unsorted")
+    __slots__ = ("values", "_by_time", "_unsorted", "_by_key")
 
     def __init__(self) -> None:
         self.values: dict[tuple[int, bytes, int], bytes] = {}
         self._by_time: list[tuple[int, bytes, int]] = []
-        self._by_key: list[tuple[bytes, int, int]] = []
         self._unsorted = False
+        # encoded key -> its sessions' (end, start), sorted; None: rebuild on the next read
+        self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
 
     def copy(self) -> _Segment:
         other = _Segment()
         other.values = self.values.copy()
         other._by_time = self._by_time.copy()
-        other._by_key = self._by_key.copy()
         other._unsorted = self._unsorted
+        other._by_key = None  # rebuilt if the copy is ever read by key
         return other
 
     def by_time(self) -> list[tuple[int, bytes, int]]:
         """The sessions in (end, key, start) order."""
         if self._unsorted:
-            self._sort()
+            self._by_time.sort()
+            self._unsorted = False
         return self._by_time
 
-    def by_key(self) -> list[tuple[bytes, int, int]]:
-        """The sessions in (key, end, start) order."""
-        if self._unsorted:
-            self._sort()
-        return self._by_key
-
-    def _sort(self) -> None:
-        self._by_time.sort()
-        self._by_key.sort()
-        self._unsorted = False
+    def key_index(self) -> dict[bytes, list[tuple[int, int]]]:
+        """Each key's sessions as ``(end, start)``, in that order."""
+        index = self._by_key
+        if index is None:
+            index = {}
+            for end, key, start in self.by_time():  # by end: each key's list comes out sorted
+                bounds = index.get(key)
+                if bounds is None:
+                    index[key] = [(end, start)]
+                else:
+                    bounds.append((end, start))
+            self._by_key = index
+        return index
 
     def add(self, entry: tuple[int, bytes, int]) -> None:
         """Index one session new to ``values``."""
         if self._unsorted:
             self._by_time.append(entry)
-            self._by_key.append(_KEY_FIRST(entry))
         else:
             bisect.insort(self._by_time, entry)
-            bisect.insort(self._by_key, _KEY_FIRST(entry))
+        index = self._by_key
+        if index is not None:
+            end, key, start = entry
+            bounds = index.get(key)
+            if bounds is None:
+                index[key] = [(end, start)]
+            else:
+                bisect.insort(bounds, (end, start))
 
     def add_many(self, added: list[tuple[int, bytes, int]]) -> None:
         """Index sessions new to ``values``: a few are inserted in place, many are appended
-        and sorted on the next read (re-sorting a large index for a small flush costs more
-        than the insertions)."""
+        and sorted (and the key index rebuilt) on the next read (re-sorting a large index for a
+        small flush costs more than the insertions)."""
         if self._unsorted or len(added) * 16 > len(self._by_time):
             self._by_time.extend(added)
-            self._by_key.extend(map(_KEY_FIRST, added))
             self._unsorted = True
+            self._by_key = None
         else:
             for entry in added:
-                bisect.insort(self._by_time, entry)
-                bisect.insort(self._by_key, _KEY_FIRST(entry))
+                self.add(entry)
 
     def discard(self, entry: tuple[int, bytes, int]) -> bool:
         """Remove one session; False when absent."""
         if self.values.pop(entry, None) is None:
             return False
-        by_time, by_key = self.by_time(), self.by_key()
+        by_time = self.by_time()
         del by_time[bisect.bisect_left(by_time, entry)]
-        del by_key[bisect.bisect_left(by_key, _KEY_FIRST(entry))]
+        index = self._by_key
+        if index is not None:
+            end, key, start = entry
+            bounds = index[key]
+            del bounds[bisect.bisect_left(bounds, (end, start))]
+            if not bounds:
+                del index[key]
         return True
 
     def discard_many(self, entries: set[tuple[int, bytes, int]]) -> None:
-        """Remove the sessions of ``entries`` that are present: one filtering pass per index
-        (keeping its order) instead of a list deletion per session."""
+        """Remove the sessions of ``entries`` that are present: one filtering pass over the
+        time list (keeping its order) instead of a list deletion per session."""
         present = entries & self.values.keys()
         if not present:
             return
         for entry in present:
             del self.values[entry]
         self._by_time = list(filterfalse(present.__contains__, self._by_time))
-        gone = set(map(_KEY_FIRST, present))
-        self._by_key = list(filterfalse(gone.__contains__, self._by_key))
+        index = self._by_key
+        if index is not None:
+            if len(present) * 16 > len(self.values):
+                self._by_key = None
+                return
+            for end, key, start in present:
+                bounds = index[key]
+                del bounds[bisect.bisect_left(bounds, (end, start))]
+                if not bounds:
+                    del index[key]
 
 
 def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
@@ -202,14 +225,13 @@ class InMemorySessionStore(SegmentedSessionStore):
         first = earliest_end // self._interval
         for seg in sorted(s for s in self._segments if s >= first):
             segment = self._segments[seg]
-            index = segment.by_key()
-            rows = []
-            for i in range(bisect.bisect_left(index, (encoded_key,)), len(index)):
-                key, end, start = index[i]
-                if key != encoded_key:
-                    break
-                if end >= earliest_end and start <= latest_start:
-                    rows.append((end, start, segment.values[(end, key, start)]))
+            bounds = segment.key_index().get(encoded_key)
+            if bounds is None:
+                continue
+            values = segment.values
+            rows = [(end, start, values[(end, encoded_key, start)])
+                    for end, start in bounds[bisect.bisect_left(bounds, (earliest_end,)):]
+                    if start <= latest_start]
             yield from rows
 
     def _scan_time(

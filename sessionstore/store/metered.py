@@ -38,10 +38,12 @@ class SlidingRate:
         self._buckets: deque[list[float]] = deque()
         self.total = 0
 
-    def record(self, count: int = 1, latency_ms: float = 0.0) -> None:
-        """Count ``count`` events that took ``latency_ms`` together."""
+    def record(self, count: int = 1, latency_ms: float = 0.0, now_s: float | None = None
+               ) -> None:
+        """Count ``count`` events that took ``latency_ms`` together, at ``now_s`` (the clock's
+        reading, taken here when None)."""
         self.total += count
-        now = int(self._clock() / self._slice)
+        now = int((self._clock() if now_s is None else now_s) / self._slice)
         buckets = self._buckets
         if buckets and buckets[-1][0] == now:
             bucket = buckets[-1]
@@ -85,7 +87,8 @@ class MeteredSessionStore:
         self._rates = {op: SlidingRate(window_s, clock=clock) for op in _OPS}
 
     def _timed(self, op: str, started: float, count: int = 1) -> None:
-        self._rates[op].record(count, (self._clock() - started) * 1000.0)
+        now = self._clock()  # one reading for both the latency and the bucket
+        self._rates[op].record(count, (now - started) * 1000.0, now)
 
     # -- measured operations ----------------------------------------------------------------
 

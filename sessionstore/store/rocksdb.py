@@ -92,7 +92,8 @@ def _segments_between(cfs: dict[int, Any], first: int, last: int | None) -> list
 
     Copies the dict first: a reader thread may scan while the owner drops expired segments.
     """
-    return [cf for segment, cf in sorted(list(cfs.items()), key=lambda item: item[0])
+    held = cfs.copy()
+    return [held[segment] for segment in sorted(held)
             if segment >= first and (last is None or segment <= last)]
 
 
@@ -218,6 +219,7 @@ class SessionStore(SegmentedSessionStore):
         if path is None or (isinstance(path, str) and not path):
             raise ValueError(f"path must name a directory, got {path!r}")
         self._path = Path(path)
+        self._live_path = self._path / _LIVE  # named in errors; built once, not per read
         self._keep_versions = keep_versions
         self._explicit_interval = segment_interval_ms is not None
         self._db: Any = None
@@ -453,19 +455,19 @@ class SessionStore(SegmentedSessionStore):
         try:
             data: bytes | None = cf.get(keyschema.key_first(encoded_key, end, start))
         except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
-            _raise_corruption(exc, self._path / _LIVE)
+            _raise_corruption(exc, self._live_path)
         return data
 
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int
     ) -> Iterator[tuple[int, int, bytes]]:
         return scan_key(self._cfs, self._interval, encoded_key, earliest_end, latest_start,
-                        self._path / _LIVE)
+                        self._live_path)
 
     def _scan_time(
         self, earliest_end: int, latest_end: int
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
-        return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._path / _LIVE)
+        return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._live_path)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]

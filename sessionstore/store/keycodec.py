@@ -1,0 +1,138 @@
+"""Vectorised record-key encoding for bulk writes: many keys in a few numpy operations.
+
+:func:`sessionstore.keyschema.encode_key` costs a Python call (and a cache lookup) per key, and
+its cache holds 65,536 keys: a bulk write over 100,000 distinct keys missed it on every key.
+:func:`encode_keys` encodes a column of keys at once. A column of plain ints or of strings (Arrow
+turns the strings into one UTF-8 buffer) is encoded as msgpack does, with numpy, into byte
+matrices cut into rows; any other key falls back to :func:`~sessionstore.keyschema.encode_key`,
+so the bytes are always exactly the same (checked against :mod:`msgpack` in
+``tests/store/test_keycodec.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from .. import keyschema
+
+__all__ = ["encode_keys"]
+
+# Below this many keys the per-key encoder (with its cache) is as fast.
+_VECTOR_MIN = 64
+
+# msgpack's int formats, as msgpack-python chooses them: (low, high, header byte or None for a
+# fixint, payload bytes, signed)
+_INT_CLASSES: tuple[tuple[int, int, int | None, int, bool], ...] = (
+    (0, 0x7F, None, 0, False),
+    (-32, -1, None, 0, True),
+    (0x80, 0xFF, 0xCC, 1, False),
+    (0x100, 0xFFFF, 0xCD, 2, False),
+    (-0x80, -33, 0xD0, 1, True),
+    (0x1_0000, 0xFFFF_FFFF, 0xCE, 4, False),
+    (-0x8000, -0x81, 0xD1, 2, True),
+    (-0x8000_0000, -0x8001, 0xD2, 4, True),
+    (0x1_0000_0000, 2**63 - 1, 0xCF, 8, False),
+    (-(2**63), -0x8000_0001, 0xD3, 8, True),
+)
+
+
+def encode_keys(keys: Sequence[Any]) -> list[bytes]:
+    """``[keyschema.encode_key(k) for k in keys]``, vectorised for a column of plain ints.
+
+    Raises:
+        TypeError / ValueError: as :func:`~sessionstore.keyschema.encode_key`, naming the row
+            (``keys[3]: ...``).
+    """
+    n = len(keys)
+    kinds = set(map(type, keys)) if n >= _VECTOR_MIN else set()
+    if kinds == {int}:  # bool is its own type: never taken here
+        try:
+            values = np.array(keys, dtype=np.int64)
+        except OverflowError:
+            pass  # an int beyond int64: the per-key path names its row
+        else:
+            return _encode_int64(values)
+    elif kinds == {str}:
+        encoded = _encode_str(keys)
+        if encoded is not None:
+            return encoded
+    try:
+        return list(map(keyschema.encode_key, keys))
+    except (TypeError, ValueError):
+        for row, key in enumerate(keys):
+            try:
+                keyschema.encode_key(key)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"keys[{row}]: {exc}") from None
+        raise
+
+
+def _encode_int64(values: npt.NDArray[np.int64]) -> list[bytes]:
+    """The length-prefixed msgpack encodings of int64 values (see :data:`_INT_CLASSES`)."""
+    n = len(values)
+    out = np.empty(n, dtype=object)
+    big_endian = values.astype(">i8").view(np.uint8).reshape(n, 8)
+    for low, high, header, size, _signed in _INT_CLASSES:
+        rows = np.flatnonzero((values >= low) & (values <= high))
+        if not len(rows):
+            continue
+        packed_len = (0 if header is None else 1) + max(size, 1 if header is None else 0)
+        width = 4 + packed_len
+        matrix = np.zeros((len(rows), width), dtype=np.uint8)
+        matrix[:, 3] = packed_len  # the 4-byte big-endian length prefix; packed_len < 256
+        if header is None:  # fixint: the value's low byte is the whole encoding
+            matrix[:, 4] = big_endian[rows, 7]
+        else:
+            matrix[:, 4] = header
+            matrix[:, 5:] = big_endian[rows, 8 - size:]
+        # a void view cuts rows into bytes without dropping trailing zero bytes
+        out[rows] = matrix.view(f"V{width}").ravel().tolist()
+    encoded: list[bytes] = out.tolist()
+    return encoded
+
+
+def _encode_str(keys: Sequence[str]) -> list[bytes] | None:
+    """The length-prefixed msgpack encodings of strings (fixstr, str8, str16, str32), or None
+    when a string is not valid UTF-8 or one is too long (the per-key path raises for it)."""
+    n = len(keys)
+    try:
+        array = pa.array(keys, type=pa.string())
+    except Exception:  # noqa: BLE001 - surrogates and the like: let encode_key name the row
+        return None
+    if not isinstance(array, pa.StringArray) or array.null_count:
+        return None
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+        array.offset:array.offset + n + 1].astype(np.int64)
+    data_buffer = array.buffers()[2]
+    data = (np.zeros(0, dtype=np.uint8) if data_buffer is None
+            else np.frombuffer(data_buffer, dtype=np.uint8))
+    lengths = np.diff(offsets)
+    headers = np.where(lengths <= 31, 1, np.where(lengths <= 0xFF, 2,
+                                                  np.where(lengths <= 0xFFFF, 3, 5)))
+    packed = headers + lengths
+    if len(packed) and int(packed.max()) > keyschema.MAX_KEY_BYTES:
+        return None
+    widths = 4 + packed
+    out = np.empty(n, dtype=object)
+    for width in np.unique(widths).tolist():
+        rows = np.flatnonzero(widths == width)
+        size = int(lengths[rows[0]])
+        header = int(headers[rows[0]])
+        matrix = np.zeros((len(rows), width), dtype=np.uint8)
+        matrix[:, :4] = np.frombuffer((header + size).to_bytes(4, "big"), dtype=np.uint8)
+        if header == 1:
+            matrix[:, 4] = 0xA0 | size
+        else:
+            matrix[:, 4] = {2: 0xD9, 3: 0xDA, 5: 0xDB}[header]
+            matrix[:, 5:4 + header] = np.frombuffer(
+                size.to_bytes(header - 1, "big"), dtype=np.uint8)
+        if size:
+            matrix[:, 4 + header:] = data[offsets[rows][:, None] + np.arange(size)]
+        out[rows] = matrix.view(f"V{width}").ravel().tolist()
+    encoded: list[bytes] = out.tolist()
+    return encoded

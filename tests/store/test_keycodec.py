@@ -1,0 +1,62 @@
+"""The vectorised key encoder against msgpack itself and the per-key encoder."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore import keyschema
+from sessionstore.store.keycodec import encode_keys
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+# every boundary of msgpack's int formats, and one either side
+BOUNDARIES = [b + d for b in (0, 0x7F, 0xFF, 0xFFFF, 0xFFFF_FFFF, 2**63 - 1, -32, -0x80,
+                              -0x8000, -0x8000_0000, -(2**63)) for d in (-1, 0, 1)
+              if -(2**63) <= b + d <= 2**63 - 1]
+
+
+def _oracle(key: object) -> bytes:
+    """The layout of keyschema's docstring, built from msgpack directly."""
+    packed = msgpack.packb(key, use_bin_type=True)
+    return len(packed).to_bytes(4, "big") + packed
+
+
+def test_int_format_boundaries() -> None:
+    keys = BOUNDARIES * 8  # enough rows for the vectorised path
+    assert encode_keys(keys) == [_oracle(k) for k in keys]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(INT64, min_size=64, max_size=400))
+def test_ints_match_msgpack(keys: list[int]) -> None:
+    assert encode_keys(keys) == [_oracle(k) for k in keys]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=40) | st.sampled_from(["", "x" * 31, "x" * 32, "é" * 128,
+                                                          "y" * 255, "z" * 256, "w" * 65_536]),
+                min_size=64, max_size=300))
+def test_strings_match_msgpack(keys: list[str]) -> None:
+    assert encode_keys(keys) == [_oracle(k) for k in keys]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10) | st.binary(max_size=10)
+                | st.tuples(st.integers(0, 9), st.text(max_size=3)), min_size=0, max_size=120))
+def test_mixed_columns_match_the_per_key_encoder(keys: list[object]) -> None:
+    assert encode_keys(keys) == [keyschema.encode_key(k) for k in keys]
+
+
+@pytest.mark.parametrize(("bad", "error"), [
+    (True, TypeError), (None, ValueError), (2**63, ValueError), (1.5, TypeError),
+    ("\ud800", ValueError),
+])
+def test_a_bad_key_names_its_row(bad: object, error: type[Exception]) -> None:
+    keys: list[object] = [*range(100), bad, *range(5)]
+    with pytest.raises(error, match=r"^keys\[100\]: "):
+        encode_keys(keys)
+    strings: list[object] = [*map(str, range(100)), bad]
+    with pytest.raises(error, match=r"^keys\[100\]: "):
+        encode_keys(strings)
