@@ -37,12 +37,13 @@ def is_simple(data_type: pa.DataType) -> bool:
                 or t.is_timestamp(data_type))
 
 
-def _refuse(name: str, kind: str, column: str, data_type: pa.DataType, why: str) -> ValueError:
+def _refuse(name: str, kind: str, column: str, shown: str, why: str) -> ValueError:
     return ValueError(f"aggregation {name!r}: {kind} cannot run over column {column!r} of type "
-                      f"{data_type}: {why}")
+                      f"{shown}: {why}")
 
 
-def _sum_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
+def _sum_type(name: str, kind: str, column: str, data_type: pa.DataType,
+              shown: str) -> pa.DataType:
     if pa.types.is_integer(data_type):
         return pa.int64()
     if pa.types.is_floating(data_type):
@@ -50,25 +51,29 @@ def _sum_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
     if pa.types.is_decimal(data_type):  # widened by 10 digits, as Spark's sum does
         return pa.decimal128(min(MAX_DECIMAL_PRECISION, data_type.precision + 10),
                              data_type.scale)
-    raise _refuse(name, "sum", column, data_type, "sum needs a numeric column")
+    raise _refuse(name, kind, column, shown, "sum needs a numeric column")
 
 
-def _extreme_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
+def _extreme_type(name: str, kind: str, column: str, data_type: pa.DataType,
+                  shown: str) -> pa.DataType:
     if is_simple(data_type):
         return data_type
-    raise _refuse(name, "min/max", column, data_type, "it needs an atomic (non-nested) column")
+    raise _refuse(name, kind, column, shown,
+                  "min and max need an atomic (non-nested) column")
 
 
-def _any_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
+def _any_type(name: str, kind: str, column: str, data_type: pa.DataType,
+              shown: str) -> pa.DataType:
     if is_simple(data_type) or (pa.types.is_list(data_type)
                                 and is_simple(data_type.value_type)):
         return data_type
-    raise _refuse(name, "first/last/collect", column, data_type,
+    raise _refuse(name, kind, column, shown,
                   "only atomic columns and lists of them are supported")
 
 
-def _list_type(name: str, column: str, data_type: pa.DataType) -> pa.DataType:
-    return pa.list_(_any_type(name, column, data_type))
+def _list_type(name: str, kind: str, column: str, data_type: pa.DataType,
+               shown: str) -> pa.DataType:
+    return pa.list_(_any_type(name, kind, column, data_type, shown))
 
 
 class SkipNulls(Aggregation):
@@ -120,7 +125,7 @@ class Kind:
     for an input column (raising ValueError for a type it cannot take)."""
 
     build: Callable[[Callable[[Any], Any]], Aggregation]
-    output_type: Callable[[str, str, pa.DataType], pa.DataType]
+    output_type: Callable[[str, str, str, pa.DataType, str], pa.DataType]
 
 
 #: Every kind that reads a column, with Spark's null rule and output types (``count`` reads no
@@ -135,17 +140,26 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def output_type(name: str, kind: str, column: str, data_type: pa.DataType) -> pa.DataType:
+def output_type(name: str, kind: str, column: str, data_type: pa.DataType,
+                shown_type: str | None = None) -> pa.DataType:
     """The Arrow type ``kind`` outputs over ``column`` of ``data_type`` (count: int64).
 
+    This is the one table of kinds and output types: front ends with another type system (the
+    Spark adapter) map their types to Arrow, ask here, and map the answer back.
+
+    Args:
+        shown_type: how error messages name the column's type (default: the Arrow type), so a
+            front end can show its own type names.
+
     Raises:
-        ValueError: the kind cannot run over that type, naming the output, column and type.
+        ValueError: the kind cannot run over that type, naming the output, kind, column and type.
     """
     if kind == "count":
         return pa.int64()
     if kind not in KINDS:
         raise ValueError(f"aggregation {name!r}: unknown kind {kind!r}")
-    return KINDS[kind].output_type(name, column, data_type)
+    shown = str(data_type) if shown_type is None else shown_type
+    return KINDS[kind].output_type(name, kind, column, data_type, shown)
 
 
 @dataclass(frozen=True)

@@ -31,21 +31,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
+from sessionstore import aggspec
+
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 FRACTIONAL = (T.FloatType, T.DoubleType)
 TIMES = (T.TimestampType, T.TimestampNTZType)
 SIMPLE = (*INTEGRAL, *FRACTIONAL, T.DecimalType, T.StringType, T.BinaryType, T.BooleanType,
           T.DateType, *TIMES)
-MAX_DECIMAL_PRECISION = 38
 
 
 def is_simple(data_type: T.DataType) -> bool:
     return isinstance(data_type, SIMPLE)
-
-
-def _refuse(name: str, kind: str, column: str, data_type: T.DataType, why: str) -> ValueError:
-    return ValueError(f"aggregation {name!r}: {kind} cannot run over column {column!r} of type "
-                      f"{data_type.simpleString()}: {why}")
 
 
 def check_key_type(column: str, data_type: T.DataType) -> None:
@@ -62,30 +58,28 @@ def check_key_type(column: str, data_type: T.DataType) -> None:
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:
     """The Spark type of ``kind`` over ``column``, as Spark's own aggregate function gives it.
 
+    The table of kinds and output types is :func:`sessionstore.aggspec.output_type`'s, over
+    Arrow types; this maps the Spark type to Arrow and the answer back.
+
     Raises:
-        ValueError: the aggregation cannot run over that type (naming column and type).
+        ValueError: the aggregation cannot run over that type (naming column and Spark type).
     """
-    if kind == "sum":
-        if isinstance(data_type, INTEGRAL):
-            return T.LongType()
-        if isinstance(data_type, FRACTIONAL):
-            return T.DoubleType()
-        if isinstance(data_type, T.DecimalType):  # Spark widens a decimal sum by 10 digits
-            return T.DecimalType(min(MAX_DECIMAL_PRECISION, data_type.precision + 10),
-                                 data_type.scale)
-        raise _refuse(name, kind, column, data_type, "sum needs a numeric column")
-    if kind in ("min", "max"):
-        if is_simple(data_type):
-            return data_type
-        raise _refuse(name, kind, column, data_type,
-                      "min and max need an atomic (non-nested) column")
-    if kind in ("first", "last", "collect"):
-        if not (is_simple(data_type) or (isinstance(data_type, T.ArrayType)
-                                         and is_simple(data_type.elementType))):
-            raise _refuse(name, kind, column, data_type,
-                          "only atomic columns and arrays of them are supported")
-        return T.ArrayType(data_type) if kind == "collect" else data_type
-    raise ValueError(f"aggregation {name!r}: unknown kind {kind!r}")
+    try:
+        arrow = arrow_type(data_type, "UTC")
+    except ValueError:  # a struct or map: no kind takes it, and the table says so
+        arrow = pa.struct([])
+    out = aggspec.output_type(name, kind, column, arrow, data_type.simpleString())
+    if out == arrow:
+        return data_type
+    if out == pa.list_(arrow):
+        return T.ArrayType(data_type)
+    if out == pa.int64():
+        return T.LongType()
+    if out == pa.float64():
+        return T.DoubleType()
+    if pa.types.is_decimal(out):
+        return T.DecimalType(out.precision, out.scale)
+    raise ValueError(f"aggregation {name!r}: no Spark type for {kind} output {out}")
 
 
 def check_custom_input(name: str, column: str, data_type: T.DataType) -> None:
