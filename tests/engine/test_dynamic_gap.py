@@ -7,6 +7,8 @@ import datetime as dt
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessionstore import (
     EmitStrategy,
@@ -242,3 +244,52 @@ def test_process_table_gap_column_with_nulls_and_a_trigger_free_fast_path():
     empty = pa.table({"k": ["a"], "v": [1], "t": [0], "g": pa.array([None], pa.int64())})
     assert e.process_table(empty, key="k", time="t", value="v", gap="g").num_rows == 0
     assert e.metrics["dropped-invalid-gap-records"] == 3
+
+
+def test_triggers_with_dynamic_gaps_batch_equals_event_path():
+    from sessionstore import AccumulationMode, AfterCount, AfterWatermark, ManualClock
+
+    events = [("k", 1, 0, 10), ("k", 2, 5, 1), ("k", 3, 30, None), ("k", 4, 8, 30),
+              ("j", 5, 8, 3), ("k", 6, 60, 5)]
+
+    def run(batched: bool) -> list:
+        windows = SessionWindows(None, max_gap_ms=30)
+        e = SessionAggregator(InMemorySessionStore(retention_ms=30), windows,
+                              aggregations.collect(), watermark="external",
+                              trigger=AfterWatermark(early=AfterCount(1)),
+                              accumulation=AccumulationMode.ACCUMULATING, clock=ManualClock(0))
+        out = []
+        if batched:
+            out += e.process_batch(*(list(c) for c in zip(*[(k, v, t) for k, v, t, _ in events],
+                                                          strict=True)),
+                                   [g for *_, g in events])
+        else:
+            for k, v, t, g in events:
+                out += e.process(k, v, t, 0 if g is None else g)
+        out += e.advance_watermark(INT64_MAX)
+        assert e.metrics["dropped-invalid-gap-records"] == 1
+        return [(x.session.key, x.session.start, x.session.end, x.value, x.pane.timing)
+                for x in out]
+
+    plain = run(False)
+    assert plain == run(True)
+    finals = [row[:4] for row in plain if row[4].value == "ON_TIME"]
+    assert ("k", 0, 38, [1, 2, 4]) in finals and ("j", 8, 11, [5]) in finals
+
+
+JUNK = st.one_of(st.none(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6),
+                 st.lists(st.integers(), max_size=2), st.timedeltas())
+
+
+@settings(deadline=None)
+@given(gaps=st.lists(JUNK, min_size=1, max_size=6))
+def test_junk_gaps_are_refused_naming_the_argument_or_accepted(gaps):
+    e = engine(SessionWindows(None, max_gap_ms=100))
+    n = len(gaps)
+    try:
+        e.process_batch(["k"] * n, list(range(n)), list(range(n)), gaps)
+    except (ValueError, TypeError) as exc:
+        assert "gaps_ms" in str(exc) or "max_gap_ms" in str(exc), exc
+        assert e.metrics["records-in"] == 0
+    else:
+        assert e.metrics["records-in"] == n

@@ -294,6 +294,12 @@ def dynamic_cases(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[Any, ...]
      [("event", "a", 0, 0, 20), ("event", "a", 1, 5, 1), ("event", "a", 2, 20, 3),
       ("event", "a", 3, 2, 0), ("event", "a", 4, 24, None), ("event", "a", 5, 23, 2)]),
     [True], None)
+@example(  # lateness on the boundary, by each event's own end, inside one batch
+    ({"gap": 1, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "event_time", "cache": 0,
+      "segment": 1, "extra_retention": 0, "dynamic": "callable", "max_gap": 20},
+     [("event", "a", 0, 10, 5), ("event", "a", 1, 5, 5), ("event", "a", 2, 6, 5),
+      ("event", "b", 3, -9, 19), ("event", "b", 4, -10, 20)]),
+    [False], None)
 def test_dynamic_gap_close_mode_event_path_batch_path_and_oracle_agree(case, cuts, bad_row):
     cfg, steps = case
     emits, effective = Driver(cfg, EmitStrategy.ON_WINDOW_CLOSE, False, cuts).run(steps)
@@ -306,6 +312,12 @@ def test_dynamic_gap_close_mode_event_path_batch_path_and_oracle_agree(case, cut
 
 
 @given(dynamic_cases(), cuts_strategy)
+@example(  # lateness on the boundary, by each event's own end, inside one batch
+    ({"gap": 1, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "event_time", "cache": 0,
+      "segment": 1, "extra_retention": 0, "dynamic": "column", "max_gap": 20},
+     [("event", "a", 0, 10, 5), ("event", "a", 1, 5, 5), ("event", "a", 2, 6, 5),
+      ("event", "b", 3, -9, 19), ("event", "b", 4, -10, 20)]),
+    [False])
 def test_dynamic_gap_update_mode_changelogs_rebuild_the_oracle_sessions(case, cuts):
     cfg, steps = case
     plain, effective = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, False, cuts).run(steps)
@@ -316,6 +328,9 @@ def test_dynamic_gap_update_mode_changelogs_rebuild_the_oracle_sessions(case, cu
     batched, _ = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, True, cuts).run(steps)
     assert batched == cached
     assert changelog_table(cached) == want
+    # with a write cache the batch takes the exact (non-columnar) path
+    exact, _ = Driver(cfg, EmitStrategy.ON_WINDOW_UPDATE, True, cuts, write_cache=True).run(steps)
+    assert changelog_table(exact) == want
 
 
 @given(dynamic_cases(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
