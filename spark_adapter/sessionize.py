@@ -13,7 +13,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sessionstore import AccumulationMode, AfterWatermark, aggregations, aggspec
+from sessionstore import (
+    AccumulationMode,
+    AfterWatermark,
+    InMemorySessionStore,
+    SessionAggregator,
+    aggregations,
+    aggspec,
+)
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
@@ -297,6 +304,7 @@ def sessionize(
         gap_column=None if dynamic is None else GAP_COLUMN,
         gap_description="" if dynamic is None else dynamic[1],
     )
+    _check_engine(config)
     carried = [c for c in value_columns if c not in key_columns and c != timestamp]
     if dynamic is None:
         selected = df.select(*key_columns, timestamp, *carried)
@@ -355,6 +363,17 @@ def sessionize(
 
 
 BUCKET_COLUMN = "sessionstore_bucket"
+
+
+def _check_engine(config: SessionizeConfig) -> None:
+    """Build the engine once on the driver, so that a combination it refuses (say, a trigger
+    with ``max_duration``) fails here, with the engine's message, before any task runs."""
+    try:
+        SessionAggregator(InMemorySessionStore(retention_ms=config.retention_us),
+                          config.windows(), config.aggregation, watermark="external",
+                          **config.engine_options())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"sessionize: the engine refuses these settings: {exc}") from exc
 
 
 def _bucket(key_columns: list[str], n_buckets: int) -> Any:
