@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
+from sessionstore import AfterWatermark
 from spark_adapter import query_state_location, read_state_metrics, sessionize
 from spark_adapter.sessionize import GAP_COLUMN, _dynamic_gap
 
@@ -92,6 +93,9 @@ def test_gap_arguments_are_checked_on_the_driver(spark):
         sessionize(df, gap="10 secnds (", max_gap="1 minute", **kw)
     with pytest.raises(ValueError, match="max_duration must be > 0"):
         sessionize(df, gap="10 seconds", max_duration=0, **kw)
+    with pytest.raises(ValueError, match="engine refuses these settings: max_duration_ms does "
+                                         "not combine with trigger="):
+        sessionize(df, gap="10 seconds", max_duration="1 minute", trigger=AfterWatermark(), **kw)
     with pytest.raises(TypeError, match="gap must be milliseconds"):
         sessionize(df, gap=1.5, **kw)  # type: ignore[arg-type]
 
