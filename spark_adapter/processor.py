@@ -8,7 +8,9 @@ the Arrow engine (:mod:`spark_adapter.config`), so both engines give the same ro
 Watermark (kept equal to the Arrow engine's, hence to native ``session_window``'s):
 
 * ``sessionize`` declares Spark's watermark on the event's window end ``t + gap`` with the delay
-  grown by ``gap``, so its value is native's and Spark itself drops native's late rows;
+  grown by ``gap``, so its value is native's and Spark itself drops native's late rows (with a
+  per-row gap, on ``t + max_gap``: Spark drops the rows late for any gap, and the engine, which
+  judges each row by its own ``t + gap``, the others);
 * rows are processed at the watermark the engine already holds (the previous batch's), and the
   engine advances to the current one only in ``handleExpiredTimer``, which Spark calls after
   every input row of the partition: each bucket keeps one *heartbeat* timer just past the
