@@ -32,7 +32,8 @@ from .state import config_digest
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-GAP_COLUMN = "sessionstore_gap_us"
+GAP_COLUMN = "sessionstore_gap_us"  # hidden: each row's gap in microseconds
+END_SCRATCH = "sessionstore_gap_end"  # hidden, briefly: each row's window end
 GAP_TYPES = (T.StringType, T.CalendarIntervalType, T.NullType)  # what native casts to a gap
 
 
@@ -93,9 +94,6 @@ def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> tuple[DataFrame, st
     else:
         micros = F.unix_micros(F.col(END_SCRATCH)) - F.unix_micros(ts)
     return with_end.withColumn(GAP_COLUMN, micros).drop(END_SCRATCH), description
-
-
-END_SCRATCH = "sessionstore_gap_end"
 
 
 def _quote(name: str) -> str:
