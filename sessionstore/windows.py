@@ -34,7 +34,10 @@ class SessionWindows:
             store's retention must cover the largest gap that can occur); an event whose gap
             exceeds it is refused with ``ValueError``. With a fixed gap it is the gap (passing a
             different value is an error).
-        max_duration_ms: the longest span a session may have (> 0), or ``None`` (no cap).
+        max_duration_ms: the longest span a session may have (> 0), or ``None`` (no cap). An
+            event at or past ``start + max_duration_ms`` starts a new session, whatever the
+            arrival order; an event is then late when ``W >= t + min(gap, max_duration_ms) +
+            grace``; triggers are refused. The exact rule: :mod:`sessionstore.engine.max_duration`.
 
     Per event, a dynamic gap that is ``None`` or ``<= 0`` drops the event (counted in the
     ``dropped-records`` and ``dropped-invalid-gap-records`` metrics), as Spark filters such rows.

@@ -67,6 +67,8 @@ def engine_options(scenario: dict[str, Any]) -> dict[str, Any]:
         by_value = w["gap_by_value"]
         gap = lambda key, value, t: by_value.get(value, by_value.get("default"))  # noqa: E731
     extra = {} if "max_gap" not in w else {"max_gap_ms": w["max_gap"]}
+    if "max_duration" in w:
+        extra["max_duration_ms"] = w["max_duration"]
     windows = SessionWindows(gap, w.get("grace", 0), w["inclusive_gap"], **extra)
     agg = {"collect": aggregations.collect, "count": aggregations.count}[scenario["aggregation"]]()
     options: dict[str, Any] = {

@@ -297,3 +297,25 @@ def test_custom_aggregations_are_folded_from_the_events_on_both_paths(case, cuts
         assert batched == plain
     else:
         assert changelog_table(batched) == rows
+
+
+def test_a_refused_accumulator_changes_nothing():
+    """A custom accumulator msgpack cannot store is refused (TypeError naming the session)
+    before any change: the key's sessions, their events and the counters stay as they were."""
+    windows = SessionWindows(gap_ms=20, max_duration_ms=10)
+    agg = aggregations.aggregate(
+        list, lambda key, value, acc: [*acc, {1} if value == "bad" else value], _no_merger)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms), windows,
+                               agg, watermark="external", cache_max_sessions=2)
+    engine.process("k", "a", 12)
+    engine.process("k", "b", 15)
+    before = [(tuple(s), v) for s, v in engine.sessions("k")]
+    with pytest.raises(TypeError, match=r"accumulator of Session\(key='k'"):
+        engine.process("k", "bad", 3)  # would re-cut [12, 22) into [3, 13) and [15, 25)
+    with pytest.raises(TypeError, match="accumulator"):
+        engine.process("k", "bad", 16)  # would extend [12, 22) in place
+    assert [(tuple(s), v) for s, v in engine.sessions("k")] == before
+    assert engine.metrics["records-in"] == 2 + 2  # counted in, like the event path's refusals
+    out = engine.process("k", "c", 3)
+    assert [(e.session.start, e.session.end, e.value) for e in out if not e.retraction] == [
+        (3, 13, ["c", "a"]), (15, 25, ["b"])]
