@@ -58,7 +58,12 @@ from typing import IO, Any
 import pyarrow.fs as pafs
 
 from sessionstore import SessionStore, StoreCorruptedError
-from sessionstore.store.checkpoint import CHECKPOINTS_DIR, committed_versions, version_dir_name
+from sessionstore.store.checkpoint import (
+    CHECKPOINTS_DIR,
+    committed_versions,
+    version_dir_name,
+    write_pointer,
+)
 from sessionstore.store.checkpoint import read_manifest as read_store_manifest
 from sessionstore.store.rocksdb import fsync_dir
 
@@ -510,6 +515,9 @@ class SessionStoreProvider:
                         manifest_path, f"inline file {name} does not match its recorded size "
                                        f"and SHA-256")
                 target.write_bytes(data)
+        # the snapshot is the store's committed version: point the restored store at it
+        if manifest["store_version"] > 0:
+            write_pointer(staged, manifest["store_version"])
 
     def _download_verified(self, source: str, entry: dict[str, Any], target: Path,
                            version: int) -> None:

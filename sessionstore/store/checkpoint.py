@@ -1,7 +1,13 @@
 """The on-disk form of a committed version, and the checks that keep damage from reading as less data.
 
 A store directory holds ``checkpoints/v<12 digits>/``, one RocksDB checkpoint per committed
-version, each with a ``SESSIONSTORE-MANIFEST``. This module is the one place that knows that form:
+version, each with a ``SESSIONSTORE-MANIFEST``, and a ``COMMITTED`` pointer naming the latest
+committed version. This module is the one place that knows that form:
+
+* the pointer (``MAGIC || SHA-256(body) || body``, replaced atomically and fsynced) is the commit
+  point: the store knows its latest version without trusting the directory listing, so a deleted
+  or damaged newest checkpoint, or a pointer rolled back behind a newer checkpoint, is an error
+  and never an older, smaller answer (:func:`locate_committed`);
 
 * the manifest file is ``MAGIC || SHA-256(body) || body`` with a msgpack body, so a flipped bit or
   a truncation anywhere in it is detected before a single field is trusted;
@@ -40,10 +46,14 @@ VERSION_DIR = re.compile(r"^v(\d{12})$")
 # What a commit may leave behind when interrupted: a checkpoint being built or being deleted.
 LEFTOVER_DIR = re.compile(r"^\.(?:staging|deleting)-v\d{12}$")
 SEGMENT_CF_PREFIX = "seg"
+POINTER_NAME = "COMMITTED"
+POINTER_TEMP = "COMMITTED.tmp"
 
 _MAGIC = b"SSMF"
 _DIGEST_SIZE = 32  # SHA-256
 _HEADER = len(_MAGIC) + _DIGEST_SIZE
+_POINTER_MAGIC = b"SSCV"
+_POINTER_FORMAT = 1
 _READ_CHUNK = 1 << 20
 # RocksDB names the damaged file in its message; the path is what the operator needs.
 _ROCKSDB_FILE = re.compile(r"(/[^\s:]*?\.(?:sst|blob|log)|/[^\s:]*?MANIFEST-\d+|/[^\s:]*?CURRENT"
@@ -94,18 +104,24 @@ class CheckpointContents:
             records (truncated, or an older copy) opens with a smaller one.
         column_families: every column family, ``default`` and one ``seg<id>`` per live segment.
         files: every file of the checkpoint except the manifest: name -> (size, SHA-256).
+        pointer: the version was committed through the ``COMMITTED`` pointer, so the store must
+            have one (False for stores written before the pointer existed).
     """
 
     sequence: int
     column_families: tuple[str, ...]
     files: Mapping[str, tuple[int, bytes]]
+    pointer: bool = False
 
     def to_record(self) -> dict[str, Any]:
-        return {
+        record: dict[str, Any] = {
             "sequence": self.sequence,
             "column_families": list(self.column_families),
             "files": {name: [size, digest] for name, (size, digest) in self.files.items()},
         }
+        if self.pointer:
+            record["pointer"] = True
+        return record
 
     @classmethod
     def from_record(cls, record: Any, source: Path) -> CheckpointContents:
@@ -118,6 +134,9 @@ class CheckpointContents:
                 raise TypeError(f"sequence {sequence!r}")
             if not isinstance(families, list) or not all(isinstance(n, str) for n in families):
                 raise TypeError("column_families")
+            pointer = record.get("pointer", False)
+            if type(pointer) is not bool:
+                raise TypeError(f"pointer {pointer!r}")
             checked: dict[str, tuple[int, bytes]] = {}
             for name, entry in files.items():
                 size, digest = entry
@@ -127,7 +146,7 @@ class CheckpointContents:
                 checked[name] = (size, digest)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreCorruptedError(source, f"bad contents record: {exc}") from None
-        return cls(sequence, tuple(families), checked)
+        return cls(sequence, tuple(families), checked, pointer)
 
 
 def describe_files(
@@ -348,3 +367,206 @@ def copy_checkpoint(source: Path, target: Path) -> None:
                 shutil.copy2(entry.path, destination)
         else:
             shutil.copy2(entry.path, destination)
+
+
+# -- the COMMITTED pointer -----------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_pointer(version: int) -> bytes:
+    """The bytes of a ``COMMITTED`` pointer naming ``version``: magic, SHA-256 of body, body."""
+    body: bytes = msgpack.packb({"format": _POINTER_FORMAT, "version": version},
+                                use_bin_type=True)
+    return _POINTER_MAGIC + hashlib.sha256(body).digest() + body
+
+
+def decode_pointer(raw: bytes, source: Path) -> int:
+    """The version a pointer's bytes name.
+
+    Raises:
+        StoreCorruptedError: bad magic, truncation, checksum mismatch or invalid fields, naming
+            ``source``.
+    """
+    if raw[:len(_POINTER_MAGIC)] != _POINTER_MAGIC:
+        raise StoreCorruptedError(source, "not a sessionstore COMMITTED pointer (bad magic bytes)")
+    if len(raw) < _HEADER:
+        raise StoreCorruptedError(source, f"truncated COMMITTED pointer ({len(raw)} bytes)")
+    body = raw[_HEADER:]
+    if hashlib.sha256(body).digest() != raw[len(_POINTER_MAGIC):_HEADER]:
+        raise StoreCorruptedError(source, "COMMITTED pointer checksum mismatch (damaged or "
+                                          "truncated)")
+    try:
+        decoded = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        fmt, version = decoded["format"], decoded["version"]
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise StoreCorruptedError(source, f"undecodable COMMITTED pointer: {exc}") from None
+    if fmt != _POINTER_FORMAT:
+        raise ValueError(f"COMMITTED pointer {source} has format {fmt!r}; this sessionstore "
+                         f"reads format {_POINTER_FORMAT} (it was written by another release)")
+    if type(version) is not int or not 1 <= version < 10**12:
+        raise StoreCorruptedError(source, f"COMMITTED pointer names version {version!r}")
+    return version
+
+
+def read_pointer(store_path: str | os.PathLike[str]) -> int | None:
+    """The version the store's ``COMMITTED`` pointer names, or None when there is none.
+
+    Raises:
+        StoreCorruptedError: the pointer is damaged (see :func:`decode_pointer`).
+    """
+    path = Path(store_path) / POINTER_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return decode_pointer(raw, path)
+
+
+def write_pointer(store_path: str | os.PathLike[str], version: int) -> None:
+    """Point ``COMMITTED`` at ``version``, atomically and durably: this is a commit's commit point.
+
+    The new pointer is written to ``COMMITTED.tmp`` and fsynced, renamed over ``COMMITTED`` and the
+    directory fsynced. A crash leaves the old pointer or the new one, never a mix; a leftover
+    ``COMMITTED.tmp`` is the writer's to delete.
+    """
+    root = Path(store_path)
+    temp = root / POINTER_TEMP
+    with open(temp, "wb") as handle:
+        handle.write(encode_pointer(version))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temp, root / POINTER_NAME)
+    _fsync_dir(root)
+
+
+@dataclass(frozen=True)
+class LatestCommitted:
+    """The latest committed version of a store, checked.
+
+    Attributes:
+        version: the committed version.
+        directory: where its files are: ``checkpoints/v<version>``, or
+            ``checkpoints/.staging-v<version>`` when a commit was interrupted between moving the
+            pointer and renaming its checkpoint (the writer finishes that rename once it opened).
+        state, contents: its manifest.
+    """
+
+    version: int
+    directory: Path
+    state: CommittedState
+    contents: CheckpointContents
+
+    @property
+    def rename_pending(self) -> bool:
+        """The checkpoint is still under its staging name."""
+        return self.directory.name != version_dir_name(self.version)
+
+
+def _missing_pointer(store: Path, versions: list[int]) -> None:
+    """Refuse a store whose pointer vanished: its newest checkpoint says it was committed with one.
+
+    Stores written before the pointer existed have none and open from the listing.
+    """
+    newest = store / CHECKPOINTS_DIR / version_dir_name(versions[-1])
+    _state, contents = read_manifest(newest)
+    if contents.pointer:
+        raise StoreCorruptedError(
+            store / POINTER_NAME,
+            f"missing: {CHECKPOINTS_DIR}/{newest.name} was committed with a COMMITTED pointer")
+
+
+def _rolled_back(store: Path, pointer: int, newest: int) -> StoreCorruptedError:
+    return StoreCorruptedError(
+        store / POINTER_NAME,
+        f"names version {pointer}, but {CHECKPOINTS_DIR}/{version_dir_name(newest)} is newer "
+        f"(an older or replaced pointer)")
+
+
+def locate_committed(store_path: str | os.PathLike[str]) -> LatestCommitted | None:
+    """Find and verify the latest committed version, for the writer (which holds the lock).
+
+    The ``COMMITTED`` pointer says which version that is; the checkpoint listing only has to agree.
+    A store without a pointer, written before it existed, opens at its newest checkpoint.
+
+    Returns:
+        None for a store that never committed.
+
+    Raises:
+        StoreCorruptedError: naming the path at fault: the pointer damaged, missing (when the
+            newest checkpoint says it was committed with one) or older than a checkpoint; the
+            checkpoint it names missing; or any damage :func:`read_manifest` and
+            :func:`verify_files` find. Nothing on disk is changed.
+        ValueError: a manifest or pointer of another format version.
+    """
+    store = Path(store_path)
+    root = store / CHECKPOINTS_DIR
+    pointer = read_pointer(store)
+    versions = committed_versions(store)
+    if pointer is None:
+        if not versions:
+            return None
+        _missing_pointer(store, versions)
+        directory = root / version_dir_name(versions[-1])
+    else:
+        if versions and versions[-1] > pointer:
+            raise _rolled_back(store, pointer, versions[-1])
+        directory = root / version_dir_name(pointer)
+        if not directory.is_dir():
+            staging = root / f"{STAGING_PREFIX}{version_dir_name(pointer)}"
+            if not staging.is_dir():
+                raise StoreCorruptedError(
+                    directory, f"missing: {POINTER_NAME} names version {pointer} as the latest "
+                               f"committed")
+            directory = staging  # interrupted after its commit point, before the rename
+    state, contents = read_manifest(directory)
+    if pointer is not None and state.version != pointer:
+        raise StoreCorruptedError(directory / MANIFEST_NAME,
+                                  f"claims version {state.version}; {POINTER_NAME} names {pointer}")
+    verify_files(directory, contents)
+    return LatestCommitted(state.version, directory, state, contents)
+
+
+def newest_committed_version(store_path: str | os.PathLike[str], attempts: int = 5) -> int | None:
+    """The newest version a reader without the lock can open now, or None if none was committed.
+
+    A writer may be committing meanwhile: between its pointer and its rename the pointer is one
+    ahead of the listing (the previous checkpoint is still there), and a commit between reading
+    the pointer and listing makes the listing look newer (the pointer is read again).
+
+    Raises:
+        StoreCorruptedError: as :func:`locate_committed`, for the pointer and the listing (the
+            checkpoint's own files are checked by whoever opens it).
+    """
+    store = Path(store_path)
+    root = store / CHECKPOINTS_DIR
+    for _attempt in range(attempts):
+        pointer = read_pointer(store)
+        versions = committed_versions(store)
+        if pointer is None:
+            if not versions:
+                return None
+            _missing_pointer(store, versions)
+            return versions[-1]
+        if versions and versions[-1] > pointer:
+            if read_pointer(store) != pointer:
+                continue  # a commit in between
+            raise _rolled_back(store, pointer, versions[-1])
+        if versions and versions[-1] == pointer:
+            return pointer
+        if (root / f"{STAGING_PREFIX}{version_dir_name(pointer)}").is_dir():
+            # the writer is between its pointer and its rename: the previous version is whole
+            return versions[-1] if versions else None
+        if read_pointer(store) != pointer or committed_versions(store) != versions:
+            continue
+        raise StoreCorruptedError(
+            root / version_dir_name(pointer),
+            f"missing: {POINTER_NAME} names version {pointer} as the latest committed")
+    raise ValueError(f"could not find the committed version of {store}: the writer committed "
+                     f"{attempts} times while it was looked up")

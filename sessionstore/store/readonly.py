@@ -31,8 +31,8 @@ from .base import check_session
 from .checkpoint import (
     CHECKPOINTS_DIR,
     check_database,
-    committed_versions,
     copy_checkpoint,
+    newest_committed_version,
     open_read_only,
     read_manifest,
     relocated,
@@ -150,14 +150,14 @@ class ReadOnlySessionStore:
         with self._lock:
             self._check_open()
             for _attempt in range(MAX_REFRESH_ATTEMPTS):
-                versions = committed_versions(self._path)
-                if not versions or versions[-1] == self._version:
+                newest = newest_committed_version(self._path)
+                if newest is None or newest == self._version:
                     return self._version
                 try:
-                    self._load(versions[-1])
+                    self._load(newest)
                     return self._version
                 except (OSError, StoreCorruptedError) as exc:
-                    if committed_versions(self._path)[-1:] <= versions[-1:]:
+                    if (newest_committed_version(self._path) or 0) <= newest:
                         raise  # nothing newer: the writer never deletes its newest version
                     self._retries += 1
                     log.debug("refresh of %s raced the writer (%s); retrying", self._path, exc)

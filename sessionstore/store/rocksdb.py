@@ -5,9 +5,11 @@ Durability model
 Writes go straight into a working copy of the database (``live/``) with the write-ahead log off,
 so reads see them at once. ``commit()`` flushes and takes a RocksDB checkpoint (hard links of the
 immutable SST files) into a temporary directory, writes the version's manifest into it, and then
-renames it to ``checkpoints/v<version>``: that rename is the atomic commit point. Opening a store,
-and ``abort()``, rebuild ``live/`` from the newest complete checkpoint, so a SIGKILL at any instant
-reopens at exactly the last committed version.
+points the ``COMMITTED`` file at the new version (written aside, fsynced, renamed over: the atomic
+commit point), then renames the directory to ``checkpoints/v<version>``. Opening a store, and
+``abort()``, rebuild ``live/`` from the version ``COMMITTED`` names, so a SIGKILL at any instant
+reopens at exactly the last committed version, and a missing newest checkpoint is an error rather
+than an older version.
 
 Opening verifies the newest checkpoint (see ``checkpoint.py``): the manifest's own checksum, the
 size and SHA-256 of every file, and RocksDB's sequence number and column families. Damage raises
@@ -41,6 +43,7 @@ from .checkpoint import (
     DELETING_PREFIX,
     LEFTOVER_DIR,
     MANIFEST_NAME,
+    POINTER_TEMP,
     SEGMENT_CF_PREFIX,
     STAGING_PREFIX,
     CheckpointContents,
@@ -49,13 +52,13 @@ from .checkpoint import (
     copy_checkpoint,
     describe_files,
     encode_manifest,
+    locate_committed,
     open_read_only,
-    read_manifest,
     relocated,
     segment_of_cf,
     translate_rocksdb_error,
-    verify_files,
     version_dir_name,
+    write_pointer,
 )
 
 __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
@@ -225,6 +228,7 @@ class SessionStore(SegmentedSessionStore):
         self._db: Any = None
         self._cfs: dict[int, Any] = {}
         self._contents: CheckpointContents | None = None
+        self._pending: Path | None = None  # a committed checkpoint still under its staging name
         self._cf_options = rocksdict.Options(raw_mode=True)
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stub declares a method, but at run time this is a property. Commits do not
@@ -235,6 +239,7 @@ class SessionStore(SegmentedSessionStore):
         try:
             self._apply_committed(self._load_committed())
             self._open_live()
+            self._finish_interrupted_commit()
             self._remove_own_leftovers()
         except BaseException:
             self._unlock()
@@ -273,12 +278,11 @@ class SessionStore(SegmentedSessionStore):
             self._lock_handle = None
 
     def _load_committed(self) -> CommittedState:
-        versions = committed_versions(self._path)
-        if not versions:
+        latest = locate_committed(self._path)
+        if latest is None:
             return CommittedState()
-        checkpoint = self._path / CHECKPOINTS_DIR / version_dir_name(versions[-1])
-        state, contents = read_manifest(checkpoint)
-        verify_files(checkpoint, contents)
+        state, contents = latest.state, latest.contents
+        self._pending = latest.directory if latest.rename_pending else None
         stored_interval = state.segment_interval_ms
         assert stored_interval is not None
         if stored_interval != self._interval:
@@ -291,6 +295,13 @@ class SessionStore(SegmentedSessionStore):
         self._contents = contents
         return state
 
+    def _finish_interrupted_commit(self) -> None:
+        """Rename a checkpoint committed (the pointer names it) but left under its staging name."""
+        if self._pending is not None:
+            os.rename(self._pending, self.checkpoint_path())
+            fsync_dir(self._pending.parent)
+            self._pending = None
+
     def _remove_own_leftovers(self) -> None:
         """Delete what an interrupted commit left: ``.staging-v<digits>``, ``.deleting-v<digits>``.
 
@@ -302,6 +313,7 @@ class SessionStore(SegmentedSessionStore):
             for entry in os.scandir(root):
                 if LEFTOVER_DIR.match(entry.name):
                     shutil.rmtree(entry.path)
+        (self._path / POINTER_TEMP).unlink(missing_ok=True)
 
     def _open_live(self) -> None:
         live = self._path / _LIVE
@@ -312,17 +324,18 @@ class SessionStore(SegmentedSessionStore):
             fresh = self._path / _NEXT_LIVE
             if fresh.exists():
                 shutil.rmtree(fresh)
-            copy_checkpoint(self.checkpoint_path(), fresh)
+            source = self._pending or self.checkpoint_path()
+            copy_checkpoint(source, fresh)
             try:
                 if self._contents is not None:
                     db, names = open_read_only(fresh)
                     try:
-                        check_database(db, names, self._contents, self.checkpoint_path())
+                        check_database(db, names, self._contents, source)
                     finally:
                         db.close()
             except StoreCorruptedError as exc:
                 shutil.rmtree(fresh, ignore_errors=True)
-                raise relocated(exc, fresh, self.checkpoint_path()) from None
+                raise relocated(exc, fresh, source) from None
             except BaseException:
                 shutil.rmtree(fresh, ignore_errors=True)
                 raise
@@ -495,11 +508,14 @@ class SessionStore(SegmentedSessionStore):
                 str(staging), rocksdict.Options(raw_mode=True)))),
             files=describe_files(
                 staging, None if self._contents is None else self._contents.files),
+            pointer=True,
         )
         _write_file_durably(staging / MANIFEST_NAME,
                             encode_manifest(state, self._interval, contents))
         fsync_dir(staging)
-        os.rename(staging, final)  # the commit point
+        fsync_dir(root)  # the staging directory is durable before the pointer names it
+        write_pointer(self._path, state.version)  # the commit point
+        os.rename(staging, final)
         fsync_dir(root)
         self._contents = contents
         for old in committed_versions(self._path)[: -self._keep_versions]:
