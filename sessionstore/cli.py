@@ -38,7 +38,7 @@ from .io import (
     InputError,
     InputSource,
     SessionWriter,
-    engine_columns,
+    engine_batch,
     file_format,
     first_line,
     identity_difference,
@@ -57,6 +57,7 @@ from .windows import SessionWindows
 log = logging.getLogger("sessionstore.cli")
 _TEMP_PREFIX = "sessionstore-cli-"
 _TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(\d+)-")
+_SESSION_COLUMNS = ("session_start_ms", "session_end_ms", "retracted")
 
 
 class CliError(ValueError):
@@ -158,8 +159,10 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[AggSpec],
                          windows: tuple[int, int, int]) -> str:
+    # "columnar-1": the accumulators of process_table's plan (aggspec.columnar_plan); a state
+    # written with another layout is refused as written "with other options"
     described = [keys, args.time, *windows, args.emit, args.key_type,
-                 [(s.name, s.kind, s.column) for s in specs]]
+                 [(s.name, s.kind, s.column) for s in specs], "columnar-1"]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
 
 
@@ -218,6 +221,11 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
     except ValueError as exc:
         raise CliError(f"--agg: {exc}") from None
+    clash = [s.name for s in specs if s.name in keys or s.name in _SESSION_COLUMNS]
+    if clash:
+        raise CliError(f"--agg: output name {clash[0]!r} is also a key or session column; "
+                       f"rename it")
+    columnar = aggspec.columnar_plan(specs, [*keys, args.time])
     out_format = file_format(args.out, "output")
     check_paths(source, args.out, args.state)
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
@@ -233,7 +241,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     try:
         store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
         try:
-            engine = SessionAggregator(store, windows, planned.aggregation, emit=emit,
+            engine = SessionAggregator(store, windows, columnar.aggregation, emit=emit,
                                        max_out_of_orderness_ms=lateness)
             committed = engine.committed_metadata or {}
             if committed:
@@ -245,11 +253,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
             writer = SessionWriter(args.out, keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
-                                   committed.get("output"), schema=schema)
+                                   committed.get("output"), schema=schema,
+                                   presence={name: hidden for name, (hidden, _)
+                                             in columnar.presence.items()})
             if committed:
                 log.info("resuming at input row %d (state version %d)", committed["offset"],
                          store.committed_version)
-            run = _Run(args, engine, writer, source, keys, planned.value_columns,
+            run = _Run(args, engine, writer, source, keys, columnar,
                        {"options": options, "input": identity,
                         "output_path": str(out_path)},
                        SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE)
@@ -280,19 +290,21 @@ class _Run:
 
     def __init__(self, args: argparse.Namespace, engine: SessionAggregator,
                  writer: SessionWriter, source: InputSource, keys: list[str],
-                 value_columns: list[str], identity: dict[str, Any],
+                 plan: aggspec.ColumnarPlan, identity: dict[str, Any],
                  summary: SessionSummary | None) -> None:
         self.args = args
         self.engine = engine
         self.writer = writer
         self.source = source
         self.keys = keys
-        self.value_columns = value_columns
+        self.plan = plan
+        self.value_columns = list(plan.value_names)
         self.identity = identity
         self.summary = summary
-        self.pending: list[Emit] = []
+        self.pending: list[pa.Table] = []
         self.processed = 0
         self.floored = 0
+        self.row_path_batches = 0
         self.max_time_ms: int | None = None
         self.snapshot = MetricsSnapshot(self.metrics())
 
@@ -300,14 +312,21 @@ class _Run:
         """The engine's metrics and the CLI's own counters."""
         return {**self.engine.metrics, "cli-input-records-total": self.processed,
                 "cli-output-records-total": self.writer.rows_written,
-                "cli-times-floored-to-ms-total": self.floored}
+                "cli-times-floored-to-ms-total": self.floored,
+                "cli-row-path-batches-total": self.row_path_batches}
+
+    def emitted(self, emits: list[Emit]) -> None:
+        if emits:
+            self.pending.append(self.writer.table(emits))
 
     def commit(self, position: int) -> None:
-        emits = self.pending + self.engine.flush()
+        self.emitted(self.engine.flush())
+        tables = [t for t in self.pending if t.num_rows]
         self.pending = []
-        self.writer.write(emits)  # durable (fsynced) before the state that records it
-        if self.summary is not None:
-            self.summary.add(emits)
+        rows = pa.concat_tables(tables) if tables else None
+        self.writer.write_table(rows)  # durable (fsynced) before the state that records it
+        if self.summary is not None and rows is not None:
+            self.summary.add_table(rows, self.keys)
         output = {**self.writer.position(), "path": self.identity["output_path"]}
         try:
             self.engine.commit({"options": self.identity["options"],
@@ -323,17 +342,25 @@ class _Run:
             raise OSError(code, f"{text} (while committing the state in "
                                 f"{self.args.state or 'a temporary directory'})") from None
 
-    def feed(self, batch: pa.RecordBatch) -> list[Emit]:
-        """The one place input reaches the engine; the engine's columnar ``process_table``
-        replaces ``process_batch`` here when it lands."""
+    def feed(self, batch: pa.RecordBatch) -> None:
+        """The one place input reaches the engine: the record batch's columns go to
+        ``process_table`` as Arrow arrays. A batch the columnar path cannot take (nulls in an
+        aggregated column, decimals) goes to ``process_batch`` row by row instead, counted in
+        ``cli-row-path-batches-total``; both give the same sessions."""
         times = time_column_ms(batch, self.args.time)
         self.floored += times.floored
         if len(times.millis):
             latest = pc.max(times.millis).as_py()
             self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
                                                                            latest)
-        key_values, values = engine_columns(batch, self.keys, self.value_columns)
-        return self.engine.process_batch(key_values, values, times.millis)
+        prepared = engine_batch(batch, self.keys, self.args.time, times.millis, self.plan)
+        if prepared.columnar:
+            out = self.engine.process_table(prepared.table, key=self.keys, time=self.args.time)
+            if out.num_rows:
+                self.pending.append(self.writer.engine_table(out))
+            return
+        self.row_path_batches += 1
+        self.emitted(self.engine.process_batch(*prepared.rows()))
 
     def execute(self, offset: int) -> dict[str, Any]:
         args = self.args
@@ -349,7 +376,7 @@ class _Run:
                                       batch_rows=args.batch_rows, key_columns=self.keys,
                                       key_type=args.key_type):
                 try:
-                    self.pending.extend(self.feed(batch))
+                    self.feed(batch)
                 except (TypeError, ValueError) as exc:
                     raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: "
                                    f"{exc}") from None
@@ -365,7 +392,7 @@ class _Run:
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
             end = INT64_MAX if self.max_time_ms is None else \
                 closing_watermark_ms(self.engine.windows, self.max_time_ms)
-            self.pending.extend(self.engine.advance_watermark(end))
+            self.emitted(self.engine.advance_watermark(end))
             self.commit(seen)
             self.snapshot.publish(self.metrics())
         finally:
