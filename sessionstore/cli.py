@@ -38,9 +38,11 @@ from .io import (
     InputError,
     InputSource,
     SessionWriter,
+    check_gap_column,
     engine_batch,
     file_format,
     first_line,
+    gap_column_ms,
     identity_difference,
     input_identity,
     iter_batches,
@@ -158,7 +160,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[AggSpec],
-                         windows: tuple[int, int, int]) -> str:
+                         windows: list[Any]) -> str:
     # "columnar-1": the accumulators of process_table's plan (aggspec.columnar_plan); a state
     # written with another layout is refused as written "with other options"
     described = [keys, args.time, *windows, args.emit, args.key_type,
@@ -170,8 +172,8 @@ def _check_resume(committed: dict[str, Any], state: str, options: str,
                   identity: dict[str, Any], out: Path, out_format: str) -> None:
     if committed.get("options") != options:
         raise CliError(f"--state {state!r} was written with other options (key, time, gap, "
-                       f"grace, lateness, emit, aggregations or key type); use a new state "
-                       f"directory")
+                       f"gap column, max gap, max duration, grace, lateness, emit, aggregations "
+                       f"or key type); use a new state directory")
     change = identity_difference(committed.get("input", {}), identity)
     if change is not None:
         raise CliError(f"--state {state!r} belongs to another input: {change}; resuming would "
@@ -191,14 +193,44 @@ def _close_quietly(store: SessionStore) -> None:
         log.debug("closing the store after an error also failed: %s", exc)
 
 
-def cmd_sessionize(args: argparse.Namespace) -> int:
-    gap = _duration(args.gap, "--gap")
+def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
+    """The session windows of ``--gap`` or ``--gap-column``/``--max-gap``, ``--grace`` and
+    ``--max-duration``, and what of them the options fingerprint records.
+
+    Raises:
+        CliError: naming the flag: both or neither of --gap and --gap-column, --max-gap without
+            --gap-column or missing with it, a non-positive or unparsable duration.
+    """
+    if args.gap is not None and args.gap_column is not None:
+        raise CliError("--gap and --gap-column exclude each other: give a fixed gap or a gap "
+                       "column")
+    if args.gap is None and args.gap_column is None:
+        raise CliError("one of --gap (a fixed gap) or --gap-column (a gap per event) is required")
+    if args.gap_column is not None and args.max_gap is None:
+        raise CliError(f"--gap-column {args.gap_column!r} needs --max-gap: the state must be "
+                       f"kept as long as the largest gap an event may have")
+    if args.gap_column is None and args.max_gap is not None:
+        raise CliError("--max-gap applies to --gap-column only (a fixed --gap is its own "
+                       "maximum)")
     grace = _duration(args.grace, "--grace")
-    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
+    gap = None if args.gap is None else _duration(args.gap, "--gap")
+    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap")
+    max_duration = None if args.max_duration is None else _duration(args.max_duration,
+                                                                     "--max-duration")
     try:
-        windows = SessionWindows(gap, grace)
+        windows = SessionWindows(gap, grace, max_gap_ms=max_gap, max_duration_ms=max_duration)
     except ValueError as exc:
-        raise CliError(str(exc).replace("gap_ms", "--gap").replace("grace_ms", "--grace")) from None
+        text = str(exc)
+        for name, flag in (("max_gap_ms", "--max-gap"), ("max_duration_ms", "--max-duration"),
+                           ("gap_ms", "--gap"), ("grace_ms", "--grace")):
+            text = text.replace(name, flag)
+        raise CliError(text) from None
+    return windows, [args.gap_column, max_gap, max_duration, gap, grace]
+
+
+def cmd_sessionize(args: argparse.Namespace) -> int:
+    windows, described_windows = _windows(args)
+    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
     if args.commit_every < 1 or args.batch_rows < 1:
@@ -217,6 +249,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     for name in [*keys, args.time]:
         if name not in source.schema.names:
             raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")
+    if args.gap_column is not None:
+        check_gap_column(source.schema, args.gap_column, [*keys, args.time])
     try:
         planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
     except ValueError as exc:
@@ -229,7 +263,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     out_format = file_format(args.out, "output")
     check_paths(source, args.out, args.state)
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
-    options = _options_fingerprint(args, keys, specs, (gap, grace, lateness))
+    options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
     out_path = Path(args.out).resolve()
     temp: Path | None = None
@@ -305,6 +339,7 @@ class _Run:
         self.processed = 0
         self.floored = 0
         self.row_path_batches = 0
+        self.seen = 0  # input rows before the batch being fed
         self.max_time_ms: int | None = None
         self.snapshot = MetricsSnapshot(self.metrics())
 
@@ -353,14 +388,19 @@ class _Run:
             latest = pc.max(times.millis).as_py()
             self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
                                                                            latest)
-        prepared = engine_batch(batch, self.keys, self.args.time, times.millis, self.plan)
+        gap = self.args.gap_column
+        gaps = None if gap is None else gap_column_ms(batch, gap, self.engine.windows.max_gap_ms,
+                                                      self.seen)
+        prepared = engine_batch(batch, self.keys, self.args.time, times.millis, self.plan, gaps)
         if prepared.columnar:
-            out = self.engine.process_table(prepared.table, key=self.keys, time=self.args.time)
+            out = self.engine.process_table(prepared.table, key=self.keys, time=self.args.time,
+                                            gap=prepared.gap_name)
             if out.num_rows:
                 self.pending.append(self.writer.engine_table(out))
             return
         self.row_path_batches += 1
-        self.emitted(self.engine.process_batch(*prepared.rows()))
+        keys, values, times_ms = prepared.rows()
+        self.emitted(self.engine.process_batch(keys, values, times_ms, gaps_ms=gaps))
 
     def execute(self, offset: int) -> dict[str, Any]:
         args = self.args
@@ -371,10 +411,12 @@ class _Run:
         server = serve_metrics(self.snapshot, args.metrics_port) \
             if args.metrics_port is not None else None
         try:
-            columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns]))
+            columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns,
+                                          *([args.gap_column] if args.gap_column else [])]))
             for batch in iter_batches(self.source, columns, skip_rows=offset,
                                       batch_rows=args.batch_rows, key_columns=self.keys,
                                       key_type=args.key_type):
+                self.seen = seen
                 try:
                     self.feed(batch)
                 except (TypeError, ValueError) as exc:
@@ -510,7 +552,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
                    help="event-time column: integer ms, timestamps or ISO-8601 strings")
-    s.add_argument("--gap", required=True, help="inactivity gap, e.g. 30m or '10 minutes'")
+    s.add_argument("--gap", help="inactivity gap, e.g. 30m or '10 minutes' (or --gap-column)")
+    s.add_argument("--gap-column", metavar="NAME",
+                   help="a gap per event, from the column NAME: integer milliseconds or an "
+                        "Arrow duration; a null or non-positive gap drops the event (counted in "
+                        "dropped-invalid-gap-records, as Spark filters such rows); needs "
+                        "--max-gap")
+    s.add_argument("--max-gap", metavar="DURATION",
+                   help="with --gap-column: the largest gap an event may have (a larger one is "
+                        "an error); the state is kept that long")
+    s.add_argument("--max-duration", metavar="DURATION",
+                   help="cap a session's span: an event at or past start + DURATION starts a "
+                        "new session, even within the gap")
     s.add_argument("--grace", default="0", help="how long late events may still change a "
                                                 "session (default 0)")
     s.add_argument("--max-out-of-order", default="0",

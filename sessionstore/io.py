@@ -49,6 +49,7 @@ MAX_JSON_DEPTH = 1000
 KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _TIME_UNIT_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
 _BLOCK = 1 << 22
+INT64_MAX_VALUE = (1 << 63) - 1
 
 
 class InputError(ValueError):
@@ -429,6 +430,7 @@ class EngineBatch:
             columns (int64, 1 where the summed value is not null).
         columnar: every column is an Arrow array and no aggregated value is null, so
             ``process_table`` takes it; otherwise :meth:`rows` feeds ``process_batch``.
+        gap_name: the column of each event's gap (int64 ms, nulls kept), or None.
     """
 
     table: pa.Table
@@ -436,6 +438,7 @@ class EngineBatch:
     key_names: list[str]
     time_name: str
     _lists: dict[str, list[Any]]
+    gap_name: str | None = None
 
     def rows(self) -> tuple[list[Any], list[dict[str, Any]], pa.Array]:
         """Keys, values (a dict per row, as the plan's aggregation reads them) and times, for
@@ -448,7 +451,7 @@ class EngineBatch:
         keys = [column(k) for k in self.key_names]
         key_values = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
         names = [n for n in self.table.column_names
-                 if n not in self.key_names and n != self.time_name]
+                 if n not in self.key_names and n not in (self.time_name, self.gap_name)]
         values = [dict(zip(names, row, strict=True))
                   for row in zip(*[column(n) for n in names], strict=True)] \
             if names else [{} for _ in range(self.table.num_rows)]
@@ -456,9 +459,11 @@ class EngineBatch:
 
 
 def engine_batch(batch: pa.RecordBatch, keys: Sequence[str], time_name: str,
-                 times_ms: pa.Array, plan: ColumnarPlan) -> EngineBatch:
+                 times_ms: pa.Array, plan: ColumnarPlan, gaps_ms: pa.Array | None = None
+                 ) -> EngineBatch:
     """The columns of ``batch`` as the engine's ``process_table`` reads them (see
-    :class:`EngineBatch`): no per-row conversion unless a column needs one (decimals)."""
+    :class:`EngineBatch`): no per-row conversion unless a column needs one (decimals).
+    ``gaps_ms`` is each event's gap (from :func:`gap_column_ms`), or None for a fixed gap."""
     arrays: dict[str, Any] = {}
     lists: dict[str, list[Any]] = {}
     columnar = True
@@ -483,7 +488,89 @@ def engine_batch(batch: pa.RecordBatch, keys: Sequence[str], time_name: str,
     for name, column in plan.presence.values():
         valid = pc.is_valid(batch.column(batch.schema.get_field_index(column)))
         arrays[name] = pc.cast(valid, pa.int64())
-    return EngineBatch(pa.table(arrays), columnar, list(keys), time_name, lists)
+    gap_name = None
+    if gaps_ms is not None:
+        gap_name = "__gap_ms"
+        while gap_name in arrays:
+            gap_name = "_" + gap_name
+        arrays[gap_name] = gaps_ms
+    return EngineBatch(pa.table(arrays), columnar, list(keys), time_name, lists, gap_name)
+
+
+def check_gap_column(schema: pa.Schema, name: str, taken: Sequence[str]) -> None:
+    """Refuse a ``--gap-column`` the input lacks, that is a key or the time column, or whose
+    type is not integer milliseconds or a duration.
+
+    Raises:
+        InputError: naming the flag, the column and its type.
+    """
+    if name not in schema.names:
+        raise InputError(f"--gap-column {name!r}: the input has no such column (columns: "
+                         f"{schema.names})")
+    if name in taken:
+        raise InputError(f"--gap-column {name!r} is a key or the time column; the gap needs its "
+                         f"own column")
+    kind = schema.field(name).type
+    if not (pa.types.is_integer(kind) or pa.types.is_duration(kind) or pa.types.is_null(kind)):
+        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
+                         f"not {kind}")
+
+
+def gap_column_ms(batch: pa.RecordBatch, name: str, max_gap_ms: int, first_row: int
+                  ) -> pa.Array:
+    """Each event's gap as int64 milliseconds, nulls kept (the engine drops and counts null and
+    non-positive gaps).
+
+    Args:
+        name: the ``--gap-column``: integers are milliseconds; durations are converted.
+        max_gap_ms: ``--max-gap``: a larger gap is refused.
+        first_row: the input row of the batch's first row, for messages.
+
+    Raises:
+        InputError: a gap above ``max_gap_ms``, or a duration finer than a millisecond that is
+            not a whole number of them; naming the flag, the input row and the values.
+    """
+    values = batch.column(batch.schema.get_field_index(name))
+    kind = values.type
+    if pa.types.is_null(kind):
+        gaps = pa.nulls(len(values), pa.int64())
+    elif pa.types.is_integer(kind):
+        if pa.types.is_unsigned_integer(kind) and len(values) \
+                and (pc.max(values).as_py() or 0) > INT64_MAX_VALUE:
+            row = _first(pc.greater(values, INT64_MAX_VALUE))
+            raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                             f"{values[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
+        gaps = pc.cast(values, pa.int64())
+    elif pa.types.is_duration(kind):
+        ticks = pc.cast(values, pa.int64())
+        per_ms = _TIME_UNIT_PER_MS[kind.unit]
+        if per_ms is None:
+            gaps = pc.multiply_checked(ticks, 1000)
+        elif per_ms == 1:
+            gaps = ticks
+        else:
+            # a non-positive gap is dropped whatever its unit; a positive one must be whole ms
+            rest = pc.and_(pc.greater(ticks, 0), pc.not_equal(
+                pc.subtract(ticks, pc.multiply(pc.divide(ticks, per_ms), per_ms)), 0))
+            if pc.any(rest).as_py():
+                row = _first(rest)
+                raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                                 f"{values[row]} is not a whole number of milliseconds")
+            gaps = pc.divide(ticks, per_ms)
+    else:
+        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
+                         f"not {kind}")
+    over = pc.greater(gaps, max_gap_ms)
+    if pc.any(over).as_py():
+        row = _first(over)
+        raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                         f"{gaps[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
+    return gaps
+
+
+def _first(mask: pa.Array) -> int:
+    """The index of the first true of a boolean array (nulls are false)."""
+    return int(np.argmax(pc.fill_null(mask, False).to_numpy(zero_copy_only=False)))
 
 
 class SessionWriter:
