@@ -369,10 +369,11 @@ class WholeRow(Aggregation):
 # Everything else is held as its Python value.
 
 
-def _needs_codec(data_type: pa.DataType) -> bool:
+def needs_codec(data_type: pa.DataType) -> bool:
+    """Values of ``data_type`` have an engine representation other than their Python value."""
     t = pa.types
     if t.is_list(data_type) or t.is_large_list(data_type):
-        return _needs_codec(data_type.value_type)
+        return needs_codec(data_type.value_type)
     return bool(t.is_decimal(data_type) or t.is_timestamp(data_type) or t.is_date(data_type))
 
 
@@ -384,7 +385,7 @@ def to_engine(array: pa.Array | pa.ChunkedArray) -> Any:
     """The engine representation of an Arrow column: the array itself when its values need no
     conversion (``process_batch`` takes Arrow arrays), else a list."""
     data_type = array.type
-    if not _needs_codec(data_type):
+    if not needs_codec(data_type):
         return array
     if pa.types.is_decimal(data_type):
         scale = data_type.scale
@@ -407,7 +408,7 @@ def from_engine(values: list[Any], data_type: pa.DataType) -> pa.Array:
     if pa.types.is_timestamp(data_type) or pa.types.is_date(data_type):
         return pa.array(values, _int_type(data_type)).cast(data_type)
     if (pa.types.is_list(data_type) or pa.types.is_large_list(data_type)) \
-            and _needs_codec(data_type.value_type):
+            and needs_codec(data_type.value_type):
         flat = [v for row in values if row is not None for v in row]
         offsets = [0]
         for row in values:
@@ -416,3 +417,118 @@ def from_engine(values: list[Any], data_type: pa.DataType) -> pa.Array:
         mask = pa.array([row is None for row in values], pa.bool_())
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
     return pa.array(values, data_type)
+
+
+# -- the columnar plan (``SessionAggregator.process_table``) -------------------------------------
+
+#: Built-ins that read one named column, so that ``process_table`` computes them with array
+#: operations.
+_COLUMN_BUILDERS: dict[str, Callable[[str], Aggregation]] = {
+    "sum": lambda c: aggregations.sum_of(column=c),
+    "min": lambda c: aggregations.min_of(column=c),
+    "max": lambda c: aggregations.max_of(column=c),
+    "first": lambda c: aggregations.first_of(column=c),
+    "last": lambda c: aggregations.last_of(column=c),
+    "collect": lambda c: aggregations.collect(column=c),
+}
+_SKIPS_NULLS = ("sum", "min", "max", "collect")
+
+
+class SkipNullColumn(Aggregation):
+    """A column built-in with Spark's null rule (a null is no input), that ``process_table``
+    still computes columnar: it keeps the built-in's ``column`` and ``columnar_kind``. The
+    columnar path never sees a null (a batch with nulls in an aggregated column takes the exact
+    path, where this wrapper skips them)."""
+
+    def __init__(self, inner: Aggregation) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.column = inner.column
+        self.acc_always_encodable = inner.acc_always_encodable
+
+    @property
+    def columnar_kind(self) -> str | None:
+        return self.inner.columnar_kind
+
+    def initial(self) -> Any:
+        return self.inner.initial()
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        if value[self.column] is None:
+            return acc
+        return self.inner.add(key, value, timestamp_ms, seq, acc)
+
+    def add_run(self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int],
+                acc: Any) -> Any:
+        column = self.column
+        kept = [(v, t, s) for v, t, s in zip(values, times_ms, seqs, strict=True)
+                if v[column] is not None]
+        if not kept:
+            return acc
+        rows, times, kept_seqs = (list(part) for part in zip(*kept, strict=True))
+        return self.inner.add_run(key, rows, times, kept_seqs, acc)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        return self.inner.merge(key, acc1, acc2)
+
+    def result(self, acc: Any) -> Any:
+        return self.inner.result(acc)
+
+
+@dataclass
+class ColumnarPlan:
+    """An aggregation over named columns, for ``SessionAggregator.process_table``.
+
+    Attributes:
+        aggregation: the combined aggregation; part ``i`` reads ``value_names[column]``.
+        value_names: input value column -> the name it has in the engine's table (distinct from
+            the key and time columns).
+        presence: sum output -> (the name of the hidden count of its non-null values, the
+            input column summed); the name is both a column of the engine's table and an output
+            of the aggregation, so that a session of nulls sums to null, as in Spark.
+        hidden: the outputs that are not the user's (the presence counts).
+    """
+
+    aggregation: Aggregation
+    value_names: dict[str, str]
+    presence: dict[str, tuple[str, str]]
+    hidden: list[str]
+
+
+def columnar_plan(specs: Sequence[AggSpec], taken: Sequence[str]) -> ColumnarPlan:
+    """The :class:`ColumnarPlan` of built-in ``specs``; engine column names avoid ``taken``.
+
+    Each value has the same semantics as :func:`plan`'s aggregation (Spark's null rule), and
+    the batches ``process_table`` computes columnar give what :func:`plan`'s would.
+
+    Raises:
+        ValueError: a custom aggregation (it has no columnar form).
+    """
+    used = set(taken) | {s.name for s in specs}
+
+    def fresh(base: str) -> str:
+        name = base
+        while name in used:
+            name = "_" + name
+        used.add(name)
+        return name
+
+    value_names: dict[str, str] = {}
+    presence: dict[str, tuple[str, str]] = {}
+    parts: dict[str, Aggregation] = {}
+    for spec in specs:
+        if spec.kind == "count":
+            parts[spec.name] = aggregations.count()
+            continue
+        if spec.kind not in _COLUMN_BUILDERS or spec.column is None:
+            raise ValueError(f"aggregation {spec.name!r} ({spec.kind}) has no columnar form")
+        if spec.column not in value_names:
+            value_names[spec.column] = fresh(f"__value_{spec.column}")
+        built = _COLUMN_BUILDERS[spec.kind](value_names[spec.column])
+        parts[spec.name] = SkipNullColumn(built) if spec.kind in _SKIPS_NULLS else built
+        if spec.kind == "sum":
+            presence[spec.name] = (fresh(f"__present_{spec.name}"), spec.column)
+    for hidden, _ in presence.values():
+        parts[hidden] = aggregations.sum_of(column=hidden)
+    return ColumnarPlan(aggregations.combine(parts), value_names, presence,
+                        [hidden for hidden, _ in presence.values()])

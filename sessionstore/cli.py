@@ -38,9 +38,11 @@ from .io import (
     InputError,
     InputSource,
     SessionWriter,
-    engine_columns,
+    check_gap_column,
+    engine_batch,
     file_format,
     first_line,
+    gap_column_ms,
     identity_difference,
     input_identity,
     iter_batches,
@@ -57,6 +59,7 @@ from .windows import SessionWindows
 log = logging.getLogger("sessionstore.cli")
 _TEMP_PREFIX = "sessionstore-cli-"
 _TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(\d+)-")
+_SESSION_COLUMNS = ("session_start_ms", "session_end_ms", "retracted")
 
 
 class CliError(ValueError):
@@ -157,9 +160,11 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[AggSpec],
-                         windows: tuple[int, int, int]) -> str:
+                         windows: list[Any]) -> str:
+    # "columnar-1": the accumulators of process_table's plan (aggspec.columnar_plan); a state
+    # written with another layout is refused as written "with other options"
     described = [keys, args.time, *windows, args.emit, args.key_type,
-                 [(s.name, s.kind, s.column) for s in specs]]
+                 [(s.name, s.kind, s.column) for s in specs], "columnar-1"]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
 
 
@@ -167,8 +172,8 @@ def _check_resume(committed: dict[str, Any], state: str, options: str,
                   identity: dict[str, Any], out: Path, out_format: str) -> None:
     if committed.get("options") != options:
         raise CliError(f"--state {state!r} was written with other options (key, time, gap, "
-                       f"grace, lateness, emit, aggregations or key type); use a new state "
-                       f"directory")
+                       f"gap column, max gap, max duration, grace, lateness, emit, aggregations "
+                       f"or key type); use a new state directory")
     change = identity_difference(committed.get("input", {}), identity)
     if change is not None:
         raise CliError(f"--state {state!r} belongs to another input: {change}; resuming would "
@@ -188,14 +193,44 @@ def _close_quietly(store: SessionStore) -> None:
         log.debug("closing the store after an error also failed: %s", exc)
 
 
-def cmd_sessionize(args: argparse.Namespace) -> int:
-    gap = _duration(args.gap, "--gap")
+def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
+    """The session windows of ``--gap`` or ``--gap-column``/``--max-gap``, ``--grace`` and
+    ``--max-duration``, and what of them the options fingerprint records.
+
+    Raises:
+        CliError: naming the flag: both or neither of --gap and --gap-column, --max-gap without
+            --gap-column or missing with it, a non-positive or unparsable duration.
+    """
+    if args.gap is not None and args.gap_column is not None:
+        raise CliError("--gap and --gap-column exclude each other: give a fixed gap or a gap "
+                       "column")
+    if args.gap is None and args.gap_column is None:
+        raise CliError("one of --gap (a fixed gap) or --gap-column (a gap per event) is required")
+    if args.gap_column is not None and args.max_gap is None:
+        raise CliError(f"--gap-column {args.gap_column!r} needs --max-gap: the state must be "
+                       f"kept as long as the largest gap an event may have")
+    if args.gap_column is None and args.max_gap is not None:
+        raise CliError("--max-gap applies to --gap-column only (a fixed --gap is its own "
+                       "maximum)")
     grace = _duration(args.grace, "--grace")
-    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
+    gap = None if args.gap is None else _duration(args.gap, "--gap")
+    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap")
+    max_duration = None if args.max_duration is None else _duration(args.max_duration,
+                                                                     "--max-duration")
     try:
-        windows = SessionWindows(gap, grace)
+        windows = SessionWindows(gap, grace, max_gap_ms=max_gap, max_duration_ms=max_duration)
     except ValueError as exc:
-        raise CliError(str(exc).replace("gap_ms", "--gap").replace("grace_ms", "--grace")) from None
+        text = str(exc)
+        for name, flag in (("max_gap_ms", "--max-gap"), ("max_duration_ms", "--max-duration"),
+                           ("gap_ms", "--gap"), ("grace_ms", "--grace")):
+            text = text.replace(name, flag)
+        raise CliError(text) from None
+    return windows, [args.gap_column, max_gap, max_duration, gap, grace]
+
+
+def cmd_sessionize(args: argparse.Namespace) -> int:
+    windows, described_windows = _windows(args)
+    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
     if args.commit_every < 1 or args.batch_rows < 1:
@@ -214,14 +249,21 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     for name in [*keys, args.time]:
         if name not in source.schema.names:
             raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")
+    if args.gap_column is not None:
+        check_gap_column(source.schema, args.gap_column, [*keys, args.time])
     try:
         planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
     except ValueError as exc:
         raise CliError(f"--agg: {exc}") from None
+    clash = [s.name for s in specs if s.name in keys or s.name in _SESSION_COLUMNS]
+    if clash:
+        raise CliError(f"--agg: output name {clash[0]!r} is also a key or session column; "
+                       f"rename it")
+    columnar = aggspec.columnar_plan(specs, [*keys, args.time])
     out_format = file_format(args.out, "output")
     check_paths(source, args.out, args.state)
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
-    options = _options_fingerprint(args, keys, specs, (gap, grace, lateness))
+    options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
     out_path = Path(args.out).resolve()
     temp: Path | None = None
@@ -233,7 +275,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     try:
         store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
         try:
-            engine = SessionAggregator(store, windows, planned.aggregation, emit=emit,
+            engine = SessionAggregator(store, windows, columnar.aggregation, emit=emit,
                                        max_out_of_orderness_ms=lateness)
             committed = engine.committed_metadata or {}
             if committed:
@@ -245,11 +287,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
             writer = SessionWriter(args.out, keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
-                                   committed.get("output"), schema=schema)
+                                   committed.get("output"), schema=schema,
+                                   presence={name: hidden for name, (hidden, _)
+                                             in columnar.presence.items()})
             if committed:
                 log.info("resuming at input row %d (state version %d)", committed["offset"],
                          store.committed_version)
-            run = _Run(args, engine, writer, source, keys, planned.value_columns,
+            run = _Run(args, engine, writer, source, keys, columnar,
                        {"options": options, "input": identity,
                         "output_path": str(out_path)},
                        SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE)
@@ -280,19 +324,22 @@ class _Run:
 
     def __init__(self, args: argparse.Namespace, engine: SessionAggregator,
                  writer: SessionWriter, source: InputSource, keys: list[str],
-                 value_columns: list[str], identity: dict[str, Any],
+                 plan: aggspec.ColumnarPlan, identity: dict[str, Any],
                  summary: SessionSummary | None) -> None:
         self.args = args
         self.engine = engine
         self.writer = writer
         self.source = source
         self.keys = keys
-        self.value_columns = value_columns
+        self.plan = plan
+        self.value_columns = list(plan.value_names)
         self.identity = identity
         self.summary = summary
-        self.pending: list[Emit] = []
+        self.pending: list[pa.Table] = []
         self.processed = 0
         self.floored = 0
+        self.row_path_batches = 0
+        self.seen = 0  # input rows before the batch being fed
         self.max_time_ms: int | None = None
         self.snapshot = MetricsSnapshot(self.metrics())
 
@@ -300,14 +347,21 @@ class _Run:
         """The engine's metrics and the CLI's own counters."""
         return {**self.engine.metrics, "cli-input-records-total": self.processed,
                 "cli-output-records-total": self.writer.rows_written,
-                "cli-times-floored-to-ms-total": self.floored}
+                "cli-times-floored-to-ms-total": self.floored,
+                "cli-row-path-batches-total": self.row_path_batches}
+
+    def emitted(self, emits: list[Emit]) -> None:
+        if emits:
+            self.pending.append(self.writer.table(emits))
 
     def commit(self, position: int) -> None:
-        emits = self.pending + self.engine.flush()
+        self.emitted(self.engine.flush())
+        tables = [t for t in self.pending if t.num_rows]
         self.pending = []
-        self.writer.write(emits)  # durable (fsynced) before the state that records it
-        if self.summary is not None:
-            self.summary.add(emits)
+        rows = pa.concat_tables(tables) if tables else None
+        self.writer.write_table(rows)  # durable (fsynced) before the state that records it
+        if self.summary is not None and rows is not None:
+            self.summary.add_table(rows, self.keys)
         output = {**self.writer.position(), "path": self.identity["output_path"]}
         try:
             self.engine.commit({"options": self.identity["options"],
@@ -323,17 +377,30 @@ class _Run:
             raise OSError(code, f"{text} (while committing the state in "
                                 f"{self.args.state or 'a temporary directory'})") from None
 
-    def feed(self, batch: pa.RecordBatch) -> list[Emit]:
-        """The one place input reaches the engine; the engine's columnar ``process_table``
-        replaces ``process_batch`` here when it lands."""
+    def feed(self, batch: pa.RecordBatch) -> None:
+        """The one place input reaches the engine: the record batch's columns go to
+        ``process_table`` as Arrow arrays. A batch the columnar path cannot take (nulls in an
+        aggregated column, decimals) goes to ``process_batch`` row by row instead, counted in
+        ``cli-row-path-batches-total``; both give the same sessions."""
         times = time_column_ms(batch, self.args.time)
         self.floored += times.floored
         if len(times.millis):
             latest = pc.max(times.millis).as_py()
             self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
                                                                            latest)
-        key_values, values = engine_columns(batch, self.keys, self.value_columns)
-        return self.engine.process_batch(key_values, values, times.millis)
+        gap = self.args.gap_column
+        gaps = None if gap is None else gap_column_ms(batch, gap, self.engine.windows.max_gap_ms,
+                                                      self.seen)
+        prepared = engine_batch(batch, self.keys, self.args.time, times.millis, self.plan, gaps)
+        if prepared.columnar:
+            out = self.engine.process_table(prepared.table, key=self.keys, time=self.args.time,
+                                            gap=prepared.gap_name)
+            if out.num_rows:
+                self.pending.append(self.writer.engine_table(out))
+            return
+        self.row_path_batches += 1
+        keys, values, times_ms = prepared.rows()
+        self.emitted(self.engine.process_batch(keys, values, times_ms, gaps_ms=gaps))
 
     def execute(self, offset: int) -> dict[str, Any]:
         args = self.args
@@ -344,12 +411,14 @@ class _Run:
         server = serve_metrics(self.snapshot, args.metrics_port) \
             if args.metrics_port is not None else None
         try:
-            columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns]))
+            columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns,
+                                          *([args.gap_column] if args.gap_column else [])]))
             for batch in iter_batches(self.source, columns, skip_rows=offset,
                                       batch_rows=args.batch_rows, key_columns=self.keys,
                                       key_type=args.key_type):
+                self.seen = seen
                 try:
-                    self.pending.extend(self.feed(batch))
+                    self.feed(batch)
                 except (TypeError, ValueError) as exc:
                     raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: "
                                    f"{exc}") from None
@@ -365,7 +434,7 @@ class _Run:
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
             end = INT64_MAX if self.max_time_ms is None else \
                 closing_watermark_ms(self.engine.windows, self.max_time_ms)
-            self.pending.extend(self.engine.advance_watermark(end))
+            self.emitted(self.engine.advance_watermark(end))
             self.commit(seen)
             self.snapshot.publish(self.metrics())
         finally:
@@ -483,7 +552,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
                    help="event-time column: integer ms, timestamps or ISO-8601 strings")
-    s.add_argument("--gap", required=True, help="inactivity gap, e.g. 30m or '10 minutes'")
+    s.add_argument("--gap", help="inactivity gap, e.g. 30m or '10 minutes' (or --gap-column)")
+    s.add_argument("--gap-column", metavar="NAME",
+                   help="a gap per event, from the column NAME: integer milliseconds or an "
+                        "Arrow duration; a null or non-positive gap drops the event (counted in "
+                        "dropped-invalid-gap-records, as Spark filters such rows); needs "
+                        "--max-gap")
+    s.add_argument("--max-gap", metavar="DURATION",
+                   help="with --gap-column: the largest gap an event may have (a larger one is "
+                        "an error); the state is kept that long")
+    s.add_argument("--max-duration", metavar="DURATION",
+                   help="cap a session's span: an event at or past start + DURATION starts a "
+                        "new session, even within the gap")
     s.add_argument("--grace", default="0", help="how long late events may still change a "
                                                 "session (default 0)")
     s.add_argument("--max-out-of-order", default="0",

@@ -32,7 +32,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from .aggspec import from_engine, to_engine
+from .aggspec import ColumnarPlan, from_engine, needs_codec, to_engine
 from .engine import Emit
 from .store.rocksdb import fsync_dir
 
@@ -49,6 +49,7 @@ MAX_JSON_DEPTH = 1000
 KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _TIME_UNIT_PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
 _BLOCK = 1 << 22
+INT64_MAX_VALUE = (1 << 63) - 1
 
 
 class InputError(ValueError):
@@ -419,6 +420,159 @@ def engine_columns(batch: pa.RecordBatch, keys: Sequence[str], value_columns: Se
     return of(keys), values
 
 
+@dataclass
+class EngineBatch:
+    """One input batch in the engine's representation, for ``process_table``.
+
+    Attributes:
+        table: the key columns (their input names), the time column as int64 ms (its input
+            name) and the value columns under the plan's names, plus the plan's presence
+            columns (int64, 1 where the summed value is not null).
+        columnar: every column is an Arrow array and no aggregated value is null, so
+            ``process_table`` takes it; otherwise :meth:`rows` feeds ``process_batch``.
+        gap_name: the column of each event's gap (int64 ms, nulls kept), or None.
+    """
+
+    table: pa.Table
+    columnar: bool
+    key_names: list[str]
+    time_name: str
+    _lists: dict[str, list[Any]]
+    gap_name: str | None = None
+
+    def rows(self) -> tuple[list[Any], list[dict[str, Any]], pa.Array]:
+        """Keys, values (a dict per row, as the plan's aggregation reads them) and times, for
+        ``process_batch`` (the exact path: decimals, or nulls in an aggregated column)."""
+        def column(name: str) -> list[Any]:
+            if name in self._lists:
+                return self._lists[name]
+            return self.table.column(name).to_pylist()  # type: ignore[no-any-return]
+
+        keys = [column(k) for k in self.key_names]
+        key_values = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
+        names = [n for n in self.table.column_names
+                 if n not in self.key_names and n not in (self.time_name, self.gap_name)]
+        values = [dict(zip(names, row, strict=True))
+                  for row in zip(*[column(n) for n in names], strict=True)] \
+            if names else [{} for _ in range(self.table.num_rows)]
+        return key_values, values, self.table.column(self.time_name)
+
+
+def engine_batch(batch: pa.RecordBatch, keys: Sequence[str], time_name: str,
+                 times_ms: pa.Array, plan: ColumnarPlan, gaps_ms: pa.Array | None = None
+                 ) -> EngineBatch:
+    """The columns of ``batch`` as the engine's ``process_table`` reads them (see
+    :class:`EngineBatch`): no per-row conversion unless a column needs one (decimals).
+    ``gaps_ms`` is each event's gap (from :func:`gap_column_ms`), or None for a fixed gap."""
+    arrays: dict[str, Any] = {}
+    lists: dict[str, list[Any]] = {}
+    columnar = True
+
+    def put(name: str, converted: Any) -> None:
+        nonlocal columnar
+        if isinstance(converted, pa.Array | pa.ChunkedArray):
+            arrays[name] = converted
+            return
+        lists[name] = converted
+        columnar = False
+        arrays[name] = pa.nulls(len(converted))  # a placeholder: rows() reads the list
+
+    for key in keys:
+        put(key, to_engine(batch.column(batch.schema.get_field_index(key))))
+    arrays[time_name] = times_ms
+    for column, name in plan.value_names.items():
+        data = batch.column(batch.schema.get_field_index(column))
+        if data.null_count:
+            columnar = False
+        put(name, to_engine(data))
+    for name, column in plan.presence.values():
+        valid = pc.is_valid(batch.column(batch.schema.get_field_index(column)))
+        arrays[name] = pc.cast(valid, pa.int64())
+    gap_name = None
+    if gaps_ms is not None:
+        gap_name = "__gap_ms"
+        while gap_name in arrays:
+            gap_name = "_" + gap_name
+        arrays[gap_name] = gaps_ms
+    return EngineBatch(pa.table(arrays), columnar, list(keys), time_name, lists, gap_name)
+
+
+def check_gap_column(schema: pa.Schema, name: str, taken: Sequence[str]) -> None:
+    """Refuse a ``--gap-column`` the input lacks, that is a key or the time column, or whose
+    type is not integer milliseconds or a duration.
+
+    Raises:
+        InputError: naming the flag, the column and its type.
+    """
+    if name not in schema.names:
+        raise InputError(f"--gap-column {name!r}: the input has no such column (columns: "
+                         f"{schema.names})")
+    if name in taken:
+        raise InputError(f"--gap-column {name!r} is a key or the time column; the gap needs its "
+                         f"own column")
+    kind = schema.field(name).type
+    if not (pa.types.is_integer(kind) or pa.types.is_duration(kind) or pa.types.is_null(kind)):
+        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
+                         f"not {kind}")
+
+
+def gap_column_ms(batch: pa.RecordBatch, name: str, max_gap_ms: int, first_row: int
+                  ) -> pa.Array:
+    """Each event's gap as int64 milliseconds, nulls kept (the engine drops and counts null and
+    non-positive gaps).
+
+    Args:
+        name: the ``--gap-column``: integers are milliseconds; durations are converted.
+        max_gap_ms: ``--max-gap``: a larger gap is refused.
+        first_row: the input row of the batch's first row, for messages.
+
+    Raises:
+        InputError: a gap above ``max_gap_ms``, or a duration finer than a millisecond that is
+            not a whole number of them; naming the flag, the input row and the values.
+    """
+    values = batch.column(batch.schema.get_field_index(name))
+    kind = values.type
+    if pa.types.is_null(kind):
+        gaps = pa.nulls(len(values), pa.int64())
+    elif pa.types.is_integer(kind):
+        if pa.types.is_unsigned_integer(kind) and len(values) \
+                and (pc.max(values).as_py() or 0) > INT64_MAX_VALUE:
+            row = _first(pc.greater(values, INT64_MAX_VALUE))
+            raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                             f"{values[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
+        gaps = pc.cast(values, pa.int64())
+    elif pa.types.is_duration(kind):
+        ticks = pc.cast(values, pa.int64())
+        per_ms = _TIME_UNIT_PER_MS[kind.unit]
+        if per_ms is None:
+            gaps = pc.multiply_checked(ticks, 1000)
+        elif per_ms == 1:
+            gaps = ticks
+        else:
+            # a non-positive gap is dropped whatever its unit; a positive one must be whole ms
+            rest = pc.and_(pc.greater(ticks, 0), pc.not_equal(
+                pc.subtract(ticks, pc.multiply(pc.divide(ticks, per_ms), per_ms)), 0))
+            if pc.any(rest).as_py():
+                row = _first(rest)
+                raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                                 f"{values[row]} is not a whole number of milliseconds")
+            gaps = pc.divide(ticks, per_ms)
+    else:
+        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
+                         f"not {kind}")
+    over = pc.greater(gaps, max_gap_ms)
+    if pc.any(over).as_py():
+        row = _first(over)
+        raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                         f"{gaps[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
+    return gaps
+
+
+def _first(mask: pa.Array) -> int:
+    """The index of the first true of a boolean array (nulls are false)."""
+    return int(np.argmax(pc.fill_null(mask, False).to_numpy(zero_copy_only=False)))
+
+
 class SessionWriter:
     """Writes emitted sessions; resumable at a committed position (see the module docstring).
 
@@ -430,6 +584,8 @@ class SessionWriter:
         position: the committed position to resume from (``None`` for a new output); it must
             come from :meth:`position` of a writer of the same format.
         schema: the Arrow schema of a Parquet output (inferred from the rows when None).
+        presence: output -> the emitted count of its non-null inputs: the output is null where
+            that count is 0 (a sum of nothing but nulls is null, as in Spark).
 
     Raises:
         InputError: the output was shortened or changed outside sessionstore since the commit.
@@ -437,8 +593,10 @@ class SessionWriter:
 
     def __init__(self, path: str | os.PathLike[str], key_names: Sequence[str],
                  value_names: Sequence[str], with_retraction: bool,
-                 position: dict[str, Any] | None = None, schema: pa.Schema | None = None) -> None:
+                 position: dict[str, Any] | None = None, schema: pa.Schema | None = None,
+                 presence: dict[str, str] | None = None) -> None:
         self.path = Path(path)
+        self.presence = dict(presence or {})
         self.format = file_format(path, "output")
         self.key_names = list(key_names)
         self.value_names = list(value_names)
@@ -485,7 +643,9 @@ class SessionWriter:
             value = emit.value
             if several_values or (isinstance(value, dict) and self.value_names[0] in value):
                 for name in self.value_names:
-                    columns[name].append(value[name])
+                    hidden = self.presence.get(name)
+                    columns[name].append(None if hidden is not None and value[hidden] == 0
+                                         else value[name])
             else:
                 columns[self.value_names[0]].append(value)
             if self.with_retraction:
@@ -495,22 +655,49 @@ class SessionWriter:
         return pa.Table.from_arrays([from_engine(columns[f.name], f.type) for f in self.schema],
                                     schema=self.schema)
 
+    def table(self, emits: Sequence[Emit]) -> pa.Table:
+        """``emits`` as output rows (the output's schema)."""
+        return self._table(emits)
+
+    def engine_table(self, out: pa.Table) -> pa.Table:
+        """What ``SessionAggregator.process_table`` returned, as output rows: engine
+        representations back to the output's types, ``retraction`` renamed ``retracted``,
+        hidden outputs dropped. Needs ``schema``."""
+        assert self.schema is not None, "engine_table needs the output schema"
+        arrays = []
+        for f in self.schema:
+            name = "retraction" if f.name == "retracted" else f.name
+            column = out.column(name).combine_chunks()
+            hidden = self.presence.get(f.name)
+            if hidden is not None:
+                empty = pc.equal(out.column(hidden).combine_chunks(), 0)
+                column = pc.if_else(empty, pa.scalar(None, column.type), column)
+            arrays.append(_as_type(column, f.type))
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
     def write(self, emits: Sequence[Emit]) -> None:
         """Append ``emits`` and make them durable (file and directory fsynced) before the caller
         commits."""
+        self.write_table(self._table(emits) if emits else None)
+
+    def write_table(self, table: pa.Table | None) -> None:
+        """Append output rows (from :meth:`table` or :meth:`engine_table`), durably, as
+        :meth:`write` does."""
+        rows = 0 if table is None else table.num_rows
         if self.format == "parquet":
-            if emits:
+            if rows:
+                assert table is not None
                 name = f"part-{self.parts:06d}.parquet"
                 temporary = self.path / f".{name}.inprogress"
-                pq.write_table(self._table(emits), temporary)
+                pq.write_table(table, temporary)
                 with open(temporary, "rb") as handle:
                     os.fsync(handle.fileno())
                 os.replace(temporary, self.path / name)
                 fsync_dir(self.path)
                 self.parts += 1
-            self.rows_written += len(emits)
+            self.rows_written += rows
             return
-        records = self._table(emits).to_pylist() if emits else []
+        records = table.to_pylist() if table is not None and rows else []
         buffer = io.StringIO()
         if self.format == "jsonl":
             for record in records:
@@ -533,6 +720,15 @@ class SessionWriter:
         if self.format == "parquet":
             return {"format": "parquet", "parts": self.parts}
         return {"format": self.format, "bytes": self.size}
+
+
+def _as_type(column: pa.Array, data_type: pa.DataType) -> pa.Array:
+    """An engine-representation column as ``data_type`` (see :func:`aggspec.from_engine`)."""
+    if column.type == data_type:
+        return column
+    if needs_codec(data_type):
+        return from_engine(column.to_pylist(), data_type)
+    return column.cast(data_type)
 
 
 def _csv_cell(value: Any) -> Any:

@@ -44,6 +44,25 @@ class SessionSummary:
             else:
                 self._live[(session.key, session.start, session.end)] = events
 
+    def add_table(self, table: Any, key_names: list[str]) -> None:
+        """Record emitted sessions given as output rows (key columns, ``session_start_ms``,
+        ``session_end_ms``, the count output and, for updates, ``retracted``)."""
+        keys = [table.column(k).to_pylist() for k in key_names]
+        key_values = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
+        starts = table.column("session_start_ms").to_pylist()
+        ends = table.column("session_end_ms").to_pylist()
+        counts = table.column(self.count_output).to_pylist()
+        retracted = table.column("retracted").to_pylist() if self.updates \
+            else [False] * len(starts)
+        for key, start, end, events, gone in zip(key_values, starts, ends, counts, retracted,
+                                                 strict=True):
+            if not self.updates:
+                self._final.append((key, start, end, int(events)))
+            elif gone:
+                self._live.pop((key, start, end), None)
+            else:
+                self._live[(key, start, end)] = int(events)
+
     def sessions(self) -> list[tuple[Any, int, int, int]]:
         """``(key, start_ms, end_ms, events)`` of every session."""
         if not self.updates:

@@ -39,6 +39,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark import TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from sessionstore import InMemorySessionStore, SessionAggregator
 from sessionstore.engine import Emit
@@ -183,9 +186,12 @@ def _task_batch_and_partition() -> tuple[int, int]:
     return int(batch), context.partitionId()
 
 
-def stream_partition(config: SessionizeConfig,
-                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function of the streaming Arrow engine (see the module docstring)."""
+def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch],
+                     observed: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function of the streaming Arrow engine (see the module docstring).
+
+    ``observed``, when given, receives this micro-batch's counters (:data:`OBSERVED_COUNTERS`)
+    once the version is committed."""
     batch_id, partition = _task_batch_and_partition()
     location = query_location(config)
     provider = SessionStoreProvider(
@@ -223,8 +229,76 @@ def stream_partition(config: SessionizeConfig,
         watermarks.record(batch_id, partition, max_event_ms)
         if partition == 0 and batch_id % 10 == 0:
             watermarks.purge(batch_id - config.keep_versions)
+        if observed is not None:
+            observed.update(batch_counters(engine.metrics, counts))
     finally:
         provider.close()
+
+
+# -- the counters in the query's progress (``df.observe``) ----------------------------------------
+#
+# A mapInArrow task cannot reach the driver's progress reporting itself, and an accumulator does
+# not appear in ``query.lastProgress``. So each task appends one *counter row* to its output: every
+# output column null, and the struct column COUNTERS_COLUMN set to its micro-batch's counters (the
+# session rows carry null there). ``observe_counters`` sums them with ``df.observe`` (so they show
+# in ``lastProgress["observedMetrics"]["sessionstore"]``, per micro-batch) and then filters the
+# counter rows out; a failed task attempt's rows, counter row included, are not counted.
+
+OBSERVATION = "sessionstore"
+COUNTERS_COLUMN = "sessionstore_counters"
+#: What each micro-batch reports, besides ``sessions_emitted`` (the output rows).
+OBSERVED_COUNTERS = ("late_rows_dropped", "invalid_gap_rows_dropped", "null_time_rows_dropped",
+                     "null_key_rows_dropped", "rows_in")
+
+
+def batch_counters(metrics: dict[str, float], counts: dict[str, int]) -> dict[str, int]:
+    """One task's counters: the engine's (its metrics count this task only) and the rows the
+    adapter dropped before the engine."""
+    invalid = int(metrics.get("dropped-invalid-gap-records", 0))
+    return {"late_rows_dropped": int(metrics["dropped-records"]) - invalid,
+            "invalid_gap_rows_dropped": invalid,
+            "null_time_rows_dropped": int(counts.get("null_times_dropped", 0)),
+            "null_key_rows_dropped": int(counts.get("null_keys_dropped", 0)),
+            "rows_in": int(metrics["records-in"]) + sum(int(v) for v in counts.values())}
+
+
+def counters_type() -> T.StructType:
+    return T.StructType([T.StructField(name, T.LongType()) for name in OBSERVED_COUNTERS])
+
+
+def observed_schema(config: SessionizeConfig) -> T.StructType:
+    """The output schema plus the counters column."""
+    return T.StructType([*config.output_schema().fields,
+                         T.StructField(COUNTERS_COLUMN, counters_type())])
+
+
+def _arrow_counters_type() -> pa.DataType:
+    return pa.struct([pa.field(name, pa.int64()) for name in OBSERVED_COUNTERS])
+
+
+def observed_stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
+                              ) -> Iterator[pa.RecordBatch]:
+    """:func:`stream_partition`, each output batch with a null counters column, then the
+    task's counter row (after the commit: a task that fails reports nothing)."""
+    observed: dict[str, int] = {}
+    kind = _arrow_counters_type()
+    for out in stream_partition(config, batches, observed):
+        yield pa.RecordBatch.from_arrays([*out.columns, pa.nulls(out.num_rows, kind)],
+                                         names=[*out.schema.names, COUNTERS_COLUMN])
+    schema = config.arrow_output_schema()
+    yield pa.RecordBatch.from_arrays(
+        [*(pa.nulls(1, f.type) for f in schema), pa.array([observed], kind)],
+        names=[*schema.names, COUNTERS_COLUMN])
+
+
+def observe_counters(frame: DataFrame) -> DataFrame:
+    """Observe the counter rows of :func:`observed_stream_partition`'s output (and the session
+    rows, as ``sessions_emitted``), then drop them and the counters column."""
+    marker = F.col(COUNTERS_COLUMN)
+    metrics = [F.count(F.when(marker.isNull(), F.lit(1))).alias("sessions_emitted"),
+               *[F.coalesce(F.sum(marker.getField(name)), F.lit(0)).alias(name)
+                 for name in OBSERVED_COUNTERS]]
+    return frame.observe(OBSERVATION, *metrics).filter(marker.isNull()).drop(COUNTERS_COLUMN)
 
 
 def _decide_watermark(provider: SessionStoreProvider, watermarks: WatermarkLog,

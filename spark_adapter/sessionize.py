@@ -355,9 +355,12 @@ def sessionize(
     # reports it in the query progress and drives the no-data batches (see spark_adapter.arrow)
     watermarked = selected.withWatermark(timestamp, f"{delay_ms} milliseconds")
     shuffled = watermarked.repartition(partitions, *key_columns)
-    sessions = shuffled.mapInArrow(partial(arrow.stream_partition, config),
-                                   config.output_schema())
-    return sessions.unionByName(_ticker(shuffled, config))
+    # each task also reports its counters, observed into query.lastProgress (see arrow.py)
+    sessions = shuffled.mapInArrow(partial(arrow.observed_stream_partition, config),
+                                   arrow.observed_schema(config))
+    ticker = _ticker(shuffled, config).withColumn(
+        arrow.COUNTERS_COLUMN, F.lit(None).cast(arrow.counters_type()))
+    return arrow.observe_counters(sessions.unionByName(ticker))
 
 
 BUCKET_COLUMN = "sessionstore_bucket"

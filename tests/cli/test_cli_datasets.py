@@ -106,19 +106,19 @@ def test_a_failed_run_resumes_across_file_boundaries(tmp_path, monkeypatch, caps
     out = tmp_path / "o.parquet"
     argv = ["sessionize", str(folder), *ARGS, "--out", str(out), "--state",
             str(tmp_path / "state"), "--commit-every", str(commit_every), "--batch-rows", "450"]
-    real_write = sio.SessionWriter.write
+    real_write = sio.SessionWriter.write_table
     calls = {"n": 0}
 
-    def failing_write(self: sio.SessionWriter, emits: list) -> None:
+    def failing_write(self: sio.SessionWriter, rows: pa.Table | None) -> None:
         calls["n"] += 1
         if calls["n"] == 2:  # after one commit, and for 4000 before the last one
             raise OSError(28, "No space left on device")
-        real_write(self, emits)
+        real_write(self, rows)
 
-    monkeypatch.setattr(sio.SessionWriter, "write", failing_write)
+    monkeypatch.setattr(sio.SessionWriter, "write_table", failing_write)
     assert main(argv) == 2
     assert "OSError: [Errno 28] No space left on device" in capsys.readouterr().err
-    monkeypatch.setattr(sio.SessionWriter, "write", real_write)
+    monkeypatch.setattr(sio.SessionWriter, "write_table", real_write)
     assert main(argv) == 0
     assert cli_sessions(out) == oracle(table, 2000)
 
