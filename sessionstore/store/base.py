@@ -11,19 +11,23 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
 from ..kernels import int64_column, sort_order
-from ..serde import DEFAULT_SERDE
+from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
 from .keycodec import encode_keys
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
+
+# what MsgpackSerde.dumps packs with (autoreset: an error leaves it empty for the next value)
+_PACK = msgpack.Packer(use_bin_type=True).pack
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
 # 2: the manifest carries its own SHA-256 and what the version must contain (checkpoint.py).
@@ -401,6 +405,10 @@ class SegmentedSessionStore(ABC):
         """Serialise every value, or raise naming the first row that cannot be."""
         dumps = self._serde.dumps
         try:
+            if type(self._serde) is MsgpackSerde:
+                # the packer itself, mapped in C: the serde's method only wraps its errors,
+                # and on an error the loop below calls it to report them
+                return list(map(_PACK, values))
             return list(map(dumps, values))
         except Exception:  # find the row, then report it with the serde's own error type
             for row, value in enumerate(values):
