@@ -118,9 +118,10 @@ class BulkSessions(NamedTuple):
     """Validated sessions of a bulk write or remove, each session once.
 
     Session ``i`` is ``(encoded_keys[key_index[i]], starts_ms[i], ends_ms[i])``; ``key_rank``
-    gives each entry of ``encoded_keys`` its rank in byte order (see
-    :func:`keyschema.key_order`), for backends that write in on-disk order. ``values`` holds the
-    serialised values, and is empty for a remove.
+    gives each entry of ``encoded_keys`` a rank, equal for equal encodings: in byte order (see
+    :func:`keyschema.key_order`) unless the backend's ``_key_ranks`` says otherwise (the
+    in-memory store, which has no on-disk order). ``values`` holds the serialised values, and is
+    empty for a remove.
     """
 
     encoded_keys: list[bytes]
@@ -379,7 +380,7 @@ class SegmentedSessionStore(ABC):
             return written
         # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
         # only the last write of a session that appears twice, as consecutive puts would.
-        key_rank = keyschema.key_order(encoded)
+        key_rank = self._key_ranks(encoded)
         rank = key_rank[index[accepted]]
         rows = accepted[sort_order([rank, ends[accepted], starts[accepted]])]
         ranks = key_rank[index[rows]]
@@ -432,7 +433,7 @@ class SegmentedSessionStore(ABC):
         encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
         if len(index):
             self._delete_many(
-                BulkSessions(encoded, keyschema.key_order(encoded), index, starts, ends, [])
+                BulkSessions(encoded, self._key_ranks(encoded), index, starts, ends, [])
             )
 
     # -- reads ------------------------------------------------------------------------------
@@ -536,6 +537,12 @@ class SegmentedSessionStore(ABC):
         self._expired_below = state.expired_below
 
     # -- backend hooks ----------------------------------------------------------------------
+
+    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+        """Ranks of the encoded keys for :class:`BulkSessions`: equal encodings get equal
+        ranks. In byte order (:func:`keyschema.key_order`) here, for backends that write in
+        on-disk order; a backend that needs identity only may override this."""
+        return keyschema.key_order(encoded)
 
     @abstractmethod
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None: ...
