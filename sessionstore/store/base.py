@@ -11,19 +11,23 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
 from ..kernels import int64_column, sort_order
-from ..serde import DEFAULT_SERDE
+from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
 from .keycodec import encode_keys
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
+
+# what MsgpackSerde.dumps packs with (autoreset: an error leaves it empty for the next value)
+_PACK = msgpack.Packer(use_bin_type=True).pack
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
 # 2: the manifest carries its own SHA-256 and what the version must contain (checkpoint.py).
@@ -114,9 +118,10 @@ class BulkSessions(NamedTuple):
     """Validated sessions of a bulk write or remove, each session once.
 
     Session ``i`` is ``(encoded_keys[key_index[i]], starts_ms[i], ends_ms[i])``; ``key_rank``
-    gives each entry of ``encoded_keys`` its rank in byte order (see
-    :func:`keyschema.key_order`), for backends that write in on-disk order. ``values`` holds the
-    serialised values, and is empty for a remove.
+    gives each entry of ``encoded_keys`` a rank, equal for equal encodings: in byte order (see
+    :func:`keyschema.key_order`) unless the backend's ``_key_ranks`` says otherwise (the
+    in-memory store, which has no on-disk order). ``values`` holds the serialised values, and is
+    empty for a remove.
     """
 
     encoded_keys: list[bytes]
@@ -375,7 +380,7 @@ class SegmentedSessionStore(ABC):
             return written
         # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
         # only the last write of a session that appears twice, as consecutive puts would.
-        key_rank = keyschema.key_order(encoded)
+        key_rank = self._key_ranks(encoded)
         rank = key_rank[index[accepted]]
         rows = accepted[sort_order([rank, ends[accepted], starts[accepted]])]
         ranks = key_rank[index[rows]]
@@ -401,6 +406,10 @@ class SegmentedSessionStore(ABC):
         """Serialise every value, or raise naming the first row that cannot be."""
         dumps = self._serde.dumps
         try:
+            if type(self._serde) is MsgpackSerde:
+                # the packer itself, mapped in C: the serde's method only wraps its errors,
+                # and on an error the loop below calls it to report them
+                return list(map(_PACK, values))
             return list(map(dumps, values))
         except Exception:  # find the row, then report it with the serde's own error type
             for row, value in enumerate(values):
@@ -424,7 +433,7 @@ class SegmentedSessionStore(ABC):
         encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
         if len(index):
             self._delete_many(
-                BulkSessions(encoded, keyschema.key_order(encoded), index, starts, ends, [])
+                BulkSessions(encoded, self._key_ranks(encoded), index, starts, ends, [])
             )
 
     # -- reads ------------------------------------------------------------------------------
@@ -528,6 +537,12 @@ class SegmentedSessionStore(ABC):
         self._expired_below = state.expired_below
 
     # -- backend hooks ----------------------------------------------------------------------
+
+    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+        """Ranks of the encoded keys for :class:`BulkSessions`: equal encodings get equal
+        ranks. In byte order (:func:`keyschema.key_order`) here, for backends that write in
+        on-disk order; a backend that needs identity only may override this."""
+        return keyschema.key_order(encoded)
 
     @abstractmethod
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None: ...

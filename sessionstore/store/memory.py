@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from itertools import filterfalse
 
 import numpy as np
+import numpy.typing as npt
 
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
@@ -165,6 +166,17 @@ class InMemorySessionStore(SegmentedSessionStore):
         if entry not in segment.values:
             segment.add(entry)
         segment.values[entry] = data
+
+    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+        """Identity, not byte order: nothing here is written in order. Distinct encodings (the
+        batch path's keys) rank by position, skipping the sort; repeated ones by first
+        occurrence."""
+        n = len(encoded)
+        if len(set(encoded)) == n:
+            return np.arange(n, dtype=np.int64)
+        first: dict[bytes, int] = {}
+        return np.fromiter((first.setdefault(key, len(first)) for key in encoded),
+                           dtype=np.int64, count=n)
 
     def _write_many(self, sessions: BulkSessions) -> None:
         # Whole-column operations per touched segment: dict.update from pre-built tuples, and
