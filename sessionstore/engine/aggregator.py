@@ -586,7 +586,8 @@ class SessionAggregator:
             low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
             rows = [(session, SessionRecord.from_wire(raw).acc)
                     for session, raw in self._state.find_sessions(low, INT64_MAX)]
-            table = OpenTable.from_rows(self._columnar_kinds, rows)
+            table = OpenTable.from_rows(self._columnar_kinds, rows,
+                                        combined=self._result_names is not None)
             self._state.evict()  # the table now answers for these keys; no view may go stale
             self._table = table
         return self._table

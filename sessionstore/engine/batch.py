@@ -530,7 +530,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     removed = table.take(absorbed[moved])
     kept = np.ones(len(table), dtype=np.bool_)
     kept[absorbed] = False
-    records = new.wire_records()
+    records = new.wire_records(combined=engine._result_names is not None)
 
     # apply: from here on nothing can fail on the batch's content
     metrics = engine._metrics

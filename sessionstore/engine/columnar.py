@@ -208,8 +208,12 @@ class OpenTable:
         return cls(np.zeros(0, dtype=object), none, none, parts)
 
     @classmethod
-    def from_rows(cls, kinds: list[str], rows: list[tuple[Session, Any]]) -> OpenTable:
+    def from_rows(cls, kinds: list[str], rows: list[tuple[Session, Any]], *,
+                  combined: bool) -> OpenTable:
         """Build from stored ``(session, accumulator)`` rows (a cold start: one pass in Python).
+
+        ``combined``: the aggregation is a :class:`Combined` (even of one part), whose
+        accumulator is a list with one entry per part; otherwise the accumulator is bare.
 
         Raises:
             NotColumnar: an accumulator column mixes types the fast path keeps apart.
@@ -219,7 +223,7 @@ class OpenTable:
         keys = key_column([s.key for s, _ in rows])
         starts = np.array([s.start for s, _ in rows], dtype=np.int64)
         ends = np.array([s.end for s, _ in rows], dtype=np.int64)
-        single = len(kinds) == 1
+        single = not combined
         parts = []
         for p, kind in enumerate(kinds):
             accs = [acc if single else acc[p] for _, acc in rows]
@@ -270,9 +274,10 @@ class OpenTable:
             rank = keyschema.key_order(list(map(keyschema.encode_key, self.keys.tolist())))
         return kernels.sort_order([self.ends_ms, rank, self.starts_ms])
 
-    def wire_records(self) -> list[Any]:
-        """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``."""
-        accs = self.parts[0].wire() if len(self.parts) == 1 else \
+    def wire_records(self, *, combined: bool) -> list[Any]:
+        """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``, with
+        ``acc`` a list of the parts' accumulators when ``combined`` (see :meth:`from_rows`)."""
+        accs = self.parts[0].wire() if not combined else \
             list(map(list, zip(*(part.wire() for part in self.parts), strict=True)))
         # tuples pack as the same msgpack arrays as the event path's lists, and cost less
         zero = itertools.repeat(0)

@@ -133,3 +133,33 @@ def test_store_metrics_are_rates_over_a_window():
     metrics = engine.metrics
     assert metrics["store-put-total"] == 5
     assert metrics["store-put-rate"] > 0 and metrics["store-put-latency-max"] >= 0
+
+
+@pytest.mark.parametrize("path", ["batch", "table"])
+@pytest.mark.parametrize("parts", [["n"], ["n", "total"]])
+def test_a_combined_aggregation_of_one_part_survives_a_reopen(tmp_path: Path, path, parts):
+    """The fast path stored a one-part ``combine`` accumulator bare, and the exact path, after a
+    reopen, read it as the list a Combined keeps: ``TypeError`` at the first close."""
+    import pyarrow as pa
+
+    windows = SessionWindows(100)
+    known = {"n": aggregations.count(), "total": aggregations.sum_of(column="v")}
+    keys, times, values = ["a", "a", "b"], [0, 50, 10], [{"v": 1}, {"v": 2}, {"v": 4}]
+
+    def engine_on(store):
+        agg = aggregations.combine({name: known[name] for name in parts})
+        return SessionAggregator(store, windows, agg, emit=EmitStrategy.ON_WINDOW_CLOSE)
+
+    with SessionStore(tmp_path / "s", retention_ms=windows.retention_ms) as store:
+        engine = engine_on(store)
+        if path == "batch":
+            assert engine.process_batch(keys, values, times) == []
+        else:
+            table = pa.table({"k": keys, "t": times, "v": [v["v"] for v in values]})
+            assert engine.process_table(table, key="k", time="t").num_rows == 0
+        engine.commit()
+    with SessionStore(tmp_path / "s", retention_ms=windows.retention_ms) as store:
+        out = engine_on(store).advance_watermark(INT64_MAX)
+    expected = {("a", 0, 150): {"n": 2, "total": 3}, ("b", 10, 110): {"n": 1, "total": 4}}
+    assert {tuple(e.session): e.value for e in out} == {
+        s: {name: r[name] for name in parts} for s, r in expected.items()}
