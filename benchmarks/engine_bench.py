@@ -18,6 +18,7 @@ import argparse
 import functools
 import gc
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(tempfile.mkdtemp(prefix="engine-bench-"))
+    conditions: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                  "load_average_start": list(os.getloadavg())}
     try:
         sweeps = sweep_rows(args.events, args.bidders, root)
     finally:
@@ -254,7 +257,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_q11:
         rows = q11_rows(args.events, args.bidders)
     if not args.no_write:
-        path = write_results("engine", {"events": args.events, "bidders": args.bidders,
+        conditions["load_average_end"] = list(os.getloadavg())
+        path = write_results("engine", {**conditions,
+                                        "events": args.events, "bidders": args.bidders,
                                         "gap_ms": GAP_MS, "batch_events": BATCH_EVENTS,
                                         "sweeps": sweeps, "runs": rows})
         log.info("wrote %s", path)

@@ -33,6 +33,18 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
+def _conditions(data: dict[str, Any]) -> str:
+    """When the run was taken and how loaded the machine was (1, 5, 15-minute load averages at
+    its start and end), if the JSON records it."""
+    if "load_average_start" not in data:
+        return ""
+    start = "/".join(f"{x:.1f}" for x in data["load_average_start"])
+    end = "/".join(f"{x:.1f}" for x in data.get("load_average_end", []))
+    return (f" Run on {data.get('date', '?')} with load averages {start} at the start and "
+            f"{end} at the end (1/5/15 minutes, on 2 cores shared with other work): ratios within "
+            f"one row are comparable, absolute rates and rows against each other much less.")
+
+
 def _machine(data: dict[str, Any]) -> str:
     m = data["machine"]
     return f"Python {m['python']}, {m['machine']}, {m['cpus']} CPUs"
@@ -166,7 +178,7 @@ def engine_section() -> list[str]:
             f"the disorder, in batches of {data.get('batch_events', 100_000):,} events with a "
             f"commit after every batch (event path too). Every run of a row is in one process on "
             f"one stream ({_machine(data)}); multiples are against the plain-Python dict "
-            f"sessionizer of that row.",
+            f"sessionizer of that row.{_conditions(data)}",
             "",
             "### Out-of-orderness sweep",
             "",
@@ -197,7 +209,8 @@ def engine_section() -> list[str]:
         "",
         f"`python -m benchmarks.engine_bench`: {data['events']:,} generated bids over "
         f"{data['bidders']:,} skewed bidders, up to 200 ms out of order; every run in the same "
-        f"process on the same stream ({_machine(data)}). Each run ends with a commit.",
+        f"process on the same stream ({_machine(data)}). Each run ends with a commit."
+        f"{_conditions(data)}",
         "",
         "| run | events/s | vs batch path on RocksDB | sessions emitted |",
         "|---|---:|---:|---:|",
