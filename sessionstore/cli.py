@@ -449,7 +449,9 @@ class _Run:
         return {
             "events_in": self.processed,
             "sessions_out": self.writer.rows_written,
-            "late_dropped": int(metrics["dropped-records"]),
+            "late_dropped": int(metrics["dropped-records"]
+                                - metrics.get("dropped-invalid-gap-records", 0)),
+            "invalid_gap_dropped": int(metrics.get("dropped-invalid-gap-records", 0)),
             "times_floored_to_ms": self.floored,
             "events_per_s": round(self.processed / elapsed) if elapsed > 0 else None,
             "output": str(args.out),

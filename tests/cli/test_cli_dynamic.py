@@ -75,6 +75,7 @@ def test_gap_column_equals_the_oracle_and_counts_invalid_gaps(tmp_path, capsys):
     assert invalid and late  # the input exercises both kinds of drop
     assert metrics["dropped-invalid-gap-records"] == len(invalid)
     assert metrics["dropped-records"] == len(invalid) + len(late)
+    assert (summary["late_dropped"], summary["invalid_gap_dropped"]) == (len(late), len(invalid))
     assert metrics["cli-row-path-batches-total"] == 0  # null gaps stay on the columnar path
 
 
