@@ -4,6 +4,7 @@ oracle (tests/oracle.py) agree, over configurations varied as hard as the input.
 from __future__ import annotations
 
 import decimal
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -235,18 +236,23 @@ def string_keys(steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [(s[0], str(s[1]), *s[2:]) if s[0] == "event" else s for s in steps]
 
 
-@given(engine_configs(), engine_steps(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
-def test_process_table_equals_process_batch_event_path_and_oracle(cfg, steps, cuts, emit):
+def check_table_path(cfg: dict[str, Any], steps: list[tuple[Any, ...]], cuts: Any,
+                     emit: EmitStrategy, driver: type[Driver] | None = None,
+                     ref: Callable[..., list[tuple[Any, ...]]] | None = None) -> None:
+    """``process_table`` = ``process_batch`` (same cuts) = the oracle ``ref``, with every
+    built-in aggregation checked against the oracle's values; on close also = the event path."""
+    driver = driver or Driver
+    ref = ref or reference
     steps = string_keys(steps)
-    tabled, effective = Driver(cfg, emit, True, cuts, tabled=True,
+    tabled, effective = driver(cfg, emit, True, cuts, tabled=True,
                                aggregation=AGG_ALL).run(steps)
-    batched, _ = Driver(cfg, emit, True, cuts, aggregation=AGG_ALL).run(steps)
+    batched, _ = driver(cfg, emit, True, cuts, aggregation=AGG_ALL).run(steps)
     assert tabled == batched
-    want = reference(cfg, effective)
+    want = ref(cfg, effective)
     rows = as_rows(tabled) if emit is EmitStrategy.ON_WINDOW_CLOSE else changelog_table(tabled)
     assert rows == want
     if emit is EmitStrategy.ON_WINDOW_CLOSE:
-        plain, _ = Driver(cfg, emit, False, cuts, aggregation=AGG_ALL).run(steps)
+        plain, _ = driver(cfg, emit, False, cuts, aggregation=AGG_ALL).run(steps)
         assert tabled == plain
     # every built-in agrees with the oracle's values, which share no code with them
     final = {(e.session.key, e.session.start, e.session.end): e.value for e in tabled
@@ -257,6 +263,11 @@ def test_process_table_equals_process_batch_event_path_and_oracle(cfg, steps, cu
         assert got["sum"] == sum(values)
         assert (got["min"], got["max"]) == (min(values), max(values))
         assert (got["first"], got["last"]) == (values[0], values[-1])
+
+
+@given(engine_configs(), engine_steps(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
+def test_process_table_equals_process_batch_event_path_and_oracle(cfg, steps, cuts, emit):
+    check_table_path(cfg, steps, cuts, emit)
 
 
 # -- dynamic gaps (issue 12): each event brings its own gap -----------------------------------
@@ -336,17 +347,7 @@ def test_dynamic_gap_update_mode_changelogs_rebuild_the_oracle_sessions(case, cu
 @given(dynamic_cases(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
 def test_dynamic_gap_process_table_equals_process_batch_and_oracle(case, cuts, emit):
     cfg, steps = case
-    steps = string_keys(steps)
-    tabled, effective = Driver(cfg, emit, True, cuts, tabled=True,
-                               aggregation=AGG_ALL).run(steps)
-    batched, _ = Driver(cfg, emit, True, cuts, aggregation=AGG_ALL).run(steps)
-    assert tabled == batched
-    want = reference(cfg, effective)
-    rows = as_rows(tabled) if emit is EmitStrategy.ON_WINDOW_CLOSE else changelog_table(tabled)
-    assert rows == want
-    if emit is EmitStrategy.ON_WINDOW_CLOSE:
-        plain, _ = Driver(cfg, emit, False, cuts, aggregation=AGG_ALL).run(steps)
-        assert tabled == plain
+    check_table_path(cfg, steps, cuts, emit)
 
 
 @given(dynamic_cases(), cuts_strategy, st.booleans())

@@ -24,14 +24,13 @@ from sessionstore.engine import required_retention_ms
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
 from tests.engine.test_engine_properties import (
-    AGG_ALL,
     Driver,
     as_rows,
     changelog_table,
+    check_table_path,
     cuts_strategy,
     dynamic_configs,
     dynamic_steps,
-    string_keys,
 )
 from tests.strategies import ENGINE_KEYS, engine_configs, engine_steps
 
@@ -132,20 +131,7 @@ def test_update_mode_changelogs_rebuild_the_oracle_sessions(case, cuts):
 @given(md_cases(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))
 def test_process_table_equals_process_batch_and_the_oracle(case, cuts, emit):
     cfg, steps = case
-    steps = string_keys(steps)
-    tabled, effective = MaxDurationDriver(cfg, emit, True, cuts, tabled=True,
-                                          aggregation=AGG_ALL).run(steps)
-    batched, _ = MaxDurationDriver(cfg, emit, True, cuts, aggregation=AGG_ALL).run(steps)
-    assert tabled == batched
-    want = reference(cfg, effective)
-    rows = as_rows(tabled) if emit is CLOSE else changelog_table(tabled)
-    assert rows == want
-    final = {(e.session.key, e.session.start, e.session.end): e.value for e in tabled
-             if not e.retraction}
-    for key, start, end, values in want:
-        got = final[(key, start, end)]
-        assert got["n"] == len(values) and got["sum"] == sum(values)
-        assert (got["first"], got["last"]) == (values[0], values[-1])
+    check_table_path(cfg, steps, cuts, emit, MaxDurationDriver, reference)
 
 
 @st.composite
