@@ -227,7 +227,8 @@ def sessionize(
     shuffled = watermarked.repartition(partitions, *key_columns)
     sessions = shuffled.mapInArrow(partial(arrow.stream_partition, config),
                                    config.output_schema())
-    return sessions.unionByName(_ticker(shuffled, config))
+    # the ticker first: the first copy of a shared exchange keeps the watermark node (_ticker)
+    return _ticker(watermarked, shuffled, config).unionByName(sessions)
 
 
 BUCKET_COLUMN = "sessionstore_bucket"
@@ -237,15 +238,34 @@ def _bucket(key_columns: list[str], n_buckets: int) -> Any:
     return F.pmod(F.hash(*[F.col(k) for k in key_columns]), F.lit(n_buckets))
 
 
-def _ticker(shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
-    """An always-empty streaming aggregation over the same shuffle (Spark reuses the exchange).
+def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
+    """An always-empty streaming aggregation that shares the Arrow engine's input.
 
     It is the plan's one stateful operator, so Spark runs a no-data micro-batch whenever the
-    watermark advances, as it does for native session_window; its filter is false for every row
-    and non-deterministic, so the optimizer neither removes it nor pushes it below the shuffle.
+    watermark advances, as it does for native session_window. Spark's rules shape it:
+
+    * Spark's watermark is the minimum over every watermark node it executes, and a node that
+      never sees a row holds it at 0 (on Spark 3.5 the two branches' copies of one
+      ``withWatermark`` count as two nodes). So the filter that keeps no row sits above the
+      watermark node: it is non-deterministic, so never pushed below it, and not one the
+      optimizer can prove false (``rand() < -1`` is folded to false and pushed to the scan).
+    * A stateful operator's eviction watermark comes from the watermark node in its own branch,
+      and when Spark reuses an exchange, only the first copy (in plan order) keeps its subtree:
+      so ``sessionize`` puts the ticker first in the union, and the Arrow engine reads the
+      reused shuffle (its tasks come after the ticker's ``n_partitions``; see
+      :func:`spark_adapter.arrow.task_partition`).
+    * Spark runs the shuffle once only if both branches read the same columns: the aggregation
+      groups by a hash of every column, so column pruning keeps them all.
+
+    With exchange reuse disabled (``spark.sql.exchange.reuse=false``) the ticker reads its own
+    copy of the input instead, filtered before its shuffle (Spark then reports the input rows
+    twice).
     """
-    never = shuffled.filter(F.rand(0) < F.lit(-1.0))
-    counted = never.groupBy(F.window(config.time_column, "1 day")).count()
+    spark = shuffled.sparkSession
+    reuse = (spark.conf.get("spark.sql.exchange.reuse", "true") or "true").lower() != "false"
+    never = (shuffled if reuse else watermarked).filter(F.spark_partition_id() < F.lit(0))
+    every_column = F.xxhash64(*[F.col(c) for c in shuffled.columns])
+    counted = never.groupBy(F.window(config.time_column, "1 day"), every_column).count()
     return counted.select(*[F.lit(None).cast(f.dataType).alias(f.name)
                             for f in config.output_schema().fields])
 
