@@ -44,7 +44,7 @@ from sessionstore import InMemorySessionStore, SessionAggregator
 from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
-from . import columns
+from . import columns, static_columnar
 from .config import SessionizeConfig, emits_batch, engine_rows
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
@@ -263,7 +263,12 @@ def _decide_watermark(provider: SessionStoreProvider, watermarks: WatermarkLog,
 def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the static Arrow engine: a partition's rows, all at once,
-    on an in-memory engine, then every session closed."""
+    on an in-memory engine, then every session closed. The common aggregations take the
+    columnar path of :mod:`spark_adapter.static_columnar`."""
+    columnar = static_columnar.static_partition(config, batches)
+    if columnar is not None:
+        yield from columnar
+        return
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),

@@ -17,7 +17,7 @@ from sessionstore import AccumulationMode, AfterWatermark, aggregations, aggspec
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
-from . import arrow, columns
+from . import arrow, columns, static_columnar
 from .config import SessionizeConfig, duration_us
 from .provider import open_filesystem
 from .state import config_digest
@@ -191,6 +191,8 @@ def sessionize(
         if nulls:
             raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
                              f"key set")
+        config.extra[static_columnar.PARTS_KEY] = [
+            (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
         if engine == "processor":
             from .processor import static_frame
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
