@@ -47,7 +47,7 @@ from sessionstore import InMemorySessionStore, SessionAggregator
 from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
-from . import columns
+from . import columns, static_columnar
 from .config import SessionizeConfig, emits_batch, engine_rows
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
@@ -176,14 +176,37 @@ def query_location(config: SessionizeConfig) -> str:
     return location
 
 
-def _task_batch_and_partition() -> tuple[int, int]:
+def _task_batch() -> int:
     context = TaskContext.get()
     if context is None:
         raise RuntimeError("sessionize: not inside a Spark task")
     batch = context.getLocalProperty("streaming.sql.batchId")
     if batch is None:
         raise RuntimeError("sessionize: no streaming batch id; is this a streaming query?")
-    return int(batch), context.partitionId()
+    return int(batch)
+
+
+def task_partition(config: SessionizeConfig) -> int:
+    """This task's shuffle partition, ``0 .. n_partitions - 1``.
+
+    ``sessionize`` unions its output after the no-data ticker (see ``sessionize._ticker``), and
+    a task's ``partitionId`` counts the partitions of the union: the ticker's ``n_partitions``
+    come first.
+
+    Raises:
+        RuntimeError: the index falls outside the range, e.g. the output was unioned after
+            another input in the same stage; nothing has been read or written.
+    """
+    context = TaskContext.get()
+    assert context is not None
+    partition = context.partitionId() - config.n_partitions
+    if not 0 <= partition < config.n_partitions:
+        raise RuntimeError(
+            f"sessionize: task partition {context.partitionId()} is not one of the "
+            f"{config.n_partitions} after the ticker's; was the sessionize output unioned with "
+            f"another input before a shuffle? Union it after a repartition instead"
+        )
+    return partition
 
 
 def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch],
@@ -192,8 +215,9 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
 
     ``observed``, when given, receives this micro-batch's counters (:data:`OBSERVED_COUNTERS`)
     once the version is committed."""
-    batch_id, partition = _task_batch_and_partition()
+    batch_id = _task_batch()
     location = query_location(config)
+    partition = task_partition(config)
     provider = SessionStoreProvider(
         location, config.operator, partition, local_root=config.local_dir,
         retention_ms=config.retention_us, keep_versions=config.keep_versions,
@@ -319,7 +343,12 @@ def _decide_watermark(provider: SessionStoreProvider, watermarks: WatermarkLog,
 def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the static Arrow engine: a partition's rows, all at once,
-    on an in-memory engine, then every session closed."""
+    on an in-memory engine, then every session closed. The common aggregations take the
+    columnar path of :mod:`spark_adapter.static_columnar`."""
+    columnar = static_columnar.static_partition(config, batches)
+    if columnar is not None:
+        yield from columnar
+        return
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),

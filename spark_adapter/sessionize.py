@@ -24,7 +24,7 @@ from sessionstore import (
 from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import duration_ms
 
-from . import arrow, columns
+from . import arrow, columns, static_columnar
 from .config import SessionizeConfig, duration_us
 from .provider import open_filesystem
 from .state import config_digest
@@ -315,6 +315,8 @@ def sessionize(
         if nulls:
             raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
                              f"key set")
+        config.extra[static_columnar.PARTS_KEY] = [
+            (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
         if engine == "processor":
             from .processor import static_frame
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
@@ -358,9 +360,10 @@ def sessionize(
     # each task also reports its counters, observed into query.lastProgress (see arrow.py)
     sessions = shuffled.mapInArrow(partial(arrow.observed_stream_partition, config),
                                    arrow.observed_schema(config))
-    ticker = _ticker(shuffled, config).withColumn(
+    # the ticker first: the first copy of a shared exchange keeps the watermark node (_ticker)
+    ticker = _ticker(watermarked, shuffled, config).withColumn(
         arrow.COUNTERS_COLUMN, F.lit(None).cast(arrow.counters_type()))
-    return arrow.observe_counters(sessions.unionByName(ticker))
+    return arrow.observe_counters(ticker.unionByName(sessions))
 
 
 BUCKET_COLUMN = "sessionstore_bucket"
@@ -381,15 +384,34 @@ def _bucket(key_columns: list[str], n_buckets: int) -> Any:
     return F.pmod(F.hash(*[F.col(k) for k in key_columns]), F.lit(n_buckets))
 
 
-def _ticker(shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
-    """An always-empty streaming aggregation over the same shuffle (Spark reuses the exchange).
+def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
+    """An always-empty streaming aggregation that shares the Arrow engine's input.
 
     It is the plan's one stateful operator, so Spark runs a no-data micro-batch whenever the
-    watermark advances, as it does for native session_window; its filter is false for every row
-    and non-deterministic, so the optimizer neither removes it nor pushes it below the shuffle.
+    watermark advances, as it does for native session_window. Spark's rules shape it:
+
+    * Spark's watermark is the minimum over every watermark node it executes, and a node that
+      never sees a row holds it at 0 (on Spark 3.5 the two branches' copies of one
+      ``withWatermark`` count as two nodes). So the filter that keeps no row sits above the
+      watermark node: it is non-deterministic, so never pushed below it, and not one the
+      optimizer can prove false (``rand() < -1`` is folded to false and pushed to the scan).
+    * A stateful operator's eviction watermark comes from the watermark node in its own branch,
+      and when Spark reuses an exchange, only the first copy (in plan order) keeps its subtree:
+      so ``sessionize`` puts the ticker first in the union, and the Arrow engine reads the
+      reused shuffle (its tasks come after the ticker's ``n_partitions``; see
+      :func:`spark_adapter.arrow.task_partition`).
+    * Spark runs the shuffle once only if both branches read the same columns: the aggregation
+      groups by a hash of every column, so column pruning keeps them all.
+
+    With exchange reuse disabled (``spark.sql.exchange.reuse=false``) the ticker reads its own
+    copy of the input instead, filtered before its shuffle (Spark then reports the input rows
+    twice).
     """
-    never = shuffled.filter(F.rand(0) < F.lit(-1.0))
-    counted = never.groupBy(F.window(config.time_column, "1 day")).count()
+    spark = shuffled.sparkSession
+    reuse = (spark.conf.get("spark.sql.exchange.reuse", "true") or "true").lower() != "false"
+    never = (shuffled if reuse else watermarked).filter(F.spark_partition_id() < F.lit(0))
+    every_column = F.xxhash64(*[F.col(c) for c in shuffled.columns])
+    counted = never.groupBy(F.window(config.time_column, "1 day"), every_column).count()
     return counted.select(*[F.lit(None).cast(f.dataType).alias(f.name)
                             for f in config.output_schema().fields])
 

@@ -1,0 +1,187 @@
+"""The static Arrow engine's columnar path: a partition's Arrow batches go to the engine's
+``process_table`` whole, never as Python rows.
+
+It serves the common case, every aggregation ``count`` or ``sum``/``min``/``max`` over an integer
+or floating column, with the default emission (each session once, when it is complete). The
+engine's built-in aggregations then keep their accumulators as columns (its *fast path*), so a
+batch costs array operations; other configurations take the row path of
+:func:`spark_adapter.arrow.static_partition`, with the same results.
+
+Spark's null rule for ``sum``, ``min`` and ``max`` (a null is no input; a session of nulls gives
+null) is kept without a per-row branch: a null becomes the operation's identity (0, the largest
+or the smallest value), and each such column also sums a 0/1 "present" column, so a session
+whose sum of it is 0 outputs null. Key, time and output columns use the codecs of
+:mod:`spark_adapter.columns` (times in microseconds, dates in days).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import types as T
+
+from sessionstore import InMemorySessionStore, SessionAggregator, aggregations
+from sessionstore.aggregations import Aggregation
+from sessionstore.timeutil import INT64_MAX
+
+from . import columns
+from .config import SessionizeConfig
+
+#: ``SessionizeConfig.extra`` key under which ``sessionize`` leaves ``[(name, kind, column)]``.
+PARTS_KEY = "static_parts"
+#: Rows fed to the engine at once: a partition's batches are gathered up to this many.
+CHUNK_ROWS = 1 << 20
+_KINDS = ("count", "sum", "min", "max")
+_NUMERIC = (*columns.INTEGRAL, *columns.FRACTIONAL)
+_KEY_TYPES = (*columns.INTEGRAL, *columns.FRACTIONAL, T.StringType, T.BinaryType, T.BooleanType,
+              T.DateType, *columns.TIMES)
+_PREFIX = "__sessionstore_"  # internal column names: the user's names never reach the engine
+_KEY = _PREFIX + "key"
+_TIME = _PREFIX + "time"
+
+
+@dataclass(frozen=True)
+class _Part:
+    name: str  # the output column
+    kind: str
+    column: str | None
+    data_type: T.DataType | None
+
+
+def _parts(config: SessionizeConfig) -> list[_Part] | None:
+    """The aggregations, if every one can take the columnar path; else None."""
+    if config.trigger is not None or config.emit != "final" or config.json_outputs:
+        return None
+    if not all(isinstance(t, _KEY_TYPES) for t in config.key_types):
+        return None
+    described = config.extra.get(PARTS_KEY)
+    if not isinstance(described, list) or len(described) != len(config.output_names):
+        return None
+    types = dict(zip(config.value_columns, config.value_types, strict=True))
+    parts = []
+    for name, kind, column in described:
+        if kind not in _KINDS:
+            return None
+        data_type = None if column is None else types.get(column)
+        if kind != "count" and not isinstance(data_type, _NUMERIC):
+            return None
+        parts.append(_Part(name, kind, column, data_type))
+    return parts
+
+
+def _identity(kind: str, floating: bool) -> float | int:
+    if kind == "sum":
+        return 0.0 if floating else 0
+    if floating:
+        return float("inf") if kind == "min" else float("-inf")
+    info = np.iinfo(np.int64)
+    return int(info.max) if kind == "min" else int(info.min)
+
+
+class ColumnarStatic:
+    """The engine and the input columns for one partition (see the module docstring)."""
+
+    def __init__(self, config: SessionizeConfig, parts: list[_Part]) -> None:
+        self.config = config
+        self.parts = parts
+        engine_parts: dict[str, Aggregation] = {}
+        for i, part in enumerate(parts):
+            if part.kind == "count":
+                engine_parts[f"{_PREFIX}v{i}"] = aggregations.count()
+                continue
+            build = {"sum": aggregations.sum_of, "min": aggregations.min_of,
+                     "max": aggregations.max_of}[part.kind]
+            engine_parts[f"{_PREFIX}v{i}"] = build(column=f"{_PREFIX}v{i}")
+            engine_parts[f"{_PREFIX}n{i}"] = aggregations.sum_of(column=f"{_PREFIX}n{i}")
+        self.engine = SessionAggregator(
+            InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+            aggregations.combine(engine_parts), watermark="external", **config.engine_options(),
+        )
+        self.key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
+
+    def feed(self, table: pa.Table) -> None:
+        """One chunk of the partition's rows (rows without an event time are dropped)."""
+        cfg = self.config
+        times = table.column(cfg.time_column)
+        if times.null_count:
+            table = table.filter(pc.is_valid(times))
+            times = table.column(cfg.time_column)
+        arrays: dict[str, pa.ChunkedArray] = {}
+        for name, column, data_type in zip(self.key_names, cfg.key_columns, cfg.key_types,
+                                           strict=True):
+            arrays[name] = _engine_key(table.column(column), data_type)
+        arrays[_TIME] = times.cast(pa.int64())
+        for i, part in enumerate(self.parts):
+            if part.kind == "count":
+                continue
+            assert part.column is not None
+            values = table.column(part.column)
+            floating = isinstance(part.data_type, columns.FRACTIONAL)
+            target = pa.float64() if floating else pa.int64()
+            fill = pa.scalar(_identity(part.kind, floating), target)
+            arrays[f"{_PREFIX}v{i}"] = pc.fill_null(values.cast(target), fill)
+            arrays[f"{_PREFIX}n{i}"] = pc.is_valid(values).cast(pa.int64())
+        emitted = self.engine.process_table(pa.table(arrays), key=self.key_names, time=_TIME)
+        if emitted.num_rows:  # the watermark never moves before close(): cannot happen
+            raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
+                               f"end of a static partition")
+
+    def close(self) -> pa.RecordBatch:
+        """Every session, as the output rows."""
+        cfg = self.config
+        emits = self.engine.advance_watermark(INT64_MAX)
+        tz = cfg.timezone
+        arrays: list[pa.Array] = []
+        keys = [e.session.key for e in emits]
+        for i, data_type in enumerate(cfg.key_types):
+            column = keys if len(cfg.key_types) == 1 else [k[i] for k in keys]
+            arrays.append(columns.from_engine(column, data_type, tz))
+        arrays.append(columns.from_engine([e.session.start for e in emits], cfg.time_type, tz))
+        arrays.append(columns.from_engine([e.session.end for e in emits], cfg.time_type, tz))
+        for i, (part, out_field) in enumerate(zip(self.parts, cfg.output_fields, strict=True)):
+            values = [e.value[f"{_PREFIX}v{i}"] for e in emits]
+            if part.kind != "count":
+                present = [e.value[f"{_PREFIX}n{i}"] for e in emits]
+                values = [v if n else None for v, n in zip(values, present, strict=True)]
+            arrays.append(columns.from_engine(values, out_field.dataType, tz))
+        return pa.RecordBatch.from_arrays(arrays, schema=cfg.arrow_output_schema())
+
+
+def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArray:
+    """A key column in the engine's representation (see :mod:`spark_adapter.columns`)."""
+    if isinstance(data_type, columns.TIMES):
+        return array.cast(pa.int64())
+    if isinstance(data_type, T.DateType):
+        return array.cast(pa.int32())
+    return array
+
+
+def static_partition(config: SessionizeConfig,
+                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
+    """The columnar ``mapInArrow`` function for a static partition, or None when the
+    configuration needs the row path."""
+    parts = _parts(config)
+    if parts is None:
+        return None
+    return _run(ColumnarStatic(config, parts), config, batches)
+
+
+def _run(runner: ColumnarStatic, config: SessionizeConfig,
+         batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= CHUNK_ROWS:
+            runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+            pending, rows = [], 0
+    if rows:
+        runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+    out = runner.close()
+    if out.num_rows:
+        yield out
