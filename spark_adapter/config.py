@@ -219,6 +219,17 @@ def checked_gaps(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> 
     """The per-row gaps (us) of ``table``, none of them over ``max_gap``.
 
     Raises:
+        ValueError: see :func:`check_gap_bound`.
+    """
+    assert config.gap_column is not None
+    check_gap_bound(config, table)
+    return list(table.column(config.gap_column).to_pylist())
+
+
+def check_gap_bound(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> None:
+    """Refuse a per-row gap over ``max_gap`` before any row of ``table`` reaches the engine.
+
+    Raises:
         ValueError: naming the gap expression, the first offending row (key and time) and both
             values.
     """
@@ -234,7 +245,6 @@ def checked_gaps(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> 
             f"{config.time_column}={table.column(config.time_column)[row].as_py()}, over "
             f"max_gap={config.max_gap_us} us; raise max_gap or bound the gap expression"
         )
-    return list(gaps.to_pylist())
 
 
 def emits_batch(config: SessionizeConfig, emits: list[Emit]) -> pa.RecordBatch:

@@ -29,7 +29,7 @@ from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns
-from .config import SessionizeConfig
+from .config import SessionizeConfig, check_gap_bound
 
 #: ``SessionizeConfig.extra`` key under which ``sessionize`` leaves ``[(name, kind, column)]``.
 PARTS_KEY = "static_parts"
@@ -42,6 +42,7 @@ _KEY_TYPES = (*columns.INTEGRAL, *columns.FRACTIONAL, T.StringType, T.BinaryType
 _PREFIX = "__sessionstore_"  # internal column names: the user's names never reach the engine
 _KEY = _PREFIX + "key"
 _TIME = _PREFIX + "time"
+_GAP = _PREFIX + "gap"
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ class ColumnarStatic:
                                            strict=True):
             arrays[name] = _engine_key(table.column(column), data_type)
         arrays[_TIME] = times.cast(pa.int64())
+        if cfg.gap_column is not None:  # a gap per row (us); over max_gap is refused, naming it
+            check_gap_bound(cfg, table)
+            arrays[_GAP] = table.column(cfg.gap_column)
         for i, part in enumerate(self.parts):
             if part.kind == "count":
                 continue
@@ -125,7 +129,8 @@ class ColumnarStatic:
             fill = pa.scalar(_identity(part.kind, floating), target)
             arrays[f"{_PREFIX}v{i}"] = pc.fill_null(values.cast(target), fill)
             arrays[f"{_PREFIX}n{i}"] = pc.is_valid(values).cast(pa.int64())
-        emitted = self.engine.process_table(pa.table(arrays), key=self.key_names, time=_TIME)
+        emitted = self.engine.process_table(pa.table(arrays), key=self.key_names, time=_TIME,
+                                            gap=None if cfg.gap_column is None else _GAP)
         if emitted.num_rows:  # the watermark never moves before close(): cannot happen
             raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
                                f"end of a static partition")
