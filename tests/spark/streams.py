@@ -147,3 +147,35 @@ def driver_outputs(root: Path) -> dict[int, list[list]]:
 def final_rows(attempts: dict[int, list[list]]) -> list[tuple]:
     """What a sink that keeps each batch's last attempt holds at the end."""
     return sorted(tuple(r) for b in attempts for r in attempts[b][-1])
+
+
+def run_json_stream(spark: Any, root: Path, schema: Any, batches: list[list[Any]],
+                    as_json: Callable[[Any], dict[str, Any]], build: Callable[[Any], Any],
+                    ) -> tuple[dict[int, list[tuple[Any, ...]]], str]:
+    """Feed ``batches`` as one JSON Lines file each (``as_json`` turns a row into an object;
+    an empty batch writes nothing, so Spark may run a no-data batch), one micro-batch per
+    file, through ``build(stream)`` into a ``foreachBatch`` sink.
+
+    Returns each micro-batch's sorted output rows (batches without rows left out) and the
+    query's id.
+    """
+    source = root / "source"
+    source.mkdir(parents=True)
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(source))
+    got: dict[int, list[tuple[Any, ...]]] = {}
+
+    def sink(frame: Any, batch_id: int) -> None:
+        got[batch_id] = sorted(tuple(r) for r in frame.collect())
+
+    query = (build(stream).writeStream.foreachBatch(sink).outputMode("append")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    try:
+        for i, rows in enumerate(batches):
+            if rows:
+                tmp = source / f".b{i}.tmp"
+                tmp.write_text("".join(json.dumps(as_json(row)) + "\n" for row in rows))
+                tmp.rename(source / f"b{i:03d}.json")
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    return {b: rows for b, rows in got.items() if rows}, str(query.id)

@@ -8,7 +8,6 @@ duration, so that is compared with the offline rule written out here.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pyspark.sql import functions as F
 from sessionstore import AfterWatermark
 from spark_adapter import query_state_location, read_state_metrics, sessionize
 from spark_adapter.sessionize import GAP_COLUMN, _dynamic_gap
+from tests.spark.streams import run_json_stream
 
 EPOCH = dt.datetime(2024, 1, 1)
 SCHEMA = "user string, ts timestamp, dur string, kind string, amount long"
@@ -231,34 +231,13 @@ STREAM: list[list[Row]] = [
 ]
 
 
-def write_batch(directory: Path, index: int, rows: list[Row]) -> None:
-    tmp = directory / f".b{index}.tmp"
-    tmp.write_text("".join(json.dumps({"user": u, "ts": t.isoformat(), "dur": d, "kind": k,
-                                       "amount": a}) + "\n" for u, t, d, k, a in rows))
-    tmp.rename(directory / f"b{index:03d}.json")
-
-
 def run_stream(spark: Any, root: Path, batches: list[list[Row]],
                build: Callable[[Any], Any]) -> tuple[dict[int, list[tuple]], str]:
     """Each micro-batch's output rows (batches without any left out), and the query's id."""
-    source = root / "source"
-    source.mkdir(parents=True)
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    got: dict[int, list[tuple]] = {}
-
-    def sink(frame: Any, batch_id: int) -> None:
-        got[batch_id] = sorted(tuple(r) for r in frame.collect())
-
-    query = (build(stream).writeStream.foreachBatch(sink).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    try:
-        for i, rows in enumerate(batches):
-            if rows:
-                write_batch(source, i, rows)
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    return {b: rows for b, rows in got.items() if rows}, str(query.id)
+    return run_json_stream(
+        spark, root, SCHEMA, batches,
+        lambda r: {"user": r[0], "ts": r[1].isoformat(), "dur": r[2], "kind": r[3],
+                   "amount": r[4]}, build)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_adapter import query_state_location, read_state_metrics, sessionize
+from tests.spark.streams import run_json_stream
 
 EPOCH = dt.datetime(2024, 1, 1)
 SCHEMA = "user string, ts timestamp, amount long"
@@ -42,33 +42,10 @@ BATCHES: list[list[tuple[str, str | None, int]]] = [
 ]
 
 
-def write_batch(directory: Path, index: int, rows: list[tuple[str, str | None, int]]) -> None:
-    tmp = directory / f".b{index}.tmp"
-    tmp.write_text("".join(json.dumps({"user": u, "ts": t, "amount": a}) + "\n"
-                           for u, t, a in rows))
-    tmp.rename(directory / f"b{index:03d}.json")
-
-
 def run_stream(spark: Any, root: Path, build: Any) -> tuple[dict[int, list[tuple]], str]:
     """Each micro-batch's rows (batches without rows left out), and the query's id."""
-    source = root / "source"
-    source.mkdir(parents=True)
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    got: dict[int, list[tuple]] = {}
-
-    def sink(frame: Any, batch_id: int) -> None:
-        got[batch_id] = sorted(tuple(r) for r in frame.collect())
-
-    query = (build(stream).writeStream.foreachBatch(sink).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    try:
-        for i, rows in enumerate(BATCHES):
-            if rows:
-                write_batch(source, i, rows)
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    return {b: rows for b, rows in got.items() if rows}, str(query.id)
+    return run_json_stream(spark, root, SCHEMA, BATCHES,
+                           lambda r: {"user": r[0], "ts": r[1], "amount": r[2]}, build)
 
 
 def native(stream: Any) -> Any:
