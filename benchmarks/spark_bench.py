@@ -3,8 +3,9 @@ Spark session on the same data, streaming and static.
 
 * Streaming: the same Parquet files, one per micro-batch, through each query, then one file
   whose single far-future event lets the watermark close every session. Rows/s divide the input
-  rows by the summed ``triggerExecution`` time of *every* micro-batch, no-data batches included
-  (they are where sessions close).
+  rows (counted in the files) by the summed ``triggerExecution`` time of *every* micro-batch,
+  no-data batches included (they are where sessions close). Spark's own ``numInputRows`` is
+  kept as ``spark_reported_rows``: it counts a source once per scan in the plan.
 * Static: the same files read as one DataFrame; rows/s divide the input rows by the wall time of
   one job that computes every output row.
 
@@ -162,14 +163,23 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
     wall_s = time.perf_counter() - started
     progress = list(query.recentProgress)
     query.stop()
-    batches = [{"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
+    # rows are counted from the files, never from Spark's numInputRows: Spark counts a source
+    # once per scan in the plan, so a query that reads its input twice reports twice the rows
+    file_rows = [pq.read_metadata(path).num_rows for path in files]
+    batches = [{"spark_rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
                for p in progress]
-    rows = sum(b["rows"] for b in batches)
+    data = [b for b in batches if b["spark_rows"]]
+    if len(data) != len(files):
+        raise RuntimeError(f"{len(data)} micro-batches read rows, expected one per file "
+                           f"({len(files)})")
+    for batch, count in zip(data, file_rows, strict=True):
+        batch["rows"] = count
+    rows = sum(file_rows)
     seconds = sum(b["ms"] for b in batches) / 1000
-    data = [b for b in batches if b["rows"]]
     steady = data[1:] or data  # the first data batch pays for starting Python workers
     return {
         "rows": rows,
+        "spark_reported_rows": sum(b["spark_rows"] for b in batches),
         "seconds": seconds,
         "wall_seconds": wall_s,
         "rows_per_s": rows / seconds,
@@ -224,9 +234,10 @@ def main(argv: list[str] | None = None) -> None:
             run_root = root / "stream" / name.replace(" ", "_")
             streaming[name] = run_streaming(spark, [*files, flush], run_root, make(run_root))
             log.info("streaming %-24s %9.0f rows/s  %d sessions  (%d data + %d no-data "
-                     "batches)", name, streaming[name]["rows_per_s"],
-                     streaming[name]["sessions"], streaming[name]["data_batches"],
-                     streaming[name]["no_data_batches"])
+                     "batches; Spark reported %d input rows of %d)", name,
+                     streaming[name]["rows_per_s"], streaming[name]["sessions"],
+                     streaming[name]["data_batches"], streaming[name]["no_data_batches"],
+                     streaming[name]["spark_reported_rows"], streaming[name]["rows"])
         for name, make in peers:
             static[name] = run_static(spark, files, make(root / "static"), n_rows)
             log.info("static    %-24s %9.0f rows/s  %d sessions", name,
