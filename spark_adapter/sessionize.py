@@ -34,7 +34,11 @@ log = logging.getLogger(__name__)
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 GAP_COLUMN = "sessionstore_gap_us"  # hidden: each row's gap in microseconds
 END_SCRATCH = "sessionstore_gap_end"  # hidden, briefly: each row's window end
-GAP_TYPES = (T.StringType, T.CalendarIntervalType, T.NullType)  # what native casts to a gap
+# what native casts to a gap; PySpark 3.5 has no Python type for a calendar interval (such a
+# column cannot reach this check there), so the tuple is built from what the version has
+GAP_TYPES: tuple[type[T.DataType], ...] = tuple(
+    t for t in (T.StringType, getattr(T, "CalendarIntervalType", None), T.NullType)
+    if t is not None)
 
 
 def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> tuple[DataFrame, str] | None:
