@@ -148,17 +148,17 @@ def test_static_dynamic_gaps_equal_native(spark, engine):
     assert results[str(when)] != ours  # the forms differ, so each comparison means something
 
 
-def test_gap_over_max_gap_fails_naming_the_column(spark):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gap_over_max_gap_fails_naming_the_column(spark, engine):
     df = spark.createDataFrame([("a", at(0), "5 seconds", "x", 1),
                                 ("b", at(3), "2 minutes", "x", 2)], SCHEMA)
-    for engine in ENGINES:
-        out = sessionize(df, key="user", timestamp="ts", gap=F.col("dur"), max_gap="1 minute",
-                         aggregations={"n": "count"}, engine=engine)
-        with pytest.raises(Exception) as failure:
-            out.collect()
-        text = str(failure.value)
-        assert "gap Column<'dur'> is 120000000 us for the row with key 'b'" in text, engine
-        assert "over max_gap=60000000 us" in text
+    out = sessionize(df, key="user", timestamp="ts", gap=F.col("dur"), max_gap="1 minute",
+                     aggregations={"n": "count"}, engine=engine)
+    with pytest.raises(Exception) as failure:
+        out.collect()
+    text = str(failure.value)
+    assert "gap Column<'dur'> is 120000000 us for the row with key 'b'" in text, engine
+    assert "over max_gap=60000000 us" in text
 
 
 # -- max_duration: the offline rule ---------------------------------------------------------------
