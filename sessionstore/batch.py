@@ -99,6 +99,20 @@ def factorize_keys(keys: list[Any]) -> tuple[np.ndarray, list[Any]]:
     return codes, uniques
 
 
+def _inferred_exactly(arrow_type: Any, keys: Any) -> bool:
+    """Whether Arrow's inferred type for Python objects ``keys`` keeps every key as the event
+    path keys it: Arrow reads ``"a"`` and ``b"a"`` together as binary, and numpy scalars as
+    plain values, where :meth:`process` keeps str apart from bytes and refuses numpy scalars."""
+    kinds = set(map(type, keys))
+    if pa.types.is_integer(arrow_type):
+        return kinds <= {int}
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return kinds <= {str}
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return kinds <= {bytes}
+    return True
+
+
 def factorize_keys_arrow(keys: Any, name: str = "keys") -> tuple[np.ndarray, list[Any], Any]:
     """:func:`factorize_keys`, also returning the uniques as an Arrow array (None when the keys
     are not homogeneous ints, str or bytes). ``keys`` may be a list or an Arrow array."""
@@ -114,6 +128,9 @@ def factorize_keys_arrow(keys: Any, name: str = "keys") -> tuple[np.ndarray, lis
             arr = pa.array(keys)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
             arr = None
+        if (arr is not None and str(getattr(keys, "dtype", "object")) == "object"
+                and not _inferred_exactly(arr.type, keys)):
+            arr = None  # e.g. str and bytes together, or numpy scalars: keyed one by one
     if arr is not None and arr.null_count == 0 and (
         pa.types.is_integer(arr.type) or pa.types.is_string(arr.type)
         or pa.types.is_binary(arr.type) or pa.types.is_large_string(arr.type)
