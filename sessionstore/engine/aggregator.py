@@ -163,6 +163,11 @@ class SessionAggregator:
         self._count = type(aggregation) is _Count
         self._fixed_lean = self._lean and not self.config.dynamic
         self._max_t = self.config.max_timestamp_ms
+        self._max_gap = self.config.max_gap_ms
+        self._grace = self.config.grace_ms
+        self._inclusive = self.config.inclusive_gap
+        self._event_time = self.config.watermark == "event_time"
+        self._ooo = self.config.max_out_of_orderness_ms
         # emit-on-close from the cache's memory (CachingSessionStore.take_closed) instead of
         # writing closed sessions and reading them back: the cache indexes ends, and the close
         # heap is only fed by the other paths. The emitted values are what the store would
@@ -176,6 +181,7 @@ class SessionAggregator:
             forward=self._forward if write_cache else None,
             index_ends=self._closes_in_cache,
         )
+        self._held_keys = self._state.held_keys
         self._times = TimeKeeper(self.config)
         self._runner = (
             None if trigger is None else TriggerRunner(
@@ -258,7 +264,7 @@ class SessionAggregator:
                 and INT64_MIN <= timestamp_ms <= self._max_t and self._table is None:
             # the common case, checked as below: a fixed gap, an int time in range
             kind = type(key)
-            if not ((kind is str or kind is int) and key in self._state.held_keys):
+            if not ((kind is str or kind is int) and key in self._held_keys):
                 keyschema.encode_key(key)  # a key the cache holds passed this already
             if value is not None:
                 check_encodable(value, "value")
@@ -589,37 +595,39 @@ class SessionAggregator:
         the accumulator stored as the plain record ``[acc, 0, 0, 0, None]`` and the one-session
         merge (most events) inlined. The outcome is that of :func:`merge_event` and
         ``initial / merge / add`` in the same order, so any aggregation may take it."""
-        metrics = self._metrics
-        metrics.records_in += 1
+        self._metrics.records_in += 1
         times = self._times
-        cfg = self.config
-        own_end = t + (cfg.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
+        own_end = t + (self._max_gap if gap is None else gap)  # max_gap_ms: the fixed gap
         w = times.watermark
-        grace = cfg.grace_ms
+        grace = self._grace
         if w >= own_end + grace:
             self._drop(key, value, t)
             return
         closed_before = w - grace
-        if closed_before < times.last_close:
-            closed_before = times.last_close
+        last_close = times.last_close
+        if closed_before < last_close:
+            closed_before = last_close
         state = self._state
         view = state.sessions_of(key, closed_before)
         if view:
-            if cfg.inclusive_gap:
+            if self._inclusive:
                 floor, latest_start = t, own_end
             else:
                 floor, latest_start = t + 1, own_end - 1
             if floor <= closed_before:
                 floor = closed_before + 1
-            joined = [b for b in view if b[1] >= floor and b[0] <= latest_start]
+            joined: Any = [b for b in view if b[1] >= floor and b[0] <= latest_start]
         else:
-            joined = []
-        agg = self.aggregation
+            joined = ()
         seq = times.seq + 1
         start, end = t, own_end
+        accs: Any = ()
         if not joined:
-            accs: list[Any] = []
-            acc = 1 if self._count else agg.add(key, value, t, seq, agg.initial())
+            if self._count:
+                acc: Any = 1
+            else:
+                agg = self.aggregation
+                acc = agg.add(key, value, t, seq, agg.initial())
         else:
             if len(joined) > 1:
                 joined.sort(key=END_START)
@@ -631,11 +639,12 @@ class SessionAggregator:
                 if e > end:
                     end = e
                 raw = view[b][0]
-                accs.append(raw[0] if type(raw) is list and len(raw) == 5
+                accs.append(raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
                             else SessionRecord.from_wire(raw).acc)
             if self._count:
                 acc = sum(accs) + 1
             else:
+                agg = self.aggregation
                 acc = agg.initial()
                 for old in accs:
                     acc = agg.merge(key, acc, old)
@@ -645,23 +654,30 @@ class SessionAggregator:
             check_encodable(acc, f"the accumulator of {new}")
         times.seq = seq
         same = len(joined) == 1 and joined[0] == (start, end)
-        state.put_merged(key, view, joined, new, [acc, 0, 0, 0, None])
+        # a tuple: msgpack stores it as the record list, and the garbage collector stops
+        # tracking it (a list would stay tracked while cached)
+        state.put_merged(key, view, joined, new, (acc, 0, 0, 0, None))
         if self._updates:
             if not self.write_cache:
-                result = agg.result
+                result = self.aggregation.result
                 for b, old in zip(joined, accs, strict=True):
                     if b != (start, end):
                         out.append(make_emit(Session(key, b[0], b[1]), result(old),
                                              retraction=True))
                 out.append(make_emit(new, result(acc)))
-                metrics.emitted += len(joined) + 1 - same
+                self._metrics.emitted += len(joined) + 1 - same
         elif not same:
             if not self._closes_in_cache:
                 heapq.heappush(self._close_heap, end)
             if self._record_close_times:
                 self._new_close_times.append(end)
-        if times.observe(t):
-            self._on_watermark(out)
+        if self._event_time:  # TimeKeeper.observe, inlined
+            met = times.max_event_time
+            if met is None or t > met:
+                times.max_event_time = t
+            if t - self._ooo > times.watermark:
+                times.watermark = t - self._ooo
+                self._on_watermark(out)
 
     # -- closing (ON_WINDOW_CLOSE and the closing pane of triggers) ---------------------------
 
@@ -783,7 +799,7 @@ class SessionAggregator:
         append = out.append
         new_emit = _new_emit
         for session, raw in taken:
-            acc = raw[0] if type(raw) is list and len(raw) == 5 \
+            acc = raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5) \
                 else SessionRecord.from_wire(raw).acc
             if type(acc) is not int:
                 acc = as_stored(acc)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import keyschema
@@ -259,11 +259,12 @@ class CachingSessionStore:
 
     @property
     def held_keys(self) -> Mapping[Any, Any]:
-        """The keys whose sessions the cache holds (read only)."""
+        """The keys whose sessions the cache holds (read only; a live view that stays the same
+        object for the cache's life)."""
         return self._views
 
     def put_merged(self, key: Any, view: Mapping[tuple[int, int], list[Any]],
-                   joined: list[tuple[int, int]], session: Session, value: Any) -> None:
+                   joined: Sequence[tuple[int, int]], session: Session, value: Any) -> None:
         """:meth:`remove` each of ``joined`` (bounds of ``key``'s sessions, from ``view``, the
         mapping :meth:`sessions_of` returned) other than the bounds of ``session``, then
         :meth:`put` ``session``: one event's merge, in one call."""
