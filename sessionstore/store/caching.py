@@ -237,6 +237,9 @@ class CachingSessionStore:
         if view is None:
             self._dirty[session] = value
             self._flush_one(session)
+            if self._index_ends:  # the store holds a session no view does
+                self._index(session.key, session.start, session.end)
+                self._reset_completeness()
             return True
         bounds = (session.start, session.end)
         cached = view.get(bounds)
