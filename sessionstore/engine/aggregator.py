@@ -19,6 +19,7 @@ flush, mid-batch or on cache eviction, can let the store expire a session nobody
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation, Combined
+from ..aggregations import Aggregation, Combined, _Count
+from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore
 from ..store.metered import MeteredSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
@@ -38,12 +40,14 @@ from .columnar import OpenTable, columnar_parts
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .max_duration import MaxDuration
-from .merge import merge_event
-from .record import Phase, SessionRecord, check_encodable
+from .merge import END_START, merge_event
+from .record import Phase, SessionRecord, as_stored, check_encodable
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
 ENGINE_METADATA_KEY = "sessionstore.engine"
+_new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
+_new_emit = functools.partial(tuple.__new__, Emit)
 USER_METADATA_KEY = "user"
 
 
@@ -153,10 +157,31 @@ class SessionAggregator:
         self._metrics = EngineMetrics()
         self._metered = MeteredSessionStore(store)
         self._forwarded: list[Emit] = []
+        # the lean event path: no trigger and no maximum duration, so a stored record is only
+        # its accumulator (no SessionRecord objects); the count is folded without calls
+        self._lean = trigger is None and windows.max_duration_ms is None
+        self._count = type(aggregation) is _Count
+        self._fixed_lean = self._lean and not self.config.dynamic
+        self._max_t = self.config.max_timestamp_ms
+        self._max_gap = self.config.max_gap_ms
+        self._grace = self.config.grace_ms
+        self._inclusive = self.config.inclusive_gap
+        self._event_time = self.config.watermark == "event_time"
+        self._ooo = self.config.max_out_of_orderness_ms
+        # emit-on-close from the cache's memory (CachingSessionStore.take_closed) instead of
+        # writing closed sessions and reading them back: the cache indexes ends, and the close
+        # heap is only fed by the other paths. The emitted values are what the store would
+        # return, so this needs the store's default msgpack serde (tuples come back as lists).
+        self._closes_in_cache = (
+            self._lean and self._tracks_close and self.config.cache_max_sessions > 0
+            and type(getattr(store, "_serde", None)) is MsgpackSerde
+        )
         self._state = CachingSessionStore(
             self._metered, self.config.cache_max_sessions,
             forward=self._forward if write_cache else None,
+            index_ends=self._closes_in_cache,
         )
+        self._held_keys = self._state.held_keys
         self._times = TimeKeeper(self.config)
         self._runner = (
             None if trigger is None else TriggerRunner(
@@ -235,6 +260,19 @@ class SessionAggregator:
             TypeError: a key, timestamp, gap or value of the wrong type (the value and the new
                 accumulator must be msgpack-serialisable). Nothing changes then.
         """
+        if self._fixed_lean and type(timestamp_ms) is int and gap_ms is None \
+                and INT64_MIN <= timestamp_ms <= self._max_t and self._table is None:
+            # the common case, checked as below: a fixed gap, an int time in range
+            kind = type(key)
+            if not ((kind is str or kind is int) and key in self._held_keys):
+                keyschema.encode_key(key)  # a key the cache holds passed this already
+            if value is not None:
+                check_encodable(value, "value")
+            emits: list[Emit] = []
+            self._process_lean(key, value, timestamp_ms, emits, None)
+            if self._forwarded:
+                emits.extend(self._drain_forwarded())
+            return emits
         cfg = self.config
         t = timestamp_ms if type(timestamp_ms) is int else None
         gap: int | None = None  # the event's own gap; None with a fixed gap
@@ -486,6 +524,9 @@ class SessionAggregator:
     def _process_one(self, key: Any, value: Any, t: int, out: list[Emit],
                      gap: int | None = None) -> None:
         """One validated event; ``gap`` is its own gap (None: the fixed gap)."""
+        if self._lean:
+            self._process_lean(key, value, t, out, gap)
+            return
         if self._max_duration is not None:  # issue 12: maximum session duration
             self._max_duration.process(
                 key, value, t, t + (self.config.max_gap_ms if gap is None else gap), out)
@@ -548,6 +589,96 @@ class SessionAggregator:
         if times.observe(t):
             self._on_watermark(out)
 
+    def _process_lean(self, key: Any, value: Any, t: int, out: list[Emit],
+                      gap: int | None) -> None:
+        """:meth:`_process_one` without a trigger or maximum duration: the same steps, with
+        the accumulator stored as the plain record ``[acc, 0, 0, 0, None]`` and the one-session
+        merge (most events) inlined. The outcome is that of :func:`merge_event` and
+        ``initial / merge / add`` in the same order, so any aggregation may take it."""
+        self._metrics.records_in += 1
+        times = self._times
+        own_end = t + (self._max_gap if gap is None else gap)  # max_gap_ms: the fixed gap
+        w = times.watermark
+        grace = self._grace
+        if w >= own_end + grace:
+            self._drop(key, value, t)
+            return
+        closed_before = w - grace
+        last_close = times.last_close
+        if closed_before < last_close:
+            closed_before = last_close
+        state = self._state
+        view = state.sessions_of(key, closed_before)
+        if view:
+            if self._inclusive:
+                floor, latest_start = t, own_end
+            else:
+                floor, latest_start = t + 1, own_end - 1
+            if floor <= closed_before:
+                floor = closed_before + 1
+            joined: Any = [b for b in view if b[1] >= floor and b[0] <= latest_start]
+        else:
+            joined = ()
+        seq = times.seq + 1
+        start, end = t, own_end
+        accs: Any = ()
+        if not joined:
+            if self._count:
+                acc: Any = 1
+            else:
+                agg = self.aggregation
+                acc = agg.add(key, value, t, seq, agg.initial())
+        else:
+            if len(joined) > 1:
+                joined.sort(key=END_START)
+            accs = []
+            for b in joined:
+                s, e = b
+                if s < start:
+                    start = s
+                if e > end:
+                    end = e
+                raw = view[b][0]
+                accs.append(raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
+                            else SessionRecord.from_wire(raw).acc)
+            if self._count:
+                acc = sum(accs) + 1
+            else:
+                agg = self.aggregation
+                acc = agg.initial()
+                for old in accs:
+                    acc = agg.merge(key, acc, old)
+                acc = agg.add(key, value, t, seq, acc)
+        new = _new_session((key, start, end))
+        if self._check_acc:
+            check_encodable(acc, f"the accumulator of {new}")
+        times.seq = seq
+        same = len(joined) == 1 and joined[0] == (start, end)
+        # a tuple: msgpack stores it as the record list, and the garbage collector stops
+        # tracking it (a list would stay tracked while cached)
+        state.put_merged(key, view, joined, new, (acc, 0, 0, 0, None))
+        if self._updates:
+            if not self.write_cache:
+                result = self.aggregation.result
+                for b, old in zip(joined, accs, strict=True):
+                    if b != (start, end):
+                        out.append(make_emit(Session(key, b[0], b[1]), result(old),
+                                             retraction=True))
+                out.append(make_emit(new, result(acc)))
+                self._metrics.emitted += len(joined) + 1 - same
+        elif not same:
+            if not self._closes_in_cache:
+                heapq.heappush(self._close_heap, end)
+            if self._record_close_times:
+                self._new_close_times.append(end)
+        if self._event_time:  # TimeKeeper.observe, inlined
+            met = times.max_event_time
+            if met is None or t > met:
+                times.max_event_time = t
+            if t - self._ooo > times.watermark:
+                times.watermark = t - self._ooo
+                self._on_watermark(out)
+
     # -- closing (ON_WINDOW_CLOSE and the closing pane of triggers) ---------------------------
 
     def _on_watermark(self, out: list[Emit]) -> None:
@@ -562,7 +693,7 @@ class SessionAggregator:
             elif not self._tracks_close:
                 times.last_close = close_upto
             elif (self._close_heap and self._close_heap[0] <= close_upto) \
-                    or not self._close_heap_complete:
+                    or not self._close_heap_complete or self._state.has_ends_upto(close_upto):
                 self._close_up_to(close_upto, out)
             else:
                 times.last_close = close_upto
@@ -635,6 +766,12 @@ class SessionAggregator:
         result = self.aggregation.result
         metrics = self._metrics
         runner = self._runner
+        if self._closes_in_cache:
+            taken = self._state.take_closed(times.last_close + 1, upto)
+            if taken is not None:
+                self._emit_taken(taken, out)
+                times.last_close = upto
+                return
         rows = list(self._state.find_sessions(times.last_close + 1, upto))
         if runner is None:
             # the records are decoded (and checked) one by one, the metrics counted once
@@ -649,6 +786,29 @@ class SessionAggregator:
             for session, raw in rows:
                 runner.fire_closing(session, SessionRecord.from_wire(raw), out)
         times.last_close = upto
+
+    def _emit_taken(self, taken: list[tuple[Session, Any]], out: list[Emit]) -> None:
+        """Emit the closed sessions the cache handed from memory, with the values a read from
+        the store would give (:func:`~sessionstore.engine.record.as_stored`)."""
+        if not taken:
+            return
+        result = self.aggregation.result
+        w = self._times.watermark
+        grace = self.config.grace_ms
+        latencies = []
+        append = out.append
+        new_emit = _new_emit
+        for session, raw in taken:
+            acc = raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5) \
+                else SessionRecord.from_wire(raw).acc
+            if type(acc) is not int:
+                acc = as_stored(acc)
+            end = session[2]
+            append(new_emit((session, result(acc), None, False, end - 1)))
+            latency = w - end - grace
+            latencies.append(latency if latency > 0 else 0)
+        self._metrics.emitted += len(taken)
+        self._metrics.record_finals(latencies)
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:
         times = self._times

@@ -29,6 +29,8 @@ def merge_bounds(t_ms: int, own_end_ms: int, inclusive: bool) -> tuple[int, int]
 
 
 _END_START = operator.itemgetter(1, 0)
+END_START = _END_START
+"""Sorts ``(start, end)`` bounds by (end, start), the order :func:`merge_event` returns."""
 
 
 def merge_event(

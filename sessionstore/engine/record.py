@@ -70,6 +70,16 @@ class SessionRecord:
 
 
 _PHASES = {int(phase): phase for phase in Phase}
+_PLAIN = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+def as_stored(acc: Any) -> Any:
+    """``acc`` as a read from a store with the default msgpack serde returns it: scalars as
+    they are, anything else packed and unpacked (tuples become lists, and the result shares
+    nothing with ``acc``). For values emitted from memory that the old path read back."""
+    if type(acc) in _PLAIN:
+        return acc
+    return msgpack.unpackb(_PACK(acc), raw=False, strict_map_key=False)
 
 
 def check_encodable(value: Any, what: str) -> None:

@@ -13,23 +13,36 @@ decision is never taken from the cache's own bookkeeping.
 For every key it holds, the cache holds *all* of that key's sessions that end after a floor, so
 the engine's merge queries for that key need no store read. It holds at most ``max_sessions``
 sessions; when full it writes everything and starts over (0 writes through on every change).
+
+With ``index_ends=True`` (the engine's emit-on-close event path) it also indexes its sessions by
+end time and knows when it is *complete*: when every session of the wrapped store ending after
+some time is in the cache (a fresh store, or once the close cursor has passed everything written
+before an eviction, a bulk write or a reopen). Then :meth:`take_closed` hands the sessions that
+close straight from memory, in store order, without writing them first and reading them back,
+and a key seen for the first time needs no store read. Closed sessions stay dirty and reach the
+wrapped store with the next flush (a commit, an eviction), in bulk.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import keyschema
-from ..timeutil import INT64_MAX
+from ..timeutil import INT64_MAX, INT64_MIN
 from ..types import Session
 
 _TOMBSTONE = object()
+_CLEAN = object()
 # Below this many changes a flush writes session by session: a bulk call's fixed cost (array
 # building, sorting, a WriteBatch) outweighs the per-put overhead it saves on the small flushes
 # the event path makes at each close.
 _BULK_FLUSH_MIN = 256
+
+_new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
@@ -43,9 +56,11 @@ class CachingSessionStore:
             ``cap_expiry_time``).
         max_sessions: how many sessions to hold before writing everything (>= 0).
         forward: called for every change a flush writes, with the wrapped store's old value.
+        index_ends: index the cached sessions by end time, for :meth:`take_closed`.
     """
 
-    def __init__(self, wrapped: Any, max_sessions: int, forward: Forward | None = None) -> None:
+    def __init__(self, wrapped: Any, max_sessions: int, forward: Forward | None = None,
+                 *, index_ends: bool = False) -> None:
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
             raise ValueError(f"max_sessions must be an int >= 0, got {max_sessions!r}")
         self.wrapped = wrapped
@@ -61,6 +76,97 @@ class CachingSessionStore:
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
         self._bulk = forward is None and _has_bulk_writes(wrapped)
+        # index_ends: end -> [(key, start), ...] of sessions put or loaded (stale entries are
+        # skipped when read), a heap of those ends, and the time after which every session of
+        # the wrapped store is in the cache (INT64_MAX: not known)
+        self._index_ends = index_ends and max_sessions > 0
+        self._by_end: dict[int, list[tuple[Any, int]]] = {}
+        self._end_heap: list[int] = []
+        self._complete_above = INT64_MAX
+        # the changed sessions take_closed handed out, with their values, in store order: no
+        # longer dirty or in a view (still counted in the size), written first by the next
+        # flush, or before any read that could miss them (see _write_closed)
+        self._closed_rows: list[tuple[Session, Any]] = []
+        self._reset_completeness()
+
+    # -- the end index (index_ends) ---------------------------------------------------------
+
+    def _reset_completeness(self, exact: bool = False) -> None:
+        """After a reset, an eviction or a bulk write: the cache is complete above the largest
+        session end the wrapped store has seen (everything it holds ends at or before that).
+        It only moves up, unless ``exact`` (an abort, which forgets everything)."""
+        if not self._index_ends:
+            return
+        try:
+            stream_time = self.wrapped.observed_stream_time
+        except AttributeError:  # a store that does not say: never complete
+            self._complete_above = INT64_MAX
+            return
+        floor = INT64_MIN if stream_time is None else stream_time
+        if exact or self._complete_above == INT64_MAX or floor > self._complete_above:
+            self._complete_above = floor
+
+    def _index(self, key: Any, start: int, end: int) -> None:
+        bucket = self._by_end.get(end)
+        if bucket is None:
+            self._by_end[end] = [(key, start)]
+            heapq.heappush(self._end_heap, end)
+        else:
+            bucket.append((key, start))
+
+    def has_ends_upto(self, upto_ms: int) -> bool:
+        """Whether some session put or loaded since the last :meth:`take_closed` may end at or
+        before ``upto_ms`` (False without ``index_ends``)."""
+        heap = self._end_heap
+        return bool(heap) and heap[0] <= upto_ms
+
+    def take_closed(self, low_ms: int, upto_ms: int) -> list[tuple[Session, Any]] | None:
+        """The sessions with ``low_ms <= end <= upto_ms``, as ``find_sessions`` would return them
+        (ordered by end, key bytes, start), taken from memory; or None when the cache may not
+        hold all of them (the caller asks :meth:`find_sessions`).
+
+        Either way the end index forgets everything up to ``upto_ms``: the caller promises never
+        to ask about those ends again (its close cursor moves to ``upto_ms``). The sessions
+        returned leave the cache's views; their changes stay dirty until the next flush.
+        """
+        heap = self._end_heap
+        by_end = self._by_end
+        complete = self._complete_above < low_ms
+        rows: list[tuple[Session, Any]] = []
+        views = self._views
+        floors = self._floors
+        dirty = self._dirty
+        encode = keyschema.encode_key
+        closed_rows = self._closed_rows
+        while heap and heap[0] <= upto_ms:
+            end = heapq.heappop(heap)
+            bucket = by_end.pop(end)
+            if not complete or end < low_ms:
+                continue
+            found = []
+            for key, start in bucket:
+                view = views.get(key)
+                if view is None:
+                    continue
+                cached = view.pop((start, end), None)
+                if cached is None:
+                    continue  # merged away, or a second index entry of the same session
+                session = _new_session((key, start, end))
+                value = dirty.pop(session, _CLEAN)
+                if floors[key] < upto_ms:
+                    floors[key] = upto_ms
+                if value is _CLEAN:
+                    self._size -= 1  # already in the wrapped store: it just leaves the view
+                    found.append((session, cached[0], False))
+                else:
+                    found.append((session, value, True))
+            if len(found) > 1:
+                found.sort(key=lambda row: (encode(row[0].key), row[0].start))
+            for session, value, changed in found:
+                rows.append((session, value))
+                if changed:
+                    closed_rows.append((session, value))
+        return rows if complete else None
 
     # -- the engine's view ------------------------------------------------------------------
 
@@ -80,6 +186,11 @@ class CachingSessionStore:
             self._flush_key(key)  # older sessions wanted than held: reload from the store
             self._size -= len(self._views.pop(key))
             del self._floors[key]
+        elif floor_ms >= self._complete_above:
+            view = {}  # complete: the wrapped store holds nothing of this key above the floor
+            self._views[key] = view
+            self._floors[key] = floor_ms
+            return view
         low = floor_ms + 1 if floor_ms < INT64_MAX else INT64_MAX
         view = {(s.start, s.end): [value, True]
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
@@ -87,6 +198,9 @@ class CachingSessionStore:
             return view  # not kept: writes of this key go straight through
         if self._size + len(view) > self.max_sessions:
             self.evict()
+        if self._index_ends:
+            for start, end in view:
+                self._index(key, start, end)
         self._views[key] = view
         self._floors[key] = floor_ms
         self._size += len(view)
@@ -106,11 +220,13 @@ class CachingSessionStore:
             if Session(key, bounds[0], bounds[1]) not in dirty:
                 self._size -= 1
         self._floors[key] = floor_ms
+        if floor_ms > self._complete_above:
+            self._complete_above = floor_ms  # the cache no longer holds what it forgot
 
     @property
     def dirty_count(self) -> int:
         """Changes not yet written to the wrapped store."""
-        return len(self._dirty)
+        return len(self._dirty) + len(self._closed_rows)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -121,20 +237,82 @@ class CachingSessionStore:
         if view is None:
             self._dirty[session] = value
             self._flush_one(session)
+            if self._index_ends:  # the store holds a session no view does
+                self._index(session.key, session.start, session.end)
+                self._reset_completeness()
             return True
         bounds = (session.start, session.end)
         cached = view.get(bounds)
         if cached is None:
             view[bounds] = [value, False]
             self._size += 1
+            if self._index_ends:
+                self._index(session.key, session.start, session.end)
         else:
             cached[0] = value
         if session not in self._dirty:
             self._track(session)
         self._dirty[session] = value
         if self._size > self.max_sessions:
-            self.evict()
+            if self._closed_rows:  # first write what closed; it leaves the cache then
+                self._write_closed(None)
+            if self._size > self.max_sessions:
+                self.evict()
         return True
+
+    @property
+    def held_keys(self) -> Mapping[Any, Any]:
+        """The keys whose sessions the cache holds (read only; a live view that stays the same
+        object for the cache's life)."""
+        return self._views
+
+    def put_merged(self, key: Any, view: Mapping[tuple[int, int], list[Any]],
+                   joined: Sequence[tuple[int, int]], session: Session, value: Any) -> None:
+        """:meth:`remove` each of ``joined`` (bounds of ``key``'s sessions, from ``view``, the
+        mapping :meth:`sessions_of` returned) other than the bounds of ``session``, then
+        :meth:`put` ``session``: one event's merge, in one call."""
+        held = self._views.get(key)
+        if held is None or held is not view:  # not kept (max_sessions=0) or since evicted
+            for b in joined:
+                if b != (session[1], session[2]):
+                    self.remove(_new_session((key, b[0], b[1])))
+            self.put(session, value)
+            return
+        dirty = self._dirty
+        bounds = (session[1], session[2])
+        for b in joined:
+            if b != bounds:
+                gone = held.pop(b)
+                self._size -= 1
+                old = _new_session((key, b[0], b[1]))
+                if gone[1]:
+                    if old not in dirty:
+                        self._track(old)
+                    dirty[old] = _TOMBSTONE
+                else:
+                    dirty.pop(old, None)  # never written: nothing to undo downstream
+        cached = held.get(bounds)
+        if cached is None:
+            held[bounds] = [value, False]
+            self._size += 1
+            if self._index_ends:
+                end = bounds[1]
+                bucket = self._by_end.get(end)
+                if bucket is None:
+                    self._by_end[end] = [(key, bounds[0])]
+                    heapq.heappush(self._end_heap, end)
+                else:
+                    bucket.append((key, bounds[0]))
+        else:
+            cached[0] = value
+        if session not in dirty:
+            self._track(session)
+        dirty[session] = value
+        if self._size > self.max_sessions:
+            if self._closed_rows:  # first write what closed; it leaves the cache then
+                self._write_closed(None)
+            if self._size > self.max_sessions:
+                self.evict()
 
     def remove(self, session: Session) -> None:
         """Remove ``session``; the removal reaches the wrapped store (and ``forward``) on flush,
@@ -160,7 +338,10 @@ class CachingSessionStore:
         """Bulk write straight to the wrapped store (its ``put_many``), after writing and
         forgetting everything cached, so that no cached view goes stale."""
         self.evict()
-        return self.wrapped.put_many(keys, starts_ms, ends_ms, values, key_index=key_index)
+        try:
+            return self.wrapped.put_many(keys, starts_ms, ends_ms, values, key_index=key_index)
+        finally:
+            self._reset_completeness()  # the store now holds sessions the cache does not
 
     def remove_many(self, keys: Any, starts_ms: Any, ends_ms: Any, *,
                     key_index: Any = None) -> None:
@@ -171,7 +352,7 @@ class CachingSessionStore:
     @property
     def holds_nothing(self) -> bool:
         """True when nothing is cached: the wrapped store alone answers every query."""
-        return not self._views and not self._dirty
+        return not self._views and not self._dirty and not self._closed_rows
 
     def _track(self, session: Session) -> None:
         self._seq += 1
@@ -181,15 +362,23 @@ class CachingSessionStore:
         """Write (and forward) the changes of sessions ending at or before ``upto_end_ms``
         (all, by default), in (end, key bytes, start) order."""
         pending = self._pending
+        dirty = self._dirty
         batch: list[Session] = []
         if upto_end_ms is None:
-            batch = [s for _, _, s in pending]
+            batch = list(dirty)
             pending.clear()
         else:
             while pending and pending[0][0] <= upto_end_ms:
                 batch.append(heapq.heappop(pending)[2])
+            batch = [s for s in batch if s in dirty]
+        if self._closed_rows:
+            self._write_closed(max((s.end for s in batch if dirty[s] is not _TOMBSTONE),
+                                   default=None))
+        self._write_batch(batch)
+
+    def _write_batch(self, batch: list[Session]) -> None:
+        """Write dirty sessions, in (end, key bytes, start) order."""
         encode = keyschema.encode_key
-        batch = [s for s in batch if s in self._dirty]
         batch.sort(key=lambda s: (s.end, encode(s.key), s.start))
         if self._bulk and len(batch) >= _BULK_FLUSH_MIN and self.forward is None:
             self._flush_bulk(batch)
@@ -202,6 +391,41 @@ class CachingSessionStore:
                     if rest in self._dirty:
                         self._track(rest)
                 raise
+
+    def _write_closed(self, next_end_ms: int | None) -> None:
+        """Write the sessions :meth:`take_closed` handed out (already in store order), ahead of
+        a flush whose largest written end is ``next_end_ms`` (None: nothing else).
+
+        They were emitted, so those ending below the expiry boundary this flush reaches are
+        left out: written earlier, expiry would have dropped them by now, and a put would only
+        be refused and counted as a dropped write (as the batch path does with the sessions
+        that open and close inside one batch). A failure keeps them all for a retry.
+        """
+        rows = self._closed_rows
+        if not rows:
+            return
+        top = rows[-1][0].end
+        boundary = self.wrapped.expiry_boundary_ms(
+            top if next_end_ms is None or next_end_ms < top else next_end_ms)
+        first = 0
+        if boundary is not None and rows[0][0].end < boundary:
+            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0].end)
+        live = rows[first:] if first else rows
+        if live:
+            if self._bulk and len(live) >= _BULK_FLUSH_MIN:
+                self.wrapped.put_many([r[0][0] for r in live], [r[0][1] for r in live],
+                                      [r[0][2] for r in live], [r[1] for r in live])
+            else:
+                put = self.wrapped.put
+                for index, (session, value) in enumerate(live):
+                    try:
+                        put(session, value)
+                    except BaseException:
+                        self._size -= first + index
+                        del rows[:first + index]
+                        raise
+        self._size -= len(rows)
+        rows.clear()
 
     def _flush_bulk(self, batch: list[Session]) -> None:
         """Write ``batch`` (dirty sessions in flush order) with the wrapped store's bulk calls:
@@ -257,6 +481,8 @@ class CachingSessionStore:
             forward(session, value, old)
 
     def _flush_key(self, key: Any) -> None:
+        if self._closed_rows:
+            self._write_closed(None)
         for session in [s for s in self._dirty if s.key == key]:
             self._flush_one(session)
 
@@ -266,10 +492,13 @@ class CachingSessionStore:
         self._views.clear()
         self._floors.clear()
         self._size = 0
+        self._reset_completeness()
 
     # -- reads ------------------------------------------------------------------------------
 
     def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
+        if self._closed_rows:
+            self._write_closed(None)
         session = Session(key, start_ms, end_ms)
         if session in self._dirty:
             value = self._dirty[session]
@@ -318,7 +547,11 @@ class CachingSessionStore:
         self._dirty.clear()
         self._pending.clear()
         self._size = 0
+        self._closed_rows.clear()
+        self._by_end.clear()
+        self._end_heap.clear()
         self.wrapped.abort()
+        self._reset_completeness(exact=True)
 
     def close(self) -> None:
         self.wrapped.close()
