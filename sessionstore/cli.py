@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -154,6 +156,22 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
     return removed
 
 
+def _port_error(port: int, exc: OSError) -> CliError:
+    return CliError(f"--metrics-port {port}: cannot serve metrics on 127.0.0.1:{port}: "
+                    f"{first_line(exc)}")
+
+
+def _check_port(port: int) -> None:
+    """Refuse a ``--metrics-port`` that cannot be bound, before anything is opened or written
+    (the server itself starts with the run, once the metrics exist)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server does
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise _port_error(port, exc) from None
+
+
 def _terminate(signum: int, frame: Any) -> None:
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that ``finally`` blocks clean up
     raise SystemExit(128 + signum)
@@ -233,8 +251,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     lateness = _duration(args.max_out_of_order, "--max-out-of-order")
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
-    if args.commit_every < 1 or args.batch_rows < 1:
-        raise CliError("--commit-every and --batch-rows must be >= 1")
+    for flag, value in (("--commit-every", args.commit_every), ("--batch-rows", args.batch_rows)):
+        if value < 1:
+            raise CliError(f"{flag} must be >= 1, got {value}")
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise CliError(f"--metrics-port must be a TCP port in 1..65535, got {args.metrics_port}")
+    if args.summary_png is not None and not args.summary:
+        raise CliError("--summary-png names where --summary writes its histogram: add --summary")
     try:
         specs = aggspec.parse_specs(args.agg)
     except ValueError as exc:
@@ -268,6 +291,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     out_path = Path(args.out).resolve()
     temp: Path | None = None
     state = args.state
+    if args.metrics_port is not None:
+        _check_port(args.metrics_port)  # before the state or the output is touched
     if state is None:
         sweep_stale_temp_states()
         temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
@@ -382,10 +407,18 @@ class _Run:
         ``process_table`` as Arrow arrays. A batch the columnar path cannot take (nulls in an
         aggregated column, decimals) goes to ``process_batch`` row by row instead, counted in
         ``cli-row-path-batches-total``; both give the same sessions."""
-        times = time_column_ms(batch, self.args.time)
+        times = time_column_ms(batch, self.args.time, self.seen)
         self.floored += times.floored
         if len(times.millis):
             latest = pc.max(times.millis).as_py()
+            limit = self.engine.config.max_timestamp_ms
+            if self.args.gap_column is None and latest > limit:
+                # the engine would name the row within this batch and its own argument names
+                row = int(np.argmax(times.millis.to_numpy() > limit))
+                raise CliError(f"input row {self.seen + row}: {self.args.time} = "
+                               f"{times.millis[row].as_py()} is too late: its session end plus "
+                               f"--grace would pass the largest int64 time ({INT64_MAX}); the "
+                               f"latest time allowed with this --gap and --grace is {limit}")
             self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
                                                                            latest)
         gap = self.args.gap_column
@@ -407,9 +440,13 @@ class _Run:
         seen = offset
         since_commit = 0
         started = time.perf_counter()
+        server = None
+        if args.metrics_port is not None:
+            try:
+                server = serve_metrics(self.snapshot, args.metrics_port)
+            except OSError as exc:
+                raise _port_error(args.metrics_port, exc) from None
         progress = _progress(args.progress, "events")
-        server = serve_metrics(self.snapshot, args.metrics_port) \
-            if args.metrics_port is not None else None
         try:
             columns = list(dict.fromkeys([*self.keys, args.time, *self.value_columns,
                                           *([args.gap_column] if args.gap_column else [])]))
@@ -419,6 +456,8 @@ class _Run:
                 self.seen = seen
                 try:
                     self.feed(batch)
+                except CliError:
+                    raise  # names its row already
                 except (TypeError, ValueError) as exc:
                     raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: "
                                    f"{exc}") from None
@@ -477,6 +516,8 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.sample < 0:
+        raise CliError(f"--sample must be >= 0, got {args.sample}")
     path = Path(args.state)
     if not (path / "checkpoints").is_dir():
         raise CliError(f"{str(path)!r} is not a sessionstore state directory (no checkpoints/)")
@@ -508,6 +549,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.events < 1:
+        raise CliError(f"--events must be >= 1, got {args.events}")
     from .sample import bid_stream
 
     bidders, times = bid_stream(args.events)
@@ -598,21 +641,50 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print versions, committed metadata, segments with their "
                                    "time ranges and counts, and sample sessions, as JSON.")
     i.add_argument("state", help="state directory written by sessionize --state")
-    i.add_argument("--sample", type=int, default=3, help="sample sessions per segment")
+    i.add_argument("--sample", type=int, default=3,
+                   help="sample sessions shown per segment (default 3)")
     i.set_defaults(func=cmd_inspect)
 
     b = sub.add_parser("bench", help="run the standalone Nexmark q11 benchmark",
                        description="Count bids per bidder in 10 s sessions on RocksDB and "
                                    "report events/s (the full harness is benchmarks/).")
-    b.add_argument("--events", type=int, default=1_000_000)
-    b.add_argument("--path", choices=["process", "process_batch", "both"], default="both")
+    b.add_argument("--events", type=int, default=1_000_000,
+                   help="how many bids to generate and sessionize (default 1000000)")
+    b.add_argument("--path", choices=["process", "process_batch", "both"], default="both",
+                   help="measure the event-at-a-time path, the batch path, or both (default)")
     b.set_defaults(func=cmd_bench)
     return parser
 
 
+#: Options whose value is a duration: a negative one ("-5m") must reach the duration check,
+#: which names the flag, rather than argparse, which takes it for an option.
+_DURATION_FLAGS = ("--gap", "--grace", "--max-out-of-order", "--max-gap", "--max-duration")
+_NEGATIVE_VALUE = re.compile(r"-[0-9.]")
+
+
+def _attach_negative_durations(argv: Sequence[str]) -> list[str]:
+    """``--gap -5m`` as ``--gap=-5m``, so that the flag's own check reports the bad value."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if (token in _DURATION_FLAGS and i + 1 < len(items)
+                and _NEGATIVE_VALUE.match(items[i + 1])):
+            out.append(f"{token}={items[i + 1]}")
+            i += 2
+            continue
+        if token == "--":
+            out.extend(items[i:])
+            break
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_negative_durations(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     previous: dict[signal.Signals, Any] = {}

@@ -14,11 +14,13 @@ directory, before the caller commits the state that records it.
 
 from __future__ import annotations
 
+import base64
 import csv
 import glob
 import hashlib
 import io
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -360,22 +362,27 @@ class TimeColumn:
     floored: int
 
 
-def time_column_ms(batch: pa.RecordBatch, name: str) -> TimeColumn:
+def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0) -> TimeColumn:
     """Event times as int64 milliseconds.
 
     Integers are taken as ms. Timestamps of any unit, and ISO-8601 strings, are converted;
     finer than ms (µs, ns), they are floored to the millisecond they fall in (towards the past,
     also before 1970), and the count of such rows is returned.
 
+    Args:
+        first_row: the input row number of the batch's first row, for error messages.
+
     Raises:
-        InputError: a missing column, nulls, or another type.
+        InputError: a missing column, a null (naming its input row), or another type.
     """
     index = batch.schema.get_field_index(name)
     if index < 0:
         raise InputError(f"input has no column {name!r} (columns: {batch.schema.names})")
     values = batch.column(index)
     if values.null_count:
-        raise InputError(f"time column {name!r} holds nulls")
+        row = _first(values.is_null())
+        raise InputError(f"time column {name!r} is null at input row {first_row + row}: every "
+                         f"event needs a time")
     kind = values.type
     try:
         if pa.types.is_integer(kind):
@@ -698,10 +705,12 @@ class SessionWriter:
             self.rows_written += rows
             return
         records = table.to_pylist() if table is not None and rows else []
+        if records and _needs_text_codec(table.schema):  # type: ignore[union-attr]
+            records = [{k: _text_safe(v) for k, v in r.items()} for r in records]
         buffer = io.StringIO()
         if self.format == "jsonl":
             for record in records:
-                buffer.write(json.dumps(record, default=str) + "\n")
+                buffer.write(json.dumps(record, default=str, allow_nan=False) + "\n")
         else:
             writer = csv.DictWriter(buffer, fieldnames=self.fields)
             if self.size == 0:
@@ -732,4 +741,34 @@ def _as_type(column: pa.Array, data_type: pa.DataType) -> pa.Array:
 
 
 def _csv_cell(value: Any) -> Any:
-    return json.dumps(value) if isinstance(value, list | dict) else value
+    if isinstance(value, list | dict):
+        return json.dumps(value, default=str, allow_nan=False)
+    return value
+
+
+def _needs_text_codec(schema: pa.Schema) -> bool:
+    """Whether rows of ``schema`` may hold values JSON has no form for: bytes and floats (NaN
+    and the infinities), also inside lists and structs."""
+    def needs(t: pa.DataType) -> bool:
+        if (pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                or pa.types.is_fixed_size_binary(t) or pa.types.is_floating(t)):
+            return True
+        return any(needs(t.field(i).type) for i in range(t.num_fields))
+
+    return any(needs(f.type) for f in schema)
+
+
+def _text_safe(value: Any) -> Any:
+    """``value`` as the JSON Lines and CSV outputs write it, the way Spark's JSON writer does:
+    bytes as base64 text (``str(bytes)`` would make ``b"a"`` and the string ``"b'a'"`` one
+    key), and NaN and the infinities as the strings ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` (bare, they are not JSON)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, list):
+        return [_text_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _text_safe(v) for k, v in value.items()}
+    return value
