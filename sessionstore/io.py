@@ -705,8 +705,11 @@ class SessionWriter:
             self.rows_written += rows
             return
         records = table.to_pylist() if table is not None and rows else []
-        if records and _needs_text_codec(table.schema):  # type: ignore[union-attr]
-            records = [{k: _text_safe(v) for k, v in r.items()} for r in records]
+        recode = _text_codec_columns(table) if records else []
+        if recode:
+            for record in records:
+                for name in recode:
+                    record[name] = _text_safe(record[name])
         buffer = io.StringIO()
         if self.format == "jsonl":
             for record in records:
@@ -746,16 +749,26 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
-def _needs_text_codec(schema: pa.Schema) -> bool:
-    """Whether rows of ``schema`` may hold values JSON has no form for: bytes and floats (NaN
-    and the infinities), also inside lists and structs."""
-    def needs(t: pa.DataType) -> bool:
+def _text_codec_columns(table: pa.Table) -> list[str]:
+    """The columns of ``table`` holding values JSON has no form for, which :func:`_text_safe`
+    must rewrite: bytes anywhere, and NaN or an infinity (a float column is checked in Arrow,
+    so that finite floats cost nothing; floats nested in lists or structs are always
+    rewritten)."""
+    def nested(t: pa.DataType) -> bool:
         if (pa.types.is_binary(t) or pa.types.is_large_binary(t)
                 or pa.types.is_fixed_size_binary(t) or pa.types.is_floating(t)):
             return True
-        return any(needs(t.field(i).type) for i in range(t.num_fields))
+        return any(nested(t.field(i).type) for i in range(t.num_fields))
 
-    return any(needs(f.type) for f in schema)
+    names = []
+    for field_, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_floating(field_.type):
+            finite = pc.is_finite(column)
+            if not pc.all(pc.fill_null(finite, True)).as_py():
+                names.append(field_.name)
+        elif nested(field_.type):
+            names.append(field_.name)
+    return names
 
 
 def _text_safe(value: Any) -> Any:
