@@ -90,7 +90,8 @@ class InputSource:
 
     Attributes:
         spec: the input as the user gave it.
-        files: the data files, in the order they are read (sorted paths).
+        files: the data files, sorted by path; the dataset reads them in this order, except
+            the blank text files, which hold no rows (see :func:`open_input`).
         format: ``jsonl``, ``csv`` or ``parquet``.
         root: the directory partition values are relative to (a directory input), else None.
         dataset: the ``pyarrow.dataset`` over ``files``.
@@ -144,17 +145,26 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         key_type: a name in :data:`KEY_TYPES`: the key columns are read as, or cast to, it in
             every format.
 
+    Text files (JSON Lines, CSV) that hold nothing but whitespace hold no rows: Spark and Hadoop
+    write such files for empty partitions. They stay part of the input (its identity, the path
+    checks) but are not read; an input made only of them is refused.
+
     Raises:
-        InputError: no such input, mixed or unknown formats, unreadable files, or a JSON file
-            nested deeper than :data:`MAX_JSON_DEPTH`.
+        InputError: no such input, mixed or unknown formats, unreadable files, a JSON file
+            nested deeper than :data:`MAX_JSON_DEPTH`, or no file with any content.
     """
     import pyarrow.dataset as ds
 
-    files, root = resolve_files(spec)
-    formats = {file_format(f, "input") for f in files}
+    all_files, root = resolve_files(spec)
+    formats = {file_format(f, "input") for f in all_files}
     if len(formats) > 1:
         raise InputError(f"input {spec!r} mixes formats {sorted(formats)}; give one format")
     fmt = formats.pop()
+    files = [f for f in all_files if fmt == "parquet" or not _blank_text_file(f)]
+    if not files:
+        raise InputError(f"input {spec!r} holds no rows: "
+                         f"{'its file is' if len(all_files) == 1 else 'every file is'} empty "
+                         f"(or only whitespace)")
     key_arrow = KEY_TYPES[key_type] if key_type is not None else pa.string()
     if fmt == "parquet":
         file_format_obj: ds.FileFormat = ds.ParquetFileFormat()
@@ -185,7 +195,16 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
                              partition_base_dir=str(root) if root is not None else None)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise _read_error(spec, fmt, exc) from None
-    return InputSource(spec, files, fmt, root, dataset, partition_columns)
+    return InputSource(spec, all_files, fmt, root, dataset, partition_columns)
+
+
+def _blank_text_file(path: Path, limit: int = 1 << 16) -> bool:
+    """True for a text file of at most ``limit`` bytes holding only ASCII whitespace."""
+    size = path.stat().st_size
+    if size > limit:
+        return False
+    with open(path, "rb") as handle:
+        return not handle.read(limit + 1).strip()
 
 
 def iter_batches(source: InputSource, columns: Sequence[str], *, skip_rows: int = 0,

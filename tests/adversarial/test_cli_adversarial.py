@@ -254,3 +254,47 @@ def test_a_text_key_that_looks_like_bytes_is_not_confused_with_bytes(tmp_path, c
     from_binary = json.loads((tmp_path / "b.jsonl").read_text())["user"]
     assert from_text == "b'a'" and base64.b64decode(from_binary) == b"a"
     assert from_text != from_binary
+
+
+# -- inputs with empty files ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_empty_part_files_as_spark_writes_them_hold_no_rows(tmp_path, capsys, suffix):
+    # Spark and Hadoop write a 0-byte part file for every empty partition; a directory of such
+    # output must sessionize as if those files were absent
+    rows = [{"user": "a", "ts": 0}, {"user": "a", "ts": 30_000}, {"user": "b", "ts": 5}]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    full.mkdir()
+    parts.mkdir()
+
+    def write(path: Path, chunk: list[dict]) -> None:
+        if suffix == ".jsonl":
+            write_jsonl(path, chunk)
+        else:
+            path.write_text("user,ts\n" + "".join(f"{r['user']},{r['ts']}\n" for r in chunk))
+
+    write(full / f"part-00000{suffix}", rows)
+    (parts / f"part-00000{suffix}").write_bytes(b"")
+    write(parts / f"part-00001{suffix}", rows[:2])
+    (parts / f"part-00002{suffix}").write_bytes(b"\n  \n")
+    write(parts / f"part-00003{suffix}", rows[2:])
+    outputs = []
+    for source in (full, parts):
+        out = tmp_path / f"{source.name}.jsonl"
+        assert main(sessionize(source, out, "--gap", "1m")) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["events_in"] == len(rows)
+        outputs.append(sorted(out.read_text().splitlines()))
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2
+
+
+def test_an_input_of_only_empty_files_is_refused_naming_it(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_bytes(b"")
+    (tmp_path / "d" / "b.jsonl").write_bytes(b" \n")
+    refused(capsys, sessionize(tmp_path / "d", tmp_path / "o.jsonl"), "holds no rows",
+            "every file is empty")
+    single = tmp_path / "e.csv"
+    single.write_bytes(b"")
+    refused(capsys, sessionize(single, tmp_path / "o.jsonl"), repr(str(single)), "holds no rows")
