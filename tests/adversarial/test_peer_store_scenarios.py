@@ -171,3 +171,39 @@ def test_kafka_late_record_is_dropped_and_counted(grace):
     out += e.advance_watermark(1_000)
     assert sorted((x.session.key, x.session.start, x.value) for x in out) == [
         ("OnTime1", 0, 1), ("OnTime2", 0, 1), ("dummy", 0, 3)]
+
+
+# -- Flink WindowOperatorTest, session windows with allowed lateness -------------------------------
+
+FLINK_STEPS: list[Any] = [1000, ("W", 1999), 2000, ("W", 4998), 4500, 8500, ("W", 7400), 7000,
+                          ("W", 11501), 11600, ("W", 14600), 10000, 14500, ("W", 20000),
+                          ("W", 100000)]
+
+
+@pytest.mark.parametrize(("lateness", "expected"), [
+    # testDropDueToLatenessSessionZeroLateness: 10000 is dropped; 14500 cannot join the fired
+    # and purged [11600, 14600) and forms a session of its own
+    (0, [(1000, 11500, 5), (11600, 14600, 1), (14500, 17500, 1)]),
+    # testDropDueToLatenessSessionWithHugeLateness: 10000 bridges both fired sessions, the
+    # merged window is behind the watermark and fires at once; 14500 extends it
+    (10_000, [(1000, 11500, 5), (11600, 14600, 1), (1000, 14600, 7), (1000, 17500, 8)]),
+])
+def test_flink_session_lateness_with_an_accumulating_event_time_trigger(lateness, expected):
+    # Flink's EventTimeTrigger fires at the watermark and on every element of a window already
+    # behind it: AfterWatermark(late=AfterCount(1)), accumulating. Flink's watermark Wf means
+    # "every time <= Wf was seen" and fires [s, e) at Wf >= e - 1; ours fires it at W >= e, so
+    # W = Wf + 1; allowed lateness is grace.
+    from sessionstore import AccumulationMode, AfterCount, AfterWatermark, ManualClock
+
+    windows = SessionWindows(3000, grace_ms=lateness)
+    e = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms), windows,
+                          aggregations.count(), watermark="external", clock=ManualClock(0),
+                          trigger=AfterWatermark(late=AfterCount(1)),
+                          accumulation=AccumulationMode.ACCUMULATING)
+    out = []
+    for step in FLINK_STEPS:
+        if isinstance(step, tuple):
+            out += e.advance_watermark(step[1] + 1)
+        else:
+            out += e.process("key2", 1, step)
+    assert [(x.session.start, x.session.end, x.value) for x in out] == expected
