@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,11 +73,56 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+_JSON_TYPE_CHANGE = re.compile(r"Column\((/[^)]*)\) changed from (\w+) to (\w+) in row \d+")
+
+
 def _read_error(path: str, fmt: str, exc: BaseException) -> InputError:
     text = first_line(exc)
     if "invalid UTF8" in text:
         text += " (keys are read as UTF-8 text: --key-type binary reads them as raw bytes)"
+    change = _JSON_TYPE_CHANGE.search(text) if fmt == "jsonl" else None
+    if change is not None and Path(path).is_file():
+        # Arrow counts that row from the start of its block, not of the file: name the line
+        line = _json_type_change_line(Path(path), change.group(1))
+        if line is not None:
+            return InputError(f"cannot read {path!r} as {fmt}: line {line}: "
+                              f"{change.group(1)[1:]!r} changed from {change.group(2)} to "
+                              f"{change.group(3)}; a column must hold one JSON type")
     return InputError(f"cannot read {path!r} as {fmt}: {text}")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")
+
+
+def _json_type_change_line(path: Path, pointer: str) -> int | None:
+    """The 1-based line of ``path`` where the JSON value at ``pointer`` (``/a/b``) first takes
+    another type than on the lines before it (nulls and missing values aside); None if none
+    does. Runs on the error path only."""
+    parts = pointer.strip("/").split("/")
+    first: str | None = None
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                return None  # another error than a type change: keep Arrow's message
+            for part in parts:
+                value = value.get(part) if isinstance(value, dict) else None
+            kind = _json_kind(value)
+            if kind == "null":
+                continue
+            if first is None:
+                first = kind
+            elif kind != first:
+                return number
+    return None
 
 
 def _hidden(relative: Path) -> bool:
