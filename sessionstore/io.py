@@ -664,7 +664,9 @@ class SessionWriter:
             that count is 0 (a sum of nothing but nulls is null, as in Spark).
 
     Raises:
-        InputError: the output was shortened or changed outside sessionstore since the commit.
+        InputError: the output was shortened or changed outside sessionstore since the commit
+            (a JSON Lines or CSV file shorter than committed; a committed Parquet part missing
+            or of another size).
     """
 
     def __init__(self, path: str | os.PathLike[str], key_names: Sequence[str],
@@ -683,6 +685,11 @@ class SessionWriter:
         self.rows_written = 0
         if self.format == "parquet":
             self.parts = 0 if position is None else int(position["parts"])
+            # sizes of the committed parts (positions committed before they were recorded
+            # have none: those parts are only checked to exist)
+            sizes = None if position is None else position.get("part_bytes")
+            self.part_bytes: list[int] = [] if sizes is None else [int(b) for b in sizes]
+            self._check_parts(sizes is not None)
             self.path.mkdir(parents=True, exist_ok=True)
             for part in self.path.glob("part-*.parquet"):
                 if int(part.stem.split("-")[1]) >= self.parts:
@@ -704,6 +711,19 @@ class SessionWriter:
                 os.fsync(handle.fileno())
             fsync_dir(self.path.parent)
             self.size = size
+
+    def _check_parts(self, sized: bool) -> None:
+        """Refuse to resume when a committed Parquet part is gone or resized: its sessions
+        would be missing from the output, and the resumed run would not write them again."""
+        for index in range(self.parts):
+            part = self.path / f"part-{index:06d}.parquet"
+            if not part.is_file():
+                raise InputError(f"output {str(self.path)!r}: the committed part {part.name} is "
+                                 f"missing: it was changed outside sessionstore")
+            if sized and part.stat().st_size != self.part_bytes[index]:
+                raise InputError(f"output {str(self.path)!r}: the committed part {part.name} is "
+                                 f"{part.stat().st_size} bytes, {self.part_bytes[index]} were "
+                                 f"committed: it was changed outside sessionstore")
 
     def _table(self, emits: Sequence[Emit]) -> pa.Table:
         columns: dict[str, list[Any]] = {name: [] for name in self.fields}
@@ -771,6 +791,7 @@ class SessionWriter:
                 os.replace(temporary, self.path / name)
                 fsync_dir(self.path)
                 self.parts += 1
+                self.part_bytes.append((self.path / name).stat().st_size)
             self.rows_written += rows
             return
         records = table.to_pylist() if table is not None and rows else []
@@ -799,7 +820,7 @@ class SessionWriter:
     def position(self) -> dict[str, Any]:
         """What to commit with the state so that a resumed run continues here."""
         if self.format == "parquet":
-            return {"format": "parquet", "parts": self.parts}
+            return {"format": "parquet", "parts": self.parts, "part_bytes": list(self.part_bytes)}
         return {"format": self.format, "bytes": self.size}
 
 

@@ -50,6 +50,11 @@ def tree(path: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
+def committed(state: Path) -> dict[str, bytes]:
+    """What a state directory has committed (live/ is rebuilt from it on every open)."""
+    return {name: data for name, data in tree(state).items() if not name.startswith("live/")}
+
+
 # -- --help and the flags' own checks -----------------------------------------------------------
 
 
@@ -312,3 +317,36 @@ def test_a_json_type_change_names_the_file_line_not_arrows_block_row(tmp_path, c
     assert source.stat().st_size > 4 << 20  # the change lies past the first block
     refused(capsys, sessionize(source, tmp_path / "o.jsonl"), repr(str(source)),
             "line 40002: 'user' changed from string to number")
+
+
+# -- outputs changed between a commit and a resume ------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_a_committed_parquet_part_changed_before_a_resume_is_refused(tmp_path, capsys, damage):
+    # a JSON Lines output shorter than committed was refused, but a Parquet output with a
+    # committed part deleted or cut resumed "successfully" with its sessions lost
+    rows = [{"user": f"u{i % 7}", "ts": i * 1000} for i in range(3000)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, state = tmp_path / "o.parquet", tmp_path / "state"
+    argv = sessionize(source, out, "--gap", "500ms", "--state", str(state), "--commit-every",
+                      "500", "--batch-rows", "500")
+    assert main(argv) == 0
+    capsys.readouterr()
+    intact = pq.read_table(out).num_rows
+    assert intact == len(rows)  # every event is a session of its own
+    part = out / "part-000001.parquet"
+    kept = part.read_bytes()
+    if damage == "delete":
+        part.unlink()
+    else:
+        part.write_bytes(kept[:100])
+    before_out, before_state = tree(out), committed(state)
+    refused(capsys, argv, repr(str(out)), "part-000001.parquet",
+            "missing" if damage == "delete" else "100 bytes")
+    assert tree(out) == before_out
+    assert committed(state) == before_state
+    # put back, the same resume goes through and writes nothing twice
+    part.write_bytes(kept)
+    assert main(argv) == 0
+    assert pq.read_table(out).num_rows == intact
