@@ -265,6 +265,9 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     keys = [k.strip() for k in args.key.split(",") if k.strip()]
     if not keys:
         raise CliError(f"--key {args.key!r} names no column")
+    twice = [k for i, k in enumerate(keys) if k in keys[:i]]
+    if twice:
+        raise CliError(f"--key {args.key!r} names the column {twice[0]!r} twice")
     counts = [s.name for s in specs if s.kind == "count"]
     if args.summary and not counts:
         raise CliError("--summary counts events per session: add an aggregation NAME=count")

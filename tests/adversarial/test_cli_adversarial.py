@@ -350,3 +350,11 @@ def test_a_committed_parquet_part_changed_before_a_resume_is_refused(tmp_path, c
     part.write_bytes(kept)
     assert main(argv) == 0
     assert pq.read_table(out).num_rows == intact
+
+
+def test_a_key_column_named_twice_is_refused_by_key(tmp_path, capsys):
+    # it failed deep in the writer: "Column 2 named session_start_ms expected length 4 ..."
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    argv = sessionize(source, tmp_path / "o.jsonl")
+    argv[argv.index("--key") + 1] = "user, user"
+    refused(capsys, argv, "--key 'user, user' names the column 'user' twice")
