@@ -73,21 +73,22 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-_JSON_TYPE_CHANGE = re.compile(r"Column\((/[^)]*)\) changed from (\w+) to (\w+) in row \d+")
+_JSON_TYPE_CHANGE = re.compile(r"Column\((/[^)]*)\) changed from (\w+) to (\w+)")
+_JSON_ROW = re.compile(r" in row \d+$")
 
 
 def _read_error(path: str, fmt: str, exc: BaseException) -> InputError:
     text = first_line(exc)
     if "invalid UTF8" in text:
         text += " (keys are read as UTF-8 text: --key-type binary reads them as raw bytes)"
-    change = _JSON_TYPE_CHANGE.search(text) if fmt == "jsonl" else None
-    if change is not None and Path(path).is_file():
-        # Arrow counts that row from the start of its block, not of the file: name the line
-        line = _json_type_change_line(Path(path), change.group(1))
-        if line is not None:
-            return InputError(f"cannot read {path!r} as {fmt}: line {line}: "
-                              f"{change.group(1)[1:]!r} changed from {change.group(2)} to "
-                              f"{change.group(3)}; a column must hold one JSON type")
+    if fmt == "jsonl" and _JSON_ROW.search(text) and Path(path).is_file():
+        # Arrow counts that row from the start of its 4 MiB block, not of the file: find the
+        # line (on the error path only: the file is scanned once more, in Python)
+        change = _JSON_TYPE_CHANGE.search(text)
+        found = _json_problem_line(Path(path), change.group(1) if change else None)
+        if found is not None:
+            return InputError(f"cannot read {path!r} as {fmt}: line {found[0]}: {found[1]}")
+        text = _JSON_ROW.sub(" (a row of one of the file's 4 MiB blocks)", text)
     return InputError(f"cannot read {path!r} as {fmt}: {text}")
 
 
@@ -103,20 +104,26 @@ def _json_kind(value: Any) -> str:
     return "object" if isinstance(value, dict) else "null"
 
 
-def _json_type_change_line(path: Path, pointer: str) -> int | None:
-    """The 1-based line of ``path`` where the JSON value at ``pointer`` (``/a/b``) first takes
-    another type than on the lines before it (nulls and missing values aside); None if none
-    does. Runs on the error path only."""
-    parts = pointer.strip("/").split("/")
+def _json_problem_line(path: Path, pointer: str | None) -> tuple[int, str] | None:
+    """The first 1-based line of a JSON Lines file that is not a JSON object, or where the value
+    at ``pointer`` (``/a/b``) takes another JSON type than on the lines before it (nulls and
+    missing values aside), with what is wrong; None when no line is."""
+    parts = [p for p in (pointer or "").strip("/").split("/") if p]
     first: str | None = None
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
             try:
-                value: Any = json.loads(raw)
-            except ValueError:
-                return None  # another error than a type change: keep Arrow's message
+                value: Any = json.loads(raw.rstrip(b"\r\n"))
+            except json.JSONDecodeError as exc:
+                return number, f"not valid JSON at column {exc.colno}: {exc.msg}"
+            except ValueError as exc:  # bytes that are not UTF-8
+                return number, f"not valid JSON: {exc}"
+            if not isinstance(value, dict):
+                return number, f"a JSON {_json_kind(value)}, not an object"
+            if not parts:
+                continue
             for part in parts:
                 value = value.get(part) if isinstance(value, dict) else None
             kind = _json_kind(value)
@@ -125,7 +132,8 @@ def _json_type_change_line(path: Path, pointer: str) -> int | None:
             if first is None:
                 first = kind
             elif kind != first:
-                return number
+                return number, (f"{'/'.join(parts)!r} changed from {first} to {kind}; a column "
+                                f"must hold one JSON type")
     return None
 
 

@@ -305,18 +305,22 @@ def test_an_input_of_only_empty_files_is_refused_naming_it(tmp_path, capsys):
     refused(capsys, sessionize(single, tmp_path / "o.jsonl"), repr(str(single)), "holds no rows")
 
 
-def test_a_json_type_change_names_the_file_line_not_arrows_block_row(tmp_path, capsys):
-    # the JSON reader parses 4 MiB blocks and counts rows from each block's start; a key that
-    # turns from text to a number on line 40,002 must be reported at that line
+@pytest.mark.parametrize(("bad_line", "needle"), [
+    ('{"user": 7, "ts": 40001}', "line 40002: 'user' changed from string to number"),
+    ('{"user": "u", "ts": 1', "line 40002: not valid JSON at column 22: Expecting"),
+    ("[1, 2]", "line 40002: a JSON array, not an object"),
+])
+def test_a_bad_json_line_is_named_by_its_file_line_not_arrows_block_row(tmp_path, capsys,
+                                                                       bad_line, needle):
+    # the JSON reader parses 4 MiB blocks and counts rows from each block's start: a bad line
+    # past the first block was reported as, for example, "row 13685" for line 40,002
     pad = "x" * 120
     lines = [json.dumps({"user": f"u{i % 50}", "ts": i, "pad": pad}) for i in range(40_000)]
-    lines += [json.dumps({"user": None, "ts": 40_000, "pad": pad}),
-              json.dumps({"user": 7, "ts": 40_001, "pad": pad})]
+    lines += [json.dumps({"user": None, "ts": 40_000, "pad": pad}), bad_line]
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    assert source.stat().st_size > 4 << 20  # the change lies past the first block
-    refused(capsys, sessionize(source, tmp_path / "o.jsonl"), repr(str(source)),
-            "line 40002: 'user' changed from string to number")
+    assert source.stat().st_size > 4 << 20  # the bad line lies past the first block
+    refused(capsys, sessionize(source, tmp_path / "o.jsonl"), repr(str(source)), needle)
 
 
 # -- outputs changed between a commit and a resume ------------------------------------------------
