@@ -657,6 +657,11 @@ def _first(mask: pa.Array) -> int:
     return int(np.argmax(pc.fill_null(mask, False).to_numpy(zero_copy_only=False)))
 
 
+#: The names of the parts a Parquet output is made of, and of a part being written.
+_OWN_PART = re.compile(r"part-(\d{6,})\.parquet")
+_OWN_TEMPORARY = re.compile(r"\.part-\d{6,}\.parquet\.inprogress")
+
+
 class SessionWriter:
     """Writes emitted sessions; resumable at a committed position (see the module docstring).
 
@@ -698,12 +703,14 @@ class SessionWriter:
             sizes = None if position is None else position.get("part_bytes")
             self.part_bytes: list[int] = [] if sizes is None else [int(b) for b in sizes]
             self._check_parts(sizes is not None)
+            self._check_foreign()
             self.path.mkdir(parents=True, exist_ok=True)
-            for part in self.path.glob("part-*.parquet"):
-                if int(part.stem.split("-")[1]) >= self.parts:
-                    part.unlink()  # written after the last commit: it will be written again
-            for stale in self.path.glob(".part-*.inprogress"):
-                stale.unlink()
+            for entry in self.path.iterdir():
+                own = _OWN_PART.fullmatch(entry.name)
+                if own is not None and int(own.group(1)) >= self.parts:
+                    entry.unlink()  # written after the last commit: it will be written again
+                elif _OWN_TEMPORARY.fullmatch(entry.name):
+                    entry.unlink()
             fsync_dir(self.path)
         else:
             size = 0 if position is None else int(position["bytes"])
@@ -719,6 +726,23 @@ class SessionWriter:
                 os.fsync(handle.fileno())
             fsync_dir(self.path.parent)
             self.size = size
+
+    def _check_foreign(self) -> None:
+        """Refuse a Parquet output directory holding anything sessionstore did not write (a
+        Spark dataset's ``part-00000-<uuid>.snappy.parquet``, ``_SUCCESS``, other files): a run
+        replaces its own parts, and must neither delete nor mix with anyone else's."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise InputError(f"output {str(self.path)!r} exists and is not a directory: a "
+                             f"Parquet output is a directory of parts")
+        foreign = sorted(e.name for e in self.path.iterdir()
+                         if not (_OWN_PART.fullmatch(e.name) or _OWN_TEMPORARY.fullmatch(e.name)))
+        if foreign:
+            raise InputError(f"output {str(self.path)!r} holds {len(foreign)} file(s) "
+                             f"sessionstore did not write ({foreign[0]!r}"
+                             f"{', ...' if len(foreign) > 1 else ''}); give a new or empty "
+                             f"directory")
 
     def _check_parts(self, sized: bool) -> None:
         """Refuse to resume when a committed Parquet part is gone or resized: its sessions

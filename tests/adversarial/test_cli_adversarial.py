@@ -362,3 +362,25 @@ def test_a_key_column_named_twice_is_refused_by_key(tmp_path, capsys):
     argv = sessionize(source, tmp_path / "o.jsonl")
     argv[argv.index("--key") + 1] = "user, user"
     refused(capsys, argv, "--key 'user, user' names the column 'user' twice")
+
+
+def test_a_parquet_output_directory_with_files_of_others_is_refused_and_kept(tmp_path, capsys):
+    # a Spark dataset's part-00000-<uuid>.snappy.parquet was taken for a part of ours and
+    # deleted; a part-abc.parquet failed with "invalid literal for int()"
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    for names in (["part-00000-1b2c-c000.snappy.parquet", "_SUCCESS"], ["part-abc.parquet"],
+                  ["part-000000.parquet.bak"]):
+        out = tmp_path / f"out{len(names)}{names[0][-5:]}.parquet"
+        out.mkdir()
+        for name in names:
+            pq.write_table(pa.table({"x": [1]}), out / name)
+        before = tree(out)
+        refused(capsys, sessionize(source, out), repr(str(out)), "did not write",
+                repr(sorted(names)[0]))
+        assert tree(out) == before
+    # a directory holding only our own parts (an earlier run's output) is replaced
+    out = tmp_path / "ours.parquet"
+    assert main(sessionize(source, out)) == 0
+    assert main(sessionize(source, out, "--gap", "1s")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet"]
+    assert pq.read_table(out).num_rows == 3  # 1 s apart or more: every event its own session
