@@ -251,6 +251,10 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     lateness = _duration(args.max_out_of_order, "--max-out-of-order")
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
+    if windows.retention_ms + lateness > INT64_MAX:
+        raise CliError(f"the state must be kept for --gap + --grace + --max-out-of-order"
+                       f"{' + --max-duration' if args.max_duration is not None else ''} = "
+                       f"{windows.retention_ms + lateness} ms, which does not fit in int64")
     for flag, value in (("--commit-every", args.commit_every), ("--batch-rows", args.batch_rows)):
         if value < 1:
             raise CliError(f"{flag} must be >= 1, got {value}")

@@ -384,3 +384,10 @@ def test_a_parquet_output_directory_with_files_of_others_is_refused_and_kept(tmp
     assert main(sessionize(source, out, "--gap", "1s")) == 0
     assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet"]
     assert pq.read_table(out).num_rows == 3  # 1 s apart or more: every event its own session
+
+
+def test_a_retention_beyond_int64_names_the_flags_that_add_up_to_it(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    refused(capsys, sessionize(source, tmp_path / "o.jsonl", "--max-out-of-order",
+                               str(2**63 - 1)),
+            "--gap + --grace + --max-out-of-order", str(2**63 - 1 + 30 * 60_000))
