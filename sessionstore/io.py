@@ -665,6 +665,12 @@ _OWN_TEMPORARY = re.compile(r"\.part-\d{6,}\.parquet\.inprogress")
 class SessionWriter:
     """Writes emitted sessions; resumable at a committed position (see the module docstring).
 
+    JSON Lines and CSV have no form for bytes or for NaN and the infinities: bytes (binary keys,
+    collected binary values) are written as base64 text, and non-finite floats as the strings
+    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, as Spark's JSON writer does; Parquet keeps
+    both as they are. A Parquet output is a directory of ``part-NNNNNN.parquet`` files, one per
+    commit; a directory holding anything else is refused, never cleaned.
+
     Args:
         path: the output file (.jsonl, .csv) or directory (.parquet).
         key_names: names of the key fields in the output.
