@@ -7,7 +7,7 @@ from typing import Any
 from .. import batch as columns
 from .. import keyschema
 from ..aggregations import Aggregation
-from ..timeutil import check_int64
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..types import Session, SessionStoreProtocol
 from ..windows import BatchWindows
@@ -74,6 +74,7 @@ class BatchAggregator:
         t = to_timestamp_ms(timestamp_ms, "timestamp_ms")
         keyschema.encode_key(key)
         check_encodable(value, "value")
+        self._check_window_fits(t, t, "timestamp_ms")
         out: list[Emit] = []
         self._process_one(key, value, t, out)
         return out
@@ -91,6 +92,8 @@ class BatchAggregator:
             raise ValueError(f"values has {len(value_list)} rows, keys has {len(key_list)}")
         columns.factorize_keys(key_list)
         first_unencodable(value_list, "values")
+        if times:
+            self._check_window_fits(times[0], max(times), "timestamps_ms")
         out: list[Emit] = []
         for key, value, t in zip(key_list, value_list, times, strict=True):
             self._process_one(key, value, t, out)
@@ -118,6 +121,19 @@ class BatchAggregator:
             "seq": self._seq,
         }
         return self.store.commit({ENGINE_METADATA_KEY: state, USER_METADATA_KEY: metadata})
+
+    def _check_window_fits(self, first: int, largest: int, name: str) -> None:
+        """Refuse, before anything changes, events whose stream-time window would not fit in
+        int64: the first event's window has the lowest start, the largest time's the latest end
+        (stream time only grows)."""
+        size = self.windows.size_ms
+        for when in (max(self._stream_time, first), max(self._stream_time, largest)):
+            start = self.windows.window_start(when)
+            if start < INT64_MIN or start + size > INT64_MAX:
+                raise ValueError(
+                    f"{name}: the window [{start}, {start + size}) of stream time {when} "
+                    f"(size_ms={size}) does not fit in int64 milliseconds"
+                )
 
     def _process_one(self, key: Any, value: Any, t: int, out: list[Emit]) -> None:
         self._metrics.records_in += 1
