@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import batch as columns
-from .. import keyschema
+from .. import kernels, keyschema
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
 from .columnar import (
@@ -50,6 +50,7 @@ from .columnar import (
     aggregate_plan,
     codes_in,
     columnar_parts,
+    needs_time_order,
     normal_key_array,
     numeric_column,
     object_array,
@@ -514,11 +515,16 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     cand = np.flatnonzero(table_codes >= 0)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
-    plan = plan_batch(acc_codes, acc_times, ends[accepted],
-                      closed_before[accepted], table_codes[cand], cand_starts, cand_ends,
-                      cfg.inclusive_gap)
+    # the plan, each session's events and its absorbed open sessions, in one compiled pass
+    # (the same plan as merge.plan_batch: property-tested in tests/kernels)
+    dense = kernels.plan_dense(acc_codes, len(uniques), acc_times, ends[accepted],
+                               closed_before[accepted], table_codes[cand], cand_starts,
+                               cand_ends, cfg.inclusive_gap,
+                               by_time=needs_time_order(kinds, acc_values))
+    plan = dense.plan
     open_parts = [part.take(cand) for part in table.parts]
-    new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs)
+    new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
+                               dense.events, dense.absorbed)
     new_keys = (batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
                 else object_array(uniques)[plan.session_codes])
     new = OpenTable(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)

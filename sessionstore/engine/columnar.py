@@ -357,9 +357,19 @@ def codes_in(table_keys: Any, uniques: list[Any], uniques_arrow: Any) -> Int64Ar
 # -- aggregating a planned batch ------------------------------------------------------------
 
 
+def needs_time_order(kinds: list[str], event_values: list[npt.NDArray[Any] | None]) -> bool:
+    """Whether :func:`aggregate_plan` needs each session's events in (time, arrival) order:
+    for first, last, collect and float sums; count, integer sums, min and max do not depend
+    on the order."""
+    return any(kind in ITEM_KINDS or (kind == "sum" and values is not None
+                                      and values.dtype.kind == "f")
+               for kind, values in zip(kinds, event_values, strict=True))
+
+
 def aggregate_plan(
     kinds: list[str], plan: Any, open_parts: list[PartColumns], open_starts_ms: Int64Array,
     event_values: list[npt.NDArray[Any] | None], times_ms: Int64Array, seqs: Int64Array,
+    groups: kernels.EventGroups | None = None, absorbed: kernels.EventGroups | None = None,
 ) -> list[PartColumns]:
     """The accumulator columns of a plan's sessions, in the combination order of the module.
 
@@ -370,16 +380,19 @@ def aggregate_plan(
         open_starts_ms: their starts.
         event_values: per part, the accepted events' values (None for count).
         times_ms, seqs: the accepted events' times and arrival numbers.
+        groups, absorbed: the plan's event groups and absorbed open sessions when already
+            computed (:func:`~sessionstore.kernels.plan_dense`); the event groups must be in
+            (time, arrival) order when :func:`needs_time_order` says so.
 
     Raises:
         NotColumnar: an integer sum leaves int64.
     """
     sessions = len(plan.session_codes)
-    groups = kernels.group_events(plan.event_session, times_ms, sessions)
-    absorbed = kernels.group_open_sessions(plan, open_starts_ms)
+    if groups is None:
+        groups = kernels.group_events(plan.event_session, times_ms, sessions)
+    if absorbed is None:
+        absorbed = kernels.group_open_sessions(plan, open_starts_ms)
     owner = plan.open_session[absorbed.order]
-    first_event = groups.order[groups.offsets[:-1]]
-    last_event = groups.order[groups.offsets[1:] - 1]
     out = []
     for kind, part, values in zip(kinds, open_parts, event_values, strict=True):
         if kind == "count":
@@ -397,7 +410,8 @@ def aggregate_plan(
             out.append(PartColumns(kind, best))
         elif kind in ("first", "last"):
             assert values is not None and part.t_ms is not None and part.seq is not None
-            pick = first_event if kind == "first" else last_event
+            pick = groups.order[groups.offsets[:-1] if kind == "first"
+                                else groups.offsets[1:] - 1]
             t_ms, seq, value = times_ms[pick], seqs[pick], values[pick]
             if len(owner):
                 rows = absorbed.order
