@@ -611,11 +611,19 @@ def _plan_dense(
             largest = size
         event_bounds[g + 1] += event_bounds[g]
         open_bounds[g + 1] += open_bounds[g]
+    # the events' columns are gathered in key order, so that the pass reads them in sequence
     event_order = np.empty(n, dtype=np.int64)
+    key_times = np.empty(n, dtype=np.int64)
+    key_ends = np.empty(n, dtype=np.int64)
+    key_closed = np.empty(n, dtype=np.int64)
     fill = event_bounds[:-1].copy()
     for i in range(n):
-        event_order[fill[codes[i]]] = i
+        k = fill[codes[i]]
         fill[codes[i]] += 1
+        event_order[k] = i
+        key_times[k] = times[i]
+        key_ends[k] = ends[i]
+        key_closed[k] = closed[i]
     open_order = np.empty(m, dtype=np.int64)
     fill = open_bounds[:-1].copy()
     for j in range(m):
@@ -626,13 +634,18 @@ def _plan_dense(
         _sort_rows(open_order, open_bounds[g], open_bounds[g + 1], open_starts, open_starts,
                    open_starts, buffer)
 
+    # Session ids: the open session at position p of open_order has id p (so a key's open
+    # sessions have neighbouring ids); the sessions events open get ids m, m+1, ... in creation
+    # order. A merge keeps the id of the earliest-starting session it absorbs and points the
+    # others at it (parent); roots are resolved at the end.
     parent = np.arange(capacity, dtype=np.int64)
     sess_start = np.empty(capacity, dtype=np.int64)
     sess_end = np.empty(capacity, dtype=np.int64)
-    sess_start[:m] = open_starts
-    sess_end[:m] = open_ends
+    for p in range(m):
+        sess_start[p] = open_starts[open_order[p]]
+        sess_end[p] = open_ends[open_order[p]]
     touched = np.zeros(m, dtype=np.bool_)
-    event_id = np.empty(n, dtype=np.int64)
+    event_id = np.empty(n, dtype=np.int64)  # by position in key order
     rank_of_id = np.full(capacity, -1, dtype=np.int64)
     out_codes = np.empty(capacity, dtype=np.int64)
     out_starts = np.empty(capacity, dtype=np.int64)
@@ -648,30 +661,28 @@ def _plan_dense(
         e_hi = event_bounds[g + 1]
         if e_lo == e_hi:
             continue
-        first_closed = closed[event_order[e_lo]]
+        first_closed = key_closed[e_lo]
         size = 0
-        for q in range(open_bounds[g], open_bounds[g + 1]):
-            sid = open_order[q]
-            if open_ends[sid] <= first_closed:
+        for sid in range(open_bounds[g], open_bounds[g + 1]):
+            if sess_end[sid] <= first_closed:
                 continue  # final before the key's first event: no event can touch it
             if size > 0:
                 prev_end = sess_end[active[size - 1]]
-                if prev_end > open_starts[sid] or (inclusive and prev_end == open_starts[sid]):
-                    return (_OPEN_SESSIONS_OVERLAP, sid, empty, empty, empty, empty, empty,
-                            empty, empty, empty, empty)
+                if prev_end > sess_start[sid] or (inclusive and prev_end == sess_start[sid]):
+                    return (_OPEN_SESSIONS_OVERLAP, open_order[sid], empty, empty, empty, empty,
+                            empty, empty, empty, empty, empty)
             active[size] = sid
             size += 1
         made = 0
         front = 0
         previous_closed = first_closed
         for k in range(e_lo, e_hi):
-            i = event_order[k]
-            t = times[i]
-            e = ends[i]
-            c = closed[i]
+            t = key_times[k]
+            e = key_ends[k]
+            c = key_closed[k]
             if c < previous_closed:
-                return (_CLOSED_BEFORE_DECREASES, i, empty, empty, empty, empty, empty, empty,
-                        empty, empty, empty)
+                return (_CLOSED_BEFORE_DECREASES, event_order[k], empty, empty, empty, empty,
+                        empty, empty, empty, empty, empty)
             previous_closed = c
             while front < size and sess_end[active[front]] <= c:
                 front += 1
@@ -728,7 +739,7 @@ def _plan_dense(
                     for q in range(hi, size):
                         active[q - gone] = active[q]
                     size -= gone
-            event_id[i] = sid
+            event_id[k] = sid
         # the key's resulting sessions: those it made or touched that nothing absorbed, in
         # (start, end, creation) order; they take the next ranks, so the output is in
         # (code, start, end, creation) order without a sort over the batch
@@ -764,9 +775,9 @@ def _plan_dense(
             parent[sid] = root
             sid = following
         if q < n:
-            event_session[q] = rank_of_id[root]
+            event_session[event_order[q]] = rank_of_id[root]
         else:
-            open_session[q - n] = rank_of_id[root]
+            open_session[open_order[q - n]] = rank_of_id[root]
     # each session's events: arrival order by a counting sort, then (time, arrival) order
     event_offsets = np.zeros(sessions + 1, dtype=np.int64)
     for i in range(n):
