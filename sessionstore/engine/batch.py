@@ -90,28 +90,41 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
             row (``values[3] cannot be stored ...``, ``gaps_ms[2] = 900 exceeds max_gap_ms =
             600``). A batch is atomic: nothing changes then.
     """
-    key_list = columns.as_list(keys, "keys")
-    n = len(key_list)
+    # Integer key columns and numeric value columns stay arrays: they are factorised and
+    # aggregated as they are (every number can be stored), and turned into Python lists only
+    # for the paths that take events one by one.
+    key_column = columns.as_column(keys, "keys")
+    key_array = key_column if _is_flat(key_column, "iu") else None
+    key_list = None if key_array is not None else (
+        key_column.tolist() if isinstance(key_column, np.ndarray) else list(key_column))
+    n = len(key_column) if key_list is None else len(key_list)
     times = columns.timestamps(timestamps_ms, n)
-    value_list = columns.as_list(values, "values")
-    if len(value_list) != n:
-        raise ValueError(f"values has {len(value_list)} rows, keys has {n}")
+    value_column = columns.as_column(values, "values")
+    value_array = value_column if _is_flat(value_column, "iufb") else None
+    value_list = None if value_array is not None else (
+        value_column.tolist() if isinstance(value_column, np.ndarray) else list(value_column))
+    if len(value_column) != n:
+        raise ValueError(f"values has {len(value_column)} rows, keys has {n}")
     cfg = engine.config
     if not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
         row = int(np.argmax(times > cfg.max_timestamp_ms))
         raise ValueError(
             f"timestamps_ms[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64"
         )
-    codes, uniques, uniques_arrow = columns.factorize_keys_arrow(key_list)
-    first_unencodable(value_list, "values")
+    codes, uniques, uniques_arrow = columns.factorize_keys_arrow(
+        key_list if key_array is None else pa.array(key_array))
+    if value_list is not None:
+        first_unencodable(value_list, "values")
     gaps = None
     if cfg.dynamic:
         if engine.windows.gap_fn is not None:
+            fn_keys = key_column.tolist() if key_list is None else key_list
+            fn_values = value_column.tolist() if value_list is None else value_list
             if gaps_ms is not None:
                 raise ValueError("gaps_ms given, but the windows compute each event's gap with "
                                  "their gap callable; pass one or the other")
             fn = engine.windows.gap_fn
-            raw = [fn(k, v, t) for k, v, t in zip(key_list, value_list, times.tolist(),
+            raw = [fn(k, v, t) for k, v, t in zip(fn_keys, fn_values, times.tolist(),
                                                   strict=True)]
             gaps = event_gaps(engine, raw, times, "the gap callable's results")
         else:
@@ -133,15 +146,19 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if engine._columnar_kinds is not None:
         with _collector_paused():
             try:
-                part_values = _part_values_of_list(engine, value_list)
+                part_values = _part_values_of_list(
+                    engine, value_list if value_array is None else value_array)
+                late_values = None  # only the on_late callback reads them
+                if engine.on_late is not None:
+                    late_values = value_list if value_array is None else value_array.tolist()
                 if kept is None:
                     blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                                   value_list, ends)
+                                   late_values, ends)
                 else:
                     blocks = _fast(engine, codes[kept], uniques, uniques_arrow,
                                    [None if v is None else v[kept] for v in part_values],
-                                   times[kept], [value_list[i] for i in kept.tolist()],
-                                   ends[kept])
+                                   times[kept], None if late_values is None
+                                   else [late_values[i] for i in kept.tolist()], ends[kept])
             except NotColumnar:
                 pass
             else:
@@ -151,6 +168,10 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
                 _count_invalid_gaps(engine, gaps)
                 return out
     engine._leave_table()
+    if key_list is None:
+        key_list = key_column.tolist()
+    if value_list is None:
+        value_list = value_column.tolist()
     if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
         _max_duration_batch(engine, key_list, value_list, times, ends, kept, out)
         _count_invalid_gaps(engine, gaps)
@@ -176,6 +197,11 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if engine._forwarded:
         out.extend(engine._drain_forwarded())
     return out
+
+
+def _is_flat(column: Any, kinds: str) -> bool:
+    """Whether ``column`` is a one-dimensional numpy array of one of the dtype ``kinds``."""
+    return isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in kinds
 
 
 class EventGaps:
@@ -450,8 +476,9 @@ Block = tuple[OpenTable, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
 
 
-def _part_values_of_list(engine: SessionAggregator, values: list[Any]) -> list[Any]:
-    """Per aggregation part, the batch's values as an array (None for count).
+def _part_values_of_list(engine: SessionAggregator, values: Any) -> list[Any]:
+    """Per aggregation part, the batch's values (a list, or a flat numeric numpy array) as an
+    array (None for count).
 
     Raises:
         NotColumnar: a column the fast path cannot take exactly.
@@ -463,6 +490,8 @@ def _part_values_of_list(engine: SessionAggregator, values: list[Any]) -> list[A
         if kind == "count":
             out.append(None)
             continue
+        if isinstance(values, np.ndarray) and (column is not None or kind not in NUMERIC_KINDS):
+            values = values.tolist()  # Python values, as the event path would hold them
         items = values if column is None else _items(values, column)
         out.append(numeric_column(items, "values") if kind in NUMERIC_KINDS
                    else object_array(items))
