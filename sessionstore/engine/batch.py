@@ -789,6 +789,18 @@ def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | 
     return (out if fast else None), types
 
 
+def _block_key_arrays(block: OpenTable, names: list[str], table: pa.Table) -> list[pa.Array]:
+    """The key columns of a block's rows, in the input table's types: Arrow keys are cast
+    (no Python object per row); other keys, or a cast Arrow refuses, go through Python."""
+    if len(names) == 1 and isinstance(block.keys, pa.Array):
+        wanted = table.column(names[0]).type
+        if block.keys.type == wanted:
+            return [block.keys]
+        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return [block.keys.cast(wanted)]
+    return _key_arrays(block.key_list(), names, table)
+
+
 def _key_arrays(keys: list[Any], names: list[str], table: pa.Table) -> list[pa.Array]:
     if len(names) == 1:
         return [pa.array(keys, type=table.column(names[0]).type)]
@@ -828,7 +840,7 @@ def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list
             else:
                 results.append(pa.array(part.value, type=arrow_type))
         pieces.append(_output_table(
-            engine, _key_arrays(block.key_list(), names, table), names, block.starts_ms,
+            engine, _block_key_arrays(block, names, table), names, block.starts_ms,
             block.ends_ms, np.zeros(len(block), dtype=np.bool_) if flags is None else flags,
             results))
     return pa.concat_tables(pieces)
