@@ -12,6 +12,9 @@ Each row also runs the batch paths with a *dynamic gap* (issue 12): the same str
 drawn per event uniformly in ``[1, 2 * gap]`` (so ``max_gap_ms = 2 * gap``), given as the
 ``gaps_ms`` / ``gap=`` column. Those lines show the dynamic run's CPU time over the fixed-gap
 run's on the same path and store (the issue's target: at most 1.5x).
+
+``--max-duration F`` caps sessions at ``F`` times the gap (``max_duration_ms``, issue 12) on
+every path, to compare the batch paths with the event path under a maximum duration.
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ PATHS = ("event", "process_batch", "process_table")
 
 
 def run_path(path: str, keys: np.ndarray, times: np.ndarray, gap_ms: int, disorder_ms: int,
-             store_kind: str, root: Path, gaps: np.ndarray | None = None
-             ) -> tuple[float, int, float]:
+             store_kind: str, root: Path, gaps: np.ndarray | None = None,
+             max_duration: float | None = None) -> tuple[float, int, float]:
     """Seconds, sessions emitted and CPU seconds: count per key, emit-on-close, a commit per
-    batch. With ``gaps``, each event's own gap (and ``max_gap_ms = 2 * gap_ms``)."""
-    windows = (SessionWindows(gap_ms) if gaps is None
-               else SessionWindows(None, max_gap_ms=2 * gap_ms))
+    batch. With ``gaps``, each event's own gap (and ``max_gap_ms = 2 * gap_ms``); with
+    ``max_duration``, sessions last at most that many gaps."""
+    cap = None if max_duration is None else max(1, round(max_duration * gap_ms))
+    windows = (SessionWindows(gap_ms, max_duration_ms=cap) if gaps is None
+               else SessionWindows(None, max_gap_ms=2 * gap_ms, max_duration_ms=cap))
     store = _open_store(store_kind, root, f"{path}-{time.monotonic_ns()}",
                         windows.retention_ms + disorder_ms)
     engine = SessionAggregator(store, windows, aggregations.count(),
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", choices=("rocksdb", "memory", "both"), default="both")
     parser.add_argument("--no-dynamic", action="store_true",
                         help="skip the dynamic-gap runs")
+    parser.add_argument("--max-duration", type=float, default=None, metavar="F",
+                        help="cap sessions at F gaps (max_duration_ms) on every path")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="batch-paths-"))
     try:
@@ -136,14 +143,16 @@ def main(argv: list[str] | None = None) -> None:
                         if path == "event" and args.skip_event:
                             continue
                         elapsed, emitted, cpu = run_path(path, keys, times, gap_ms,
-                                                         disorder_ms, store_kind, root)
+                                                         disorder_ms, store_kind, root,
+                                                         max_duration=args.max_duration)
                         counts.add(emitted)
                         ratios.setdefault(f"{path}/{store_kind}", []).append(base / elapsed)
                         ratios.setdefault(f"{path}/{store_kind} cpu", []).append(base_cpu / cpu)
                         if args.no_dynamic:
                             continue
                         _, dynamic_emitted, dynamic_cpu = run_path(
-                            path, keys, times, gap_ms, disorder_ms, store_kind, root, gaps)
+                            path, keys, times, gap_ms, disorder_ms, store_kind, root, gaps,
+                            args.max_duration)
                         dynamic_counts.add(dynamic_emitted)
                         ratios.setdefault(f"{path}+gaps/{store_kind} cpu", []).append(
                             dynamic_cpu / cpu)

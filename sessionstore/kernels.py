@@ -34,11 +34,25 @@ def compiled(function: _F) -> _F:
     cheap for users who never run a batch. ``cache=True`` keeps the machine code on disk beside
     the module, so only the first process on a machine pays for compiling. Set
     ``NUMBA_DISABLE_JIT=1`` to run the same code as plain Python (numba honours it).
+
+    A kernel that calls helpers of this module (listed in ``_HELPERS``) is compiled against
+    their compiled forms (a compiled kernel can only call compiled functions); its Python
+    source keeps calling the Python helpers.
     """
     kernel = _COMPILED.get(function.__name__)
     if kernel is None:
+        import types
+
         import numba
 
+        helpers = _HELPERS.get(function.__name__, ())
+        if helpers:
+            scope = dict(function.__globals__)
+            for helper in helpers:
+                scope[helper.__name__] = compiled(helper)
+            function = cast(_F, types.FunctionType(
+                function.__code__, scope, function.__name__, function.__defaults__,
+                function.__closure__))
         kernel = numba.njit(cache=True, nogil=True)(function)
         _COMPILED[function.__name__] = kernel
     return cast(_F, kernel)
@@ -379,6 +393,431 @@ def _plan_groups(
         else:
             open_root[q - n] = root
     return _OK, -1, event_id, open_root, sess_start, sess_end, sess_code
+
+
+# -- the fused plan of the batch path: plan, groups and absorbed sessions in one pass -------
+
+
+class DensePlan(NamedTuple):
+    """What :func:`plan_dense` returns: the plan and both groupings the aggregations need.
+
+    Attributes:
+        plan: the :class:`SessionPlan` (exactly :func:`plan_sessions`' answer).
+        events: the events of each planned session (:class:`EventGroups`), each group in
+            (time, arrival) order when asked for (``by_time``), else in arrival order.
+        absorbed: the open sessions each planned session absorbed, ordered by start (what
+            :func:`group_open_sessions` returns).
+    """
+
+    plan: SessionPlan
+    events: EventGroups
+    absorbed: EventGroups
+
+
+def plan_dense(
+    key_codes: Any,
+    keys: int,
+    times_ms: Any,
+    ends_ms: Any,
+    closed_before_ms: Any,
+    open_codes: Any,
+    open_starts_ms: Any,
+    open_ends_ms: Any,
+    inclusive: bool,
+    *,
+    by_time: bool = True,
+) -> DensePlan:
+    """:func:`plan_sessions`, :func:`group_events` and :func:`group_open_sessions` in one
+    compiled pass, for key codes that are dense (``0 <= code < keys``, as a factorisation
+    gives them).
+
+    The events and the open sessions are put in key order by counting sorts (no comparison
+    sort over the batch), each key's sessions come out of its sequential pass already in
+    ``(start, end, creation)`` order, and each session's events are ordered by time within
+    the session (most are short and already in order), so the batch is never sorted as a
+    whole. The answer is the same as the three functions' (property-tested against them).
+
+    Args:
+        key_codes: int64[n], each event's key code, in ``[0, keys)``.
+        keys: how many key codes there are.
+        times_ms, ends_ms, closed_before_ms: as :func:`plan_sessions`.
+        open_codes: int64[m], each open session's key code, in ``[0, keys)``.
+        open_starts_ms, open_ends_ms, inclusive: as :func:`plan_sessions`.
+        by_time: False leaves each session's events in arrival order (enough for count,
+            integer sums, min and max, which do not depend on the order).
+
+    Returns:
+        A :class:`DensePlan`.
+
+    Raises:
+        TypeError / ValueError: as :func:`plan_sessions`; a key code outside ``[0, keys)``
+            (naming the argument and the row).
+    """
+    codes = int64_column("key_codes", key_codes)
+    times = int64_column("times_ms", times_ms)
+    ends = int64_column("ends_ms", ends_ms)
+    closed = int64_column("closed_before_ms", closed_before_ms)
+    o_codes = int64_column("open_codes", open_codes)
+    o_starts = int64_column("open_starts_ms", open_starts_ms)
+    o_ends = int64_column("open_ends_ms", open_ends_ms)
+    n = len(codes)
+    for name, array in (("times_ms", times), ("ends_ms", ends), ("closed_before_ms", closed)):
+        if len(array) != n:
+            raise ValueError(f"{name} has {len(array)} rows, key_codes has {n}")
+    m = len(o_codes)
+    for name, array in (("open_starts_ms", o_starts), ("open_ends_ms", o_ends)):
+        if len(array) != m:
+            raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
+    keys = int(keys)
+    for name, array in (("key_codes", codes), ("open_codes", o_codes)):
+        bad = (array < 0) | (array >= keys)
+        if bad.any():
+            row = _first_row(bad)
+            raise ValueError(f"{name}[{row}] = {array[row]} is not in [0, {keys})")
+    bad = ends <= times
+    if bad.any():
+        row = _first_row(bad)
+        raise ValueError(
+            f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
+        )
+    bad = o_starts >= o_ends
+    if bad.any():
+        row = _first_row(bad)
+        raise ValueError(
+            f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
+            f"{o_ends[row]}"
+        )
+    (status, bad_row, s_codes, s_starts, s_ends, event_session, open_session, event_order,
+     event_offsets, absorbed_order, absorbed_offsets) = compiled(_plan_dense)(
+        codes, keys, times, ends, closed, o_codes, o_starts, o_ends, bool(inclusive),
+        bool(by_time))
+    if status == _CLOSED_BEFORE_DECREASES:
+        raise ValueError(
+            f"closed_before_ms[{bad_row}] = {closed[bad_row]} is below an earlier event's of "
+            f"the same key (key code {codes[bad_row]}): it must not decrease within a key"
+        )
+    if status == _OPEN_SESSIONS_OVERLAP:
+        rule = "overlap or touch" if inclusive else "overlap"
+        raise ValueError(
+            f"open session {bad_row} (key code {o_codes[bad_row]}, [{o_starts[bad_row]}, "
+            f"{o_ends[bad_row]})) and another open session of that key {rule}; open sessions "
+            f"that are not final must be disjoint"
+        )
+    return DensePlan(
+        SessionPlan(s_codes, s_starts, s_ends, event_session, open_session),
+        EventGroups(event_order, event_offsets),
+        EventGroups(absorbed_order, absorbed_offsets),
+    )
+
+
+def _before(x: int, y: int, a: Int64Array, b: Int64Array, c: Int64Array) -> bool:
+    """Whether row ``x`` sorts strictly before row ``y`` by ``(a, b, c)``."""
+    if a[x] != a[y]:
+        return bool(a[x] < a[y])
+    if b[x] != b[y]:
+        return bool(b[x] < b[y])
+    return bool(c[x] < c[y])
+
+
+def _sort_rows(idx: Int64Array, lo: int, hi: int, a: Int64Array, b: Int64Array,
+               c: Int64Array, buffer: Int64Array) -> None:
+    """Sort ``idx[lo:hi]`` (row numbers) stably by ``(a, b, c)`` of the rows, in place.
+
+    Already sorted slices (the common case) cost one pass; short ones an insertion sort;
+    longer ones a bottom-up merge sort through ``buffer`` (at least ``hi - lo`` long), so no
+    input makes it quadratic.
+    """
+    if hi - lo < 2:
+        return
+    ordered = True
+    for q in range(lo + 1, hi):
+        if _before(idx[q], idx[q - 1], a, b, c):
+            ordered = False
+            break
+    if ordered:
+        return
+    if hi - lo <= 16:
+        for q in range(lo + 1, hi):
+            row = idx[q]
+            p = q
+            while p > lo and _before(row, idx[p - 1], a, b, c):
+                idx[p] = idx[p - 1]
+                p -= 1
+            idx[p] = row
+        return
+    size = hi - lo
+    width = 1
+    while width < size:
+        for left in range(0, size, 2 * width):
+            mid = min(left + width, size)
+            right = min(left + 2 * width, size)
+            i = left
+            j = mid
+            out = left
+            while i < mid and j < right:
+                if _before(idx[lo + j], idx[lo + i], a, b, c):
+                    buffer[out] = idx[lo + j]
+                    j += 1
+                else:
+                    buffer[out] = idx[lo + i]
+                    i += 1
+                out += 1
+            while i < mid:
+                buffer[out] = idx[lo + i]
+                i += 1
+                out += 1
+            while j < right:
+                buffer[out] = idx[lo + j]
+                j += 1
+                out += 1
+        for q in range(size):
+            idx[lo + q] = buffer[q]
+        width *= 2
+
+
+def _plan_dense(
+    codes: Int64Array,
+    keys: int,
+    times: Int64Array,
+    ends: Int64Array,
+    closed: Int64Array,
+    open_codes: Int64Array,
+    open_starts: Int64Array,
+    open_ends: Int64Array,
+    inclusive: bool,
+    by_time: bool,
+) -> tuple[int, int, Int64Array, Int64Array, Int64Array, Int64Array, Int64Array, Int64Array,
+           Int64Array, Int64Array, Int64Array]:
+    """The compiled pass of :func:`plan_dense` (the per-key loop of :func:`_plan_groups`, with
+    counting sorts around it).
+
+    Returns ``(status, bad_row, session codes, starts, ends, event_session, open_session,
+    event order, event offsets, absorbed order, absorbed offsets)``.
+    """
+    n = len(times)
+    m = len(open_starts)
+    capacity = n + m
+    # counting sorts by key code: arrival order (events) and given order (open sessions) kept
+    event_bounds = np.zeros(keys + 1, dtype=np.int64)
+    for i in range(n):
+        event_bounds[codes[i] + 1] += 1
+    open_bounds = np.zeros(keys + 1, dtype=np.int64)
+    for j in range(m):
+        open_bounds[open_codes[j] + 1] += 1
+    largest = 0
+    for g in range(keys):
+        size = event_bounds[g + 1] + open_bounds[g + 1]
+        if size > largest:
+            largest = size
+        event_bounds[g + 1] += event_bounds[g]
+        open_bounds[g + 1] += open_bounds[g]
+    # the events' columns are gathered in key order, so that the pass reads them in sequence
+    event_order = np.empty(n, dtype=np.int64)
+    key_times = np.empty(n, dtype=np.int64)
+    key_ends = np.empty(n, dtype=np.int64)
+    key_closed = np.empty(n, dtype=np.int64)
+    fill = event_bounds[:-1].copy()
+    for i in range(n):
+        k = fill[codes[i]]
+        fill[codes[i]] += 1
+        event_order[k] = i
+        key_times[k] = times[i]
+        key_ends[k] = ends[i]
+        key_closed[k] = closed[i]
+    open_order = np.empty(m, dtype=np.int64)
+    fill = open_bounds[:-1].copy()
+    for j in range(m):
+        open_order[fill[open_codes[j]]] = j
+        fill[open_codes[j]] += 1
+    buffer = np.empty(max(capacity, 1), dtype=np.int64)
+    for g in range(keys):  # each key's open sessions by start (ties: given order)
+        _sort_rows(open_order, open_bounds[g], open_bounds[g + 1], open_starts, open_starts,
+                   open_starts, buffer)
+
+    # Session ids: the open session at position p of open_order has id p (so a key's open
+    # sessions have neighbouring ids); the sessions events open get ids m, m+1, ... in creation
+    # order. A merge keeps the id of the earliest-starting session it absorbs and points the
+    # others at it (parent); roots are resolved at the end.
+    parent = np.arange(capacity, dtype=np.int64)
+    sess_start = np.empty(capacity, dtype=np.int64)
+    sess_end = np.empty(capacity, dtype=np.int64)
+    for p in range(m):
+        sess_start[p] = open_starts[open_order[p]]
+        sess_end[p] = open_ends[open_order[p]]
+    touched = np.zeros(m, dtype=np.bool_)
+    event_id = np.empty(n, dtype=np.int64)  # by position in key order
+    rank_of_id = np.full(capacity, -1, dtype=np.int64)
+    out_codes = np.empty(capacity, dtype=np.int64)
+    out_starts = np.empty(capacity, dtype=np.int64)
+    out_ends = np.empty(capacity, dtype=np.int64)
+    ids = np.arange(capacity, dtype=np.int64)  # the last sort column: creation order
+    active = np.empty(max(largest, 1), dtype=np.int64)  # the not-final sessions, by start
+    mine = np.empty(max(largest, 1), dtype=np.int64)  # sessions the key's events made/touched
+    next_id = m
+    sessions = 0
+    empty = np.empty(0, dtype=np.int64)
+    for g in range(keys):
+        e_lo = event_bounds[g]
+        e_hi = event_bounds[g + 1]
+        if e_lo == e_hi:
+            continue
+        first_closed = key_closed[e_lo]
+        size = 0
+        for sid in range(open_bounds[g], open_bounds[g + 1]):
+            if sess_end[sid] <= first_closed:
+                continue  # final before the key's first event: no event can touch it
+            if size > 0:
+                prev_end = sess_end[active[size - 1]]
+                if prev_end > sess_start[sid] or (inclusive and prev_end == sess_start[sid]):
+                    return (_OPEN_SESSIONS_OVERLAP, open_order[sid], empty, empty, empty, empty,
+                            empty, empty, empty, empty, empty)
+            active[size] = sid
+            size += 1
+        made = 0
+        front = 0
+        previous_closed = first_closed
+        for k in range(e_lo, e_hi):
+            t = key_times[k]
+            e = key_ends[k]
+            c = key_closed[k]
+            if c < previous_closed:
+                return (_CLOSED_BEFORE_DECREASES, event_order[k], empty, empty, empty, empty,
+                        empty, empty, empty, empty, empty)
+            previous_closed = c
+            while front < size and sess_end[active[front]] <= c:
+                front += 1
+            lo = front
+            hi = size
+            while lo < hi:
+                mid = (lo + hi) // 2
+                mid_end = sess_end[active[mid]]
+                if mid_end > t or (inclusive and mid_end == t):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            hi = lo
+            top = size
+            while hi < top:
+                mid = (hi + top) // 2
+                mid_start = sess_start[active[mid]]
+                if mid_start < e or (inclusive and mid_start == e):
+                    hi = mid + 1
+                else:
+                    top = mid
+            if lo == hi:
+                sid = next_id
+                next_id += 1
+                sess_start[sid] = t
+                sess_end[sid] = e
+                for q in range(size, lo, -1):
+                    active[q] = active[q - 1]
+                active[lo] = sid
+                size += 1
+                mine[made] = sid
+                made += 1
+            else:
+                sid = active[lo]
+                new_start = sess_start[sid]
+                if t < new_start:
+                    new_start = t
+                new_end = sess_end[active[hi - 1]]
+                if e > new_end:
+                    new_end = e
+                if sid < m and not touched[sid]:
+                    touched[sid] = True
+                    mine[made] = sid
+                    made += 1
+                for q in range(lo + 1, hi):
+                    other = active[q]
+                    parent[other] = sid
+                    if other < m:
+                        touched[other] = True
+                sess_start[sid] = new_start
+                sess_end[sid] = new_end
+                gone = hi - lo - 1
+                if gone > 0:
+                    for q in range(hi, size):
+                        active[q - gone] = active[q]
+                    size -= gone
+            event_id[k] = sid
+        # the key's resulting sessions: those it made or touched that nothing absorbed, in
+        # (start, end, creation) order; they take the next ranks, so the output is in
+        # (code, start, end, creation) order without a sort over the batch
+        roots = 0
+        for q in range(made):
+            sid = mine[q]
+            if parent[sid] == sid:
+                mine[roots] = sid
+                roots += 1
+        _sort_rows(mine, 0, roots, sess_start, sess_end, ids, buffer)
+        for q in range(roots):
+            sid = mine[q]
+            rank_of_id[sid] = sessions
+            out_codes[sessions] = g
+            out_starts[sessions] = sess_start[sid]
+            out_ends[sessions] = sess_end[sid]
+            sessions += 1
+    # every event and touched open session to the rank of the session that finally holds it
+    event_session = np.empty(n, dtype=np.int64)
+    open_session = np.full(m, -1, dtype=np.int64)
+    for q in range(n + m):
+        if q < n:
+            sid = event_id[q]
+        elif touched[q - n]:
+            sid = q - n
+        else:
+            continue
+        root = sid
+        while parent[root] != root:
+            root = parent[root]
+        while parent[sid] != root:
+            following = parent[sid]
+            parent[sid] = root
+            sid = following
+        if q < n:
+            event_session[event_order[q]] = rank_of_id[root]
+        else:
+            open_session[open_order[q - n]] = rank_of_id[root]
+    # each session's events: arrival order by a counting sort, then (time, arrival) order
+    event_offsets = np.zeros(sessions + 1, dtype=np.int64)
+    for i in range(n):
+        event_offsets[event_session[i] + 1] += 1
+    for s in range(sessions):
+        event_offsets[s + 1] += event_offsets[s]
+    grouped = np.empty(n, dtype=np.int64)
+    fill = event_offsets[:-1].copy()
+    for i in range(n):
+        grouped[fill[event_session[i]]] = i
+        fill[event_session[i]] += 1
+    if by_time:
+        for s in range(sessions):
+            _sort_rows(grouped, event_offsets[s], event_offsets[s + 1], times, times, times,
+                       buffer)
+    # each session's absorbed open sessions, by start (open_order is by key, then start)
+    absorbed_offsets = np.zeros(sessions + 1, dtype=np.int64)
+    absorbed = 0
+    for j in range(m):
+        if open_session[j] >= 0:
+            absorbed_offsets[open_session[j] + 1] += 1
+            absorbed += 1
+    for s in range(sessions):
+        absorbed_offsets[s + 1] += absorbed_offsets[s]
+    absorbed_order = np.empty(absorbed, dtype=np.int64)
+    fill = absorbed_offsets[:-1].copy()
+    for q in range(m):
+        j = open_order[q]
+        if open_session[j] >= 0:
+            absorbed_order[fill[open_session[j]]] = j
+            fill[open_session[j]] += 1
+    return (_OK, -1, out_codes[:sessions].copy(), out_starts[:sessions].copy(),
+            out_ends[:sessions].copy(), event_session, open_session, grouped, event_offsets,
+            absorbed_order, absorbed_offsets)
+
+
+_HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
+    "_sort_rows": (_before,),
+    "_plan_dense": (_sort_rows,),
+}
 
 
 # -- aggregations over a plan ----------------------------------------------------------------

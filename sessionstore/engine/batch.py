@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import batch as columns
-from .. import keyschema
+from .. import kernels, keyschema
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
 from .columnar import (
@@ -50,6 +50,7 @@ from .columnar import (
     aggregate_plan,
     codes_in,
     columnar_parts,
+    needs_time_order,
     normal_key_array,
     numeric_column,
     object_array,
@@ -89,28 +90,41 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
             row (``values[3] cannot be stored ...``, ``gaps_ms[2] = 900 exceeds max_gap_ms =
             600``). A batch is atomic: nothing changes then.
     """
-    key_list = columns.as_list(keys, "keys")
-    n = len(key_list)
+    # Integer key columns and numeric value columns stay arrays: they are factorised and
+    # aggregated as they are (every number can be stored), and turned into Python lists only
+    # for the paths that take events one by one.
+    key_column = columns.as_column(keys, "keys")
+    key_array = key_column if _is_flat(key_column, "iu") else None
+    key_list = None if key_array is not None else (
+        key_column.tolist() if isinstance(key_column, np.ndarray) else list(key_column))
+    n = len(key_column) if key_list is None else len(key_list)
     times = columns.timestamps(timestamps_ms, n)
-    value_list = columns.as_list(values, "values")
-    if len(value_list) != n:
-        raise ValueError(f"values has {len(value_list)} rows, keys has {n}")
+    value_column = columns.as_column(values, "values")
+    value_array = value_column if _is_flat(value_column, "iufb") else None
+    value_list = None if value_array is not None else (
+        value_column.tolist() if isinstance(value_column, np.ndarray) else list(value_column))
+    if len(value_column) != n:
+        raise ValueError(f"values has {len(value_column)} rows, keys has {n}")
     cfg = engine.config
     if not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
         row = int(np.argmax(times > cfg.max_timestamp_ms))
         raise ValueError(
             f"timestamps_ms[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64"
         )
-    codes, uniques, uniques_arrow = columns.factorize_keys_arrow(key_list)
-    first_unencodable(value_list, "values")
+    codes, uniques, uniques_arrow = columns.factorize_keys_arrow(
+        key_list if key_array is None else pa.array(key_array))
+    if value_list is not None:
+        first_unencodable(value_list, "values")
     gaps = None
     if cfg.dynamic:
         if engine.windows.gap_fn is not None:
+            fn_keys = key_column.tolist() if key_list is None else key_list
+            fn_values = value_column.tolist() if value_list is None else value_list
             if gaps_ms is not None:
                 raise ValueError("gaps_ms given, but the windows compute each event's gap with "
                                  "their gap callable; pass one or the other")
             fn = engine.windows.gap_fn
-            raw = [fn(k, v, t) for k, v, t in zip(key_list, value_list, times.tolist(),
+            raw = [fn(k, v, t) for k, v, t in zip(fn_keys, fn_values, times.tolist(),
                                                   strict=True)]
             gaps = event_gaps(engine, raw, times, "the gap callable's results")
         else:
@@ -132,15 +146,19 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if engine._columnar_kinds is not None:
         with _collector_paused():
             try:
-                part_values = _part_values_of_list(engine, value_list)
+                part_values = _part_values_of_list(
+                    engine, value_list if value_array is None else value_array)
+                late_values = None  # only the on_late callback reads them
+                if engine.on_late is not None:
+                    late_values = value_list if value_array is None else value_array.tolist()
                 if kept is None:
                     blocks = _fast(engine, codes, uniques, uniques_arrow, part_values, times,
-                                   value_list, ends)
+                                   late_values, ends)
                 else:
                     blocks = _fast(engine, codes[kept], uniques, uniques_arrow,
                                    [None if v is None else v[kept] for v in part_values],
-                                   times[kept], [value_list[i] for i in kept.tolist()],
-                                   ends[kept])
+                                   times[kept], None if late_values is None
+                                   else [late_values[i] for i in kept.tolist()], ends[kept])
             except NotColumnar:
                 pass
             else:
@@ -150,6 +168,10 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
                 _count_invalid_gaps(engine, gaps)
                 return out
     engine._leave_table()
+    if key_list is None:
+        key_list = key_column.tolist()
+    if value_list is None:
+        value_list = value_column.tolist()
     if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
         _max_duration_batch(engine, key_list, value_list, times, ends, kept, out)
         _count_invalid_gaps(engine, gaps)
@@ -175,6 +197,11 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if engine._forwarded:
         out.extend(engine._drain_forwarded())
     return out
+
+
+def _is_flat(column: Any, kinds: str) -> bool:
+    """Whether ``column`` is a one-dimensional numpy array of one of the dtype ``kinds``."""
+    return isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in kinds
 
 
 class EventGaps:
@@ -449,8 +476,9 @@ Block = tuple[OpenTable, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
 
 
-def _part_values_of_list(engine: SessionAggregator, values: list[Any]) -> list[Any]:
-    """Per aggregation part, the batch's values as an array (None for count).
+def _part_values_of_list(engine: SessionAggregator, values: Any) -> list[Any]:
+    """Per aggregation part, the batch's values (a list, or a flat numeric numpy array) as an
+    array (None for count).
 
     Raises:
         NotColumnar: a column the fast path cannot take exactly.
@@ -462,6 +490,8 @@ def _part_values_of_list(engine: SessionAggregator, values: list[Any]) -> list[A
         if kind == "count":
             out.append(None)
             continue
+        if isinstance(values, np.ndarray) and (column is not None or kind not in NUMERIC_KINDS):
+            values = values.tolist()  # Python values, as the event path would hold them
         items = values if column is None else _items(values, column)
         out.append(numeric_column(items, "values") if kind in NUMERIC_KINDS
                    else object_array(items))
@@ -514,11 +544,16 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     cand = np.flatnonzero(table_codes >= 0)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
-    plan = plan_batch(acc_codes, acc_times, ends[accepted],
-                      closed_before[accepted], table_codes[cand], cand_starts, cand_ends,
-                      cfg.inclusive_gap)
+    # the plan, each session's events and its absorbed open sessions, in one compiled pass
+    # (the same plan as merge.plan_batch: property-tested in tests/kernels)
+    dense = kernels.plan_dense(acc_codes, len(uniques), acc_times, ends[accepted],
+                               closed_before[accepted], table_codes[cand], cand_starts,
+                               cand_ends, cfg.inclusive_gap,
+                               by_time=needs_time_order(kinds, acc_values))
+    plan = dense.plan
     open_parts = [part.take(cand) for part in table.parts]
-    new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs)
+    new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
+                               dense.events, dense.absorbed)
     new_keys = (batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
                 else object_array(uniques)[plan.session_codes])
     new = OpenTable(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)
@@ -754,6 +789,18 @@ def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | 
     return (out if fast else None), types
 
 
+def _block_key_arrays(block: OpenTable, names: list[str], table: pa.Table) -> list[pa.Array]:
+    """The key columns of a block's rows, in the input table's types: Arrow keys are cast
+    (no Python object per row); other keys, or a cast Arrow refuses, go through Python."""
+    if len(names) == 1 and isinstance(block.keys, pa.Array):
+        wanted = table.column(names[0]).type
+        if block.keys.type == wanted:
+            return [block.keys]
+        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return [block.keys.cast(wanted)]
+    return _key_arrays(block.key_list(), names, table)
+
+
 def _key_arrays(keys: list[Any], names: list[str], table: pa.Table) -> list[pa.Array]:
     if len(names) == 1:
         return [pa.array(keys, type=table.column(names[0]).type)]
@@ -793,7 +840,7 @@ def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list
             else:
                 results.append(pa.array(part.value, type=arrow_type))
         pieces.append(_output_table(
-            engine, _key_arrays(block.key_list(), names, table), names, block.starts_ms,
+            engine, _block_key_arrays(block, names, table), names, block.starts_ms,
             block.ends_ms, np.zeros(len(block), dtype=np.bool_) if flags is None else flags,
             results))
     return pa.concat_tables(pieces)

@@ -265,14 +265,7 @@ class OpenTable:
 
     def store_order(self) -> Int64Array:
         """Rows in (end, encoded key, start) order: the store's ``find_sessions`` order."""
-        if isinstance(self.keys, pa.Array):  # encode each distinct key once
-            dictionary = self.keys.dictionary_encode()
-            distinct = list(map(keyschema.encode_key, dictionary.dictionary.to_pylist()))
-            indices = dictionary.indices.to_numpy(zero_copy_only=False)
-            rank = keyschema.key_order(distinct)[indices]
-        else:
-            rank = keyschema.key_order(list(map(keyschema.encode_key, self.keys.tolist())))
-        return kernels.sort_order([self.ends_ms, rank, self.starts_ms])
+        return kernels.sort_order([self.ends_ms, key_ranks(self.keys), self.starts_ms])
 
     def wire_records(self, *, combined: bool) -> list[Any]:
         """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``, with
@@ -300,6 +293,54 @@ class OpenTable:
         return list(map(tuple.__new__, itertools.repeat(Emit),
                         zip(sessions, self.results(names), itertools.repeat(None), flags,
                             (self.ends_ms - 1).tolist())))
+
+
+# msgpack's int formats in the byte order of their encodings (length prefix, then header, then
+# the big-endian payload): positive fixint, negative fixint, uint8, int8, uint16, int16, uint32,
+# int32, uint64, int64. Within one format, byte order is numeric order.
+_INT_FORMAT_LOWS = np.array([-(2**63), -(2**31), -32768, -128, -32, 0, 128, 256, 65536, 2**32],
+                            dtype=np.int64)
+_INT_FORMAT_RANK = np.array([9, 7, 5, 3, 1, 0, 2, 4, 6, 8], dtype=np.int64)
+
+
+def key_ranks(keys: Any) -> Int64Array:
+    """Per row, a number that orders the rows' keys as their encodings
+    (:func:`~sessionstore.keyschema.encode_key`) order in bytes, as the store sorts them:
+    equal keys get equal numbers.
+
+    Computed without encoding a key when the column is Arrow ints, strings or binaries:
+    non-negative ints encode in numeric order (the int itself is its rank); other ints order
+    by msgpack format, then value; strings and binaries by byte length (the length prefix),
+    then bytes. Other columns are encoded (each key once) and their bytes ranked.
+    """
+    if isinstance(keys, pa.Array) and pa.types.is_int64(keys.type):
+        values = keys.to_numpy(zero_copy_only=False)
+        if len(values) == 0 or values.min() >= 0:
+            return values  # type: ignore[no-any-return]
+        distinct, inverse = np.unique(values, return_inverse=True)
+        formats = _INT_FORMAT_RANK[np.searchsorted(_INT_FORMAT_LOWS, distinct, side="right") - 1]
+        ranks = np.empty(len(distinct), dtype=np.int64)
+        ranks[np.argsort(formats, kind="stable")] = np.arange(len(distinct), dtype=np.int64)
+        return ranks[inverse.reshape(-1)]
+    if isinstance(keys, pa.Array) and (pa.types.is_string(keys.type)
+                                       or pa.types.is_binary(keys.type)):
+        dictionary = keys.dictionary_encode()
+        distinct = dictionary.dictionary
+        order = pc.sort_indices(
+            pa.table({"length": pc.binary_length(distinct), "key": distinct}),
+            sort_keys=[("length", "ascending"), ("key", "ascending")],
+        ).to_numpy(zero_copy_only=False)
+        ranks = np.empty(len(distinct), dtype=np.int64)
+        ranks[order] = np.arange(len(distinct), dtype=np.int64)
+        by_row: Int64Array = ranks[dictionary.indices.to_numpy(zero_copy_only=False)]
+        return by_row
+    if isinstance(keys, pa.Array):  # encode each distinct key once
+        dictionary = keys.dictionary_encode()
+        encoded = list(map(keyschema.encode_key, dictionary.dictionary.to_pylist()))
+        indices = dictionary.indices.to_numpy(zero_copy_only=False)
+        by_row = keyschema.key_order(encoded)[indices]
+        return by_row
+    return keyschema.key_order(list(map(keyschema.encode_key, keys.tolist())))
 
 
 def key_column(keys: list[Any]) -> Any:
@@ -357,9 +398,19 @@ def codes_in(table_keys: Any, uniques: list[Any], uniques_arrow: Any) -> Int64Ar
 # -- aggregating a planned batch ------------------------------------------------------------
 
 
+def needs_time_order(kinds: list[str], event_values: list[npt.NDArray[Any] | None]) -> bool:
+    """Whether :func:`aggregate_plan` needs each session's events in (time, arrival) order:
+    for first, last, collect and float sums; count, integer sums, min and max do not depend
+    on the order."""
+    return any(kind in ITEM_KINDS or (kind == "sum" and values is not None
+                                      and values.dtype.kind == "f")
+               for kind, values in zip(kinds, event_values, strict=True))
+
+
 def aggregate_plan(
     kinds: list[str], plan: Any, open_parts: list[PartColumns], open_starts_ms: Int64Array,
     event_values: list[npt.NDArray[Any] | None], times_ms: Int64Array, seqs: Int64Array,
+    groups: kernels.EventGroups | None = None, absorbed: kernels.EventGroups | None = None,
 ) -> list[PartColumns]:
     """The accumulator columns of a plan's sessions, in the combination order of the module.
 
@@ -370,16 +421,19 @@ def aggregate_plan(
         open_starts_ms: their starts.
         event_values: per part, the accepted events' values (None for count).
         times_ms, seqs: the accepted events' times and arrival numbers.
+        groups, absorbed: the plan's event groups and absorbed open sessions when already
+            computed (:func:`~sessionstore.kernels.plan_dense`); the event groups must be in
+            (time, arrival) order when :func:`needs_time_order` says so.
 
     Raises:
         NotColumnar: an integer sum leaves int64.
     """
     sessions = len(plan.session_codes)
-    groups = kernels.group_events(plan.event_session, times_ms, sessions)
-    absorbed = kernels.group_open_sessions(plan, open_starts_ms)
+    if groups is None:
+        groups = kernels.group_events(plan.event_session, times_ms, sessions)
+    if absorbed is None:
+        absorbed = kernels.group_open_sessions(plan, open_starts_ms)
     owner = plan.open_session[absorbed.order]
-    first_event = groups.order[groups.offsets[:-1]]
-    last_event = groups.order[groups.offsets[1:] - 1]
     out = []
     for kind, part, values in zip(kinds, open_parts, event_values, strict=True):
         if kind == "count":
@@ -397,7 +451,8 @@ def aggregate_plan(
             out.append(PartColumns(kind, best))
         elif kind in ("first", "last"):
             assert values is not None and part.t_ms is not None and part.seq is not None
-            pick = first_event if kind == "first" else last_event
+            pick = groups.order[groups.offsets[:-1] if kind == "first"
+                                else groups.offsets[1:] - 1]
             t_ms, seq, value = times_ms[pick], seqs[pick], values[pick]
             if len(owner):
                 rows = absorbed.order
