@@ -370,7 +370,8 @@ class CachingSessionStore:
         else:
             while pending and pending[0][0] <= upto_end_ms:
                 batch.append(heapq.heappop(pending)[2])
-            batch = [s for s in batch if s in dirty]
+            # a session put, removed before it was written, and put again is tracked twice
+            batch = list(dict.fromkeys(s for s in batch if s in dirty))
         if self._closed_rows:
             self._write_closed(max((s.end for s in batch if dirty[s] is not _TOMBSTONE),
                                    default=None))

@@ -86,3 +86,21 @@ def test_failed_bulk_flush_keeps_every_change(kind: str, tmp_path: Path) -> None
     assert cache.dirty_count == 0
     assert len(_contents(store)) == _BULK_FLUSH_MIN + 1
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_put_remove_put_before_a_flush_is_written_once(kind: str, tmp_path: Path) -> None:
+    """A session put, removed before any flush wrote it, then put again, is tracked twice;
+    a partial flush must write it once, with its last value (the bulk flush deleted it from
+    the dirty set twice and raised KeyError)."""
+    cache = CachingSessionStore(_open(kind, tmp_path, "a"), max_sessions=10 * _BULK_FLUSH_MIN)
+    sessions = [Session(f"k{i}", 100 + i, 200 + i) for i in range(2 * _BULK_FLUSH_MIN)]
+    for session in sessions:
+        cache.sessions_of(session.key, INT64_MIN)
+        cache.put(session, "first")
+        cache.remove(session)
+        cache.put(session, "second")
+    cache.flush(upto_end_ms=INT64_MAX - 1)
+    assert _contents(cache.wrapped) == sorted(((s, "second") for s in sessions),
+                                              key=lambda row: (row[0].end, row[0].key))
+    assert cache.dirty_count == 0
