@@ -6,9 +6,11 @@ once, so the RocksDB store and the in-memory model cannot drift apart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import msgpack
@@ -25,6 +27,7 @@ from .keycodec import encode_keys
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
+_Reader = Generator[tuple[Session, Any], None, None]  # what reads return, closed by close()
 
 # what MsgpackSerde.dumps packs with (autoreset: an error leaves it empty for the next value)
 _PACK = msgpack.Packer(use_bin_type=True).pack
@@ -42,7 +45,8 @@ def default_segment_interval_ms(retention_ms: int) -> int:
 class CommittedState:
     """What one commit records besides the sessions themselves."""
 
-    __slots__ = ("version", "metadata", "stream_time_ms", "expired_below", "segment_interval_ms")
+    __slots__ = ("version", "metadata", "stream_time_ms", "expired_below", "segment_interval_ms",
+                 "expiry_cap_ms", "retention_ms")
 
     def __init__(
         self,
@@ -51,12 +55,18 @@ class CommittedState:
         stream_time_ms: int | None = None,
         expired_below: int | None = None,
         segment_interval_ms: int | None = None,
+        expiry_cap_ms: int | None = None,
+        retention_ms: int | None = None,
     ) -> None:
         self.version = version
         self.metadata = metadata
         self.stream_time_ms = stream_time_ms
         self.expired_below = expired_below
         self.segment_interval_ms = segment_interval_ms
+        # what reads filter expired sessions by (see SegmentedSessionStore.read_floor_ms);
+        # None in manifests written before they were recorded
+        self.expiry_cap_ms = expiry_cap_ms
+        self.retention_ms = retention_ms
 
     def to_manifest(self, segment_interval_ms: int) -> dict[str, Any]:
         return {
@@ -66,6 +76,8 @@ class CommittedState:
             "stream_time_ms": self.stream_time_ms,
             "expired_below": self.expired_below,
             "segment_interval_ms": segment_interval_ms,
+            "expiry_cap_ms": self.expiry_cap_ms,
+            "retention_ms": self.retention_ms,
         }
 
     @classmethod
@@ -95,9 +107,16 @@ class CommittedState:
             interval = check_int64(manifest["segment_interval_ms"], "segment_interval_ms")
             if interval <= 0:
                 raise ValueError(f"segment_interval_ms must be > 0, got {interval}")
+            cap = manifest.get("expiry_cap_ms")  # optional: absent before read filtering
+            if cap is not None:
+                check_int64(cap, "expiry_cap_ms")
+            retention = manifest.get("retention_ms")
+            if retention is not None and check_int64(retention, "retention_ms") < 0:
+                raise ValueError(f"retention_ms must be >= 0, got {retention}")
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreCorruptedError(source, f"corrupted store manifest: {exc}") from None
-        return cls(version, manifest.get("metadata"), stream_time, expired_below, interval)
+        return cls(version, manifest.get("metadata"), stream_time, expired_below, interval,
+                   cap, retention)
 
 
 def check_session(session: Any) -> tuple[bytes, int, int]:
@@ -211,6 +230,8 @@ class SegmentedSessionStore(ABC):
             "commits": 0,
         }
         self._closed = False
+        # the iterators reads returned that may still be running (closed by close and abort)
+        self._open_iterators: weakref.WeakSet[_Reader] = weakref.WeakSet()
 
     # -- properties -------------------------------------------------------------------------
 
@@ -254,7 +275,8 @@ class SegmentedSessionStore(ABC):
         KIP-94 expires by stream time, the largest session end. An owner whose notion of time
         lags the data (an engine driven by an external watermark) caps it, so that no segment
         expires while it may still hold sessions the owner has not finished with. None removes
-        the cap. Not persisted: the owner sets it again after reopening.
+        the cap. Reads skip expired sessions by the same capped time (:attr:`read_floor_ms`).
+        A commit records the cap; reopening and ``abort()`` restore it.
         """
         self._expiry_cap = None if cap_ms is None else check_int64(cap_ms, "cap_ms")
 
@@ -437,54 +459,101 @@ class SegmentedSessionStore(ABC):
             )
 
     # -- reads ------------------------------------------------------------------------------
+    #
+    # Every read skips expired sessions as Kafka (>= 3.x) does: a session ending before
+    # ``read_floor_ms`` (expiry time - retention + 1) is not returned, also when its segment is
+    # still held. The expiry time is the one segment expiry runs on (stream time, capped by
+    # ``cap_expiry_time``), so reads never hide a session the owner has not finished with.
+    # Iterators stay open until exhausted; ``close()`` and ``abort()`` close them (they then
+    # yield nothing more, as Kafka's iterators of a closed store).
 
-    def fetch(self, key: Any) -> Iterator[tuple[Session, Any]]:
-        """All sessions of ``key``, ordered by end, then start."""
-        return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX)
+    @property
+    def read_floor_ms(self) -> int | None:
+        """The smallest session end that reads return: ``expiry time - retention_ms + 1``,
+        where the expiry time is the observed stream time capped by :meth:`cap_expiry_time`
+        (Kafka's ``observedStreamTime - retentionPeriod + 1``). None before the first put.
+        It may lie outside int64 (beyond the maximum: nothing is returned)."""
+        reference = self._expiry_time(self._stream_time)
+        return None if reference is None else reference - self._retention_ms + 1
+
+    def _floor(self, earliest_end: int) -> int:
+        floor = self.read_floor_ms
+        return earliest_end if floor is None or floor <= earliest_end else floor
+
+    def _track(self, iterator: _Reader) -> _Reader:
+        self._open_iterators.add(iterator)
+        return iterator
+
+    def _close_iterators(self) -> None:
+        """Close every iterator still open: it yields nothing more, and holds no database."""
+        for iterator in list(self._open_iterators):
+            # ValueError: running in another thread right now; it ends with the database
+            with contextlib.suppress(ValueError):
+                iterator.close()
+        self._open_iterators.clear()
+
+    def fetch(self, key: Any, *, backward: bool = False) -> Iterator[tuple[Session, Any]]:
+        """All live sessions of ``key``, ordered by end, then start (both descending when
+        ``backward``, Kafka's ``backwardFetch``)."""
+        return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX, backward=backward)
 
     def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
-        """The value of the session ``(key, start_ms, end_ms)``, or None if there is none."""
+        """The value of the session ``(key, start_ms, end_ms)``, or None if there is none or it
+        ended before :attr:`read_floor_ms` (expired)."""
         self._check_open()
         encoded, start, end = check_session((key, start_ms, end_ms))
+        floor = self.read_floor_ms
+        if floor is not None and end < floor:
+            return None
         data = self._get(encoded, end, start)
         return None if data is None else self._serde.loads(data)
 
     def find_sessions_to_merge(
-        self, key: Any, earliest_end_ms: int, latest_start_ms: int
+        self, key: Any, earliest_end_ms: int, latest_start_ms: int, *, backward: bool = False
     ) -> Iterator[tuple[Session, Any]]:
-        """Sessions of ``key`` with ``end >= earliest_end_ms and start <= latest_start_ms``.
+        """Live sessions of ``key`` with ``end >= earliest_end_ms and start <= latest_start_ms``.
 
-        Both bounds are inclusive; results are ordered by end, then start.
+        Both bounds are inclusive; results are ordered by end, then start (both descending when
+        ``backward``, Kafka's ``backwardFindSessions``). Sessions ending before
+        :attr:`read_floor_ms` are expired and skipped. The iterator reads the store as it goes;
+        :meth:`close` and :meth:`abort` end it.
         """
         self._check_open()
         encoded = keyschema.encode_key(key)
-        earliest = check_int64(earliest_end_ms, "earliest_end_ms")
+        earliest = self._floor(check_int64(earliest_end_ms, "earliest_end_ms"))
         latest = check_int64(latest_start_ms, "latest_start_ms")
-        return self._iter_key(key, encoded, earliest, latest)
+        return self._track(self._iter_key(key, encoded, earliest, latest, backward))
 
     def _iter_key(
-        self, key: Any, encoded: bytes, earliest: int, latest: int
-    ) -> Iterator[tuple[Session, Any]]:
+        self, key: Any, encoded: bytes, earliest: int, latest: int, backward: bool
+    ) -> _Reader:
+        if earliest > INT64_MAX:
+            return
         loads = self._serde.loads
-        for end, start, data in self._scan_key(encoded, earliest, latest):
+        for end, start, data in self._scan_key(encoded, earliest, latest, backward):
             yield Session(key, start, end), loads(data)
 
     def find_sessions(
-        self, earliest_end_ms: int, latest_end_ms: int
+        self, earliest_end_ms: int, latest_end_ms: int, *, backward: bool = False
     ) -> Iterator[tuple[Session, Any]]:
-        """Sessions of every key with ``earliest_end_ms <= end <= latest_end_ms`` (KIP-825).
+        """Live sessions of every key with ``earliest_end_ms <= end <= latest_end_ms`` (KIP-825).
 
-        Ordered by end, then by the key's encoded bytes, then start.
+        Ordered by end, then by the key's encoded bytes, then start (all three descending when
+        ``backward``). Sessions ending before :attr:`read_floor_ms` are expired and skipped.
         """
         self._check_open()
-        earliest = check_int64(earliest_end_ms, "earliest_end_ms")
+        earliest = self._floor(check_int64(earliest_end_ms, "earliest_end_ms"))
         latest = check_int64(latest_end_ms, "latest_end_ms")
-        return self._iter_time(earliest, latest)
+        return self._track(self._iter_time(earliest, latest, backward))
 
-    def _iter_time(self, earliest: int, latest: int) -> Iterator[tuple[Session, Any]]:
+    def _iter_time(
+        self, earliest: int, latest: int, backward: bool
+    ) -> _Reader:
+        if earliest > latest:
+            return
         loads = self._serde.loads
         decode = keyschema.decode_key
-        for end, encoded, start, data in self._scan_time(earliest, latest):
+        for end, encoded, start, data in self._scan_time(earliest, latest, backward):
             yield Session(decode(encoded), start, end), loads(data)
 
     # -- versions ---------------------------------------------------------------------------
@@ -501,7 +570,8 @@ class SegmentedSessionStore(ABC):
         self._check_open()
         DEFAULT_SERDE.dumps(metadata)  # refuse unserialisable metadata before touching disk
         state = CommittedState(
-            self._committed.version + 1, metadata, self._stream_time, self._expired_below
+            self._committed.version + 1, metadata, self._stream_time, self._expired_below,
+            expiry_cap_ms=self._expiry_cap, retention_ms=self._retention_ms,
         )
         self._commit_state(state)
         self._committed = state
@@ -509,16 +579,20 @@ class SegmentedSessionStore(ABC):
         return state.version
 
     def abort(self) -> None:
-        """Discard every write since the last commit."""
+        """Discard every write since the last commit. Open iterators are closed first."""
         self._check_open()
+        self._close_iterators()
         self._restore_committed()
         self._stream_time = self._committed.stream_time_ms
         self._expired_below = self._committed.expired_below
+        self._expiry_cap = self._committed.expiry_cap_ms
 
     def close(self) -> None:
-        """Release the store. Writes not committed are discarded."""
+        """Release the store. Writes not committed are discarded; open iterators are closed
+        (they yield nothing more)."""
         if not self._closed:
             self._closed = True
+            self._close_iterators()
             self._release()
 
     def __enter__(self: _StoreT) -> _StoreT:
@@ -535,6 +609,7 @@ class SegmentedSessionStore(ABC):
         self._committed = state
         self._stream_time = state.stream_time_ms
         self._expired_below = state.expired_below
+        self._expiry_cap = state.expiry_cap_ms
 
     # -- backend hooks ----------------------------------------------------------------------
 
@@ -569,15 +644,16 @@ class SegmentedSessionStore(ABC):
 
     @abstractmethod
     def _scan_key(
-        self, encoded_key: bytes, earliest_end: int, latest_start: int
+        self, encoded_key: bytes, earliest_end: int, latest_start: int, backward: bool = False
     ) -> Iterator[tuple[int, int, bytes]]:
-        """Yield ``(end, start, data)`` ordered by end then start."""
+        """Yield ``(end, start, data)`` ordered by end then start (reversed when ``backward``)."""
 
     @abstractmethod
     def _scan_time(
-        self, earliest_end: int, latest_end: int
+        self, earliest_end: int, latest_end: int, backward: bool = False
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
-        """Yield ``(end, encoded_key, start, data)`` ordered by end, key bytes, start."""
+        """Yield ``(end, encoded_key, start, data)`` ordered by end, key bytes, start (reversed
+        when ``backward``)."""
 
     @abstractmethod
     def _drop_segments_below(self, segment: int) -> int:

@@ -232,10 +232,10 @@ class InMemorySessionStore(SegmentedSessionStore):
         return segment.values.get((end, encoded_key, start))
 
     def _scan_key(
-        self, encoded_key: bytes, earliest_end: int, latest_start: int
+        self, encoded_key: bytes, earliest_end: int, latest_start: int, backward: bool = False
     ) -> Iterator[tuple[int, int, bytes]]:
         first = earliest_end // self._interval
-        for seg in sorted(s for s in self._segments if s >= first):
+        for seg in sorted((s for s in self._segments if s >= first), reverse=backward):
             segment = self._segments[seg]
             bounds = segment.key_index().get(encoded_key)
             if bounds is None:
@@ -244,23 +244,26 @@ class InMemorySessionStore(SegmentedSessionStore):
             rows = [(end, start, values[(end, encoded_key, start)])
                     for end, start in bounds[bisect.bisect_left(bounds, (earliest_end,)):]
                     if start <= latest_start]
+            if backward:
+                rows.reverse()
             yield from rows
 
     def _scan_time(
-        self, earliest_end: int, latest_end: int
+        self, earliest_end: int, latest_end: int, backward: bool = False
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
         if earliest_end > latest_end:
             return
         first, last = earliest_end // self._interval, latest_end // self._interval
-        for seg in sorted(s for s in self._segments if first <= s <= last):
+        for seg in sorted((s for s in self._segments if first <= s <= last), reverse=backward):
             segment = self._segments[seg]
             index = segment.by_time()
-            rows = []
-            for i in range(bisect.bisect_left(index, (earliest_end,)), len(index)):
-                entry = index[i]
-                if entry[0] > latest_end:
-                    break
-                rows.append((*entry, segment.values[entry]))
+            low = bisect.bisect_left(index, (earliest_end,))
+            high = bisect.bisect_left(index, (latest_end + 1,), low)
+            values = segment.values
+            picked = index[low:high]
+            if backward:
+                picked.reverse()
+            rows = [(*entry, values[entry]) for entry in picked]
             yield from rows
 
     def _drop_segments_below(self, segment: int) -> int:

@@ -27,7 +27,7 @@ from ..errors import StoreCorruptedError
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
-from .base import check_session
+from .base import CommittedState, check_session
 from .checkpoint import (
     CHECKPOINTS_DIR,
     check_database,
@@ -60,6 +60,17 @@ def _release(handles: dict[str, Any], scratch: Path) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _read_floor(state: CommittedState) -> int | None:
+    """The writer's read floor at a commit: ``min(stream time, expiry cap) - retention + 1``
+    (:attr:`SegmentedSessionStore.read_floor_ms`); None when unknown."""
+    if state.stream_time_ms is None or state.retention_ms is None:
+        return None
+    reference = state.stream_time_ms
+    if state.expiry_cap_ms is not None:
+        reference = min(reference, state.expiry_cap_ms)
+    return reference - state.retention_ms + 1
+
+
 class ReadOnlySessionStore:
     """Queries on the last committed version of the store at ``path``; safe from any thread.
 
@@ -90,6 +101,7 @@ class ReadOnlySessionStore:
         self._version = 0
         self._metadata: Any = None
         self._stream_time_ms: int | None = None
+        self._read_floor_ms: int | None = None
         self._interval = 1
         self._retries = 0
         self._closed = False
@@ -129,6 +141,15 @@ class ReadOnlySessionStore:
     def metrics(self) -> Mapping[str, float]:
         """``refresh-retries``: refreshes that lost a race with the writer's cleanup and retried."""
         return {"refresh-retries": self._retries}
+
+    @property
+    def read_floor_ms(self) -> int | None:
+        """The smallest session end queries return: the writer's
+        :attr:`~sessionstore.SessionStore.read_floor_ms` at that commit (sessions ending before
+        it are expired, as Kafka's reads skip them). None when nothing was put, or for a
+        version committed before the store recorded it (then only whole expired segments are
+        missing)."""
+        return self._read_floor_ms
 
     def live_segments(self) -> list[int]:
         """Ids of the segments the committed version holds, ascending."""
@@ -192,18 +213,21 @@ class ReadOnlySessionStore:
         self._version = state.version
         self._metadata = state.metadata
         self._stream_time_ms = state.stream_time_ms
+        self._read_floor_ms = _read_floor(state)
         assert state.segment_interval_ms is not None
         self._interval = state.segment_interval_ms
         if old_db is not None:
             old_db.close()
             shutil.rmtree(old_dir, ignore_errors=True)
 
-    def fetch(self, key: Any) -> list[tuple[Session, Any]]:
-        """All committed sessions of ``key``, by end then start."""
-        return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX)
+    def fetch(self, key: Any, *, backward: bool = False) -> list[tuple[Session, Any]]:
+        """All committed live sessions of ``key``, by end then start (both descending when
+        ``backward``)."""
+        return self.find_sessions_to_merge(key, INT64_MIN, INT64_MAX, backward=backward)
 
     def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
-        """The committed value of one session, or None.
+        """The committed value of one session, or None (also when it ended before
+        :attr:`read_floor_ms`: expired).
 
         Raises:
             StoreCorruptedError: RocksDB met damaged data.
@@ -211,6 +235,9 @@ class ReadOnlySessionStore:
         encoded, start, end = check_session((key, start_ms, end_ms))
         with self._lock:
             self._check_open()
+            floor = self._read_floor_ms
+            if floor is not None and end < floor:
+                return None
             cf = self._cfs.get(end // self._interval)
             try:
                 data = None if cf is None else cf.get(keyschema.key_first(encoded, end, start))
@@ -221,30 +248,40 @@ class ReadOnlySessionStore:
                 raise error from None
             return None if data is None else self._serde.loads(data)
 
-    def find_sessions_to_merge(self, key: Any, earliest_end_ms: int, latest_start_ms: int
-                               ) -> list[tuple[Session, Any]]:
+    def find_sessions_to_merge(self, key: Any, earliest_end_ms: int, latest_start_ms: int,
+                               *, backward: bool = False) -> list[tuple[Session, Any]]:
         """As :meth:`SessionStore.find_sessions_to_merge`, on the committed version."""
         encoded = keyschema.encode_key(key)
         earliest = check_int64(earliest_end_ms, "earliest_end_ms")
         latest = check_int64(latest_start_ms, "latest_start_ms")
         with self._lock:
             self._check_open()
+            floor = self._read_floor_ms
+            if floor is not None and floor > earliest:
+                if floor > INT64_MAX:
+                    return []
+                earliest = floor
             loads = self._serde.loads
             return [(Session(key, start, end), loads(data)) for end, start, data in
                     scan_key(self._cfs, self._interval, encoded, earliest, latest,
-                             self._scratch)]
+                             self._scratch, backward)]
 
-    def find_sessions(self, earliest_end_ms: int, latest_end_ms: int
+    def find_sessions(self, earliest_end_ms: int, latest_end_ms: int, *, backward: bool = False
                       ) -> list[tuple[Session, Any]]:
         """As :meth:`SessionStore.find_sessions`, on the committed version."""
         earliest = check_int64(earliest_end_ms, "earliest_end_ms")
         latest = check_int64(latest_end_ms, "latest_end_ms")
         with self._lock:
             self._check_open()
+            floor = self._read_floor_ms
+            if floor is not None and floor > earliest:
+                if floor > latest:
+                    return []
+                earliest = floor
             loads, decode = self._serde.loads, keyschema.decode_key
             return [(Session(decode(encoded), start, end), loads(data)) for end, encoded, start,
                     data in scan_time(self._cfs, self._interval, earliest, latest,
-                                      self._scratch)]
+                                      self._scratch, backward)]
 
     def __iter__(self) -> Iterator[tuple[Session, Any]]:
         return iter(self.find_sessions(INT64_MIN, INT64_MAX))

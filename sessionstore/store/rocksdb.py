@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 _LIVE = "live"
 _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
+# sorts after the (end, start) of any key-first record: the start of a backward key scan
+_HIGH_TIMES = b"\xff" * 16
 
 
 def fsync_dir(path: Path) -> None:
@@ -111,9 +113,10 @@ def _raise_corruption(exc: Exception, where: Path) -> NoReturn:
 
 def scan_key(
     cfs: dict[int, Any], interval: int, encoded_key: bytes, earliest_end: int, latest_start: int,
-    where: Path,
+    where: Path, backward: bool = False,
 ) -> Iterator[tuple[int, int, bytes]]:
-    """Key-first scan over segment column families: ``(end, start, value)`` by end, start.
+    """Key-first scan over segment column families: ``(end, start, value)`` by end, start
+    (by end, then start, both descending when ``backward``).
 
     Raises:
         StoreCorruptedError: RocksDB met a damaged block or a missing file (``where`` is named
@@ -123,9 +126,28 @@ def scan_key(
     first = earliest_end // interval
     prefix = keyschema.key_first_prefix(encoded_key)
     prefix_len = len(prefix)
-    seek = keyschema.key_first_seek(encoded_key, earliest_end)
     split = keyschema.split_key_first
     try:
+        if backward:
+            last = prefix + _HIGH_TIMES  # above every record of the key: seek_for_prev lands
+            for cf in reversed(_segments_between(cfs, first, None)):
+                it = cf.iter()
+                it.seek_for_prev(last)
+                while it.valid():
+                    record = it.key()
+                    if not record.startswith(prefix):
+                        break
+                    end, start = split(record, prefix_len)
+                    if end < earliest_end:
+                        break
+                    if start <= latest_start:
+                        yield end, start, it.value()
+                    it.prev()
+                else:
+                    it.status()
+                del it
+            return
+        seek = keyschema.key_first_seek(encoded_key, earliest_end)
         for cf in _segments_between(cfs, first, None):
             it = cf.iter()
             it.seek(seek)
@@ -145,9 +167,11 @@ def scan_key(
 
 
 def scan_time(
-    cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int, where: Path
+    cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int, where: Path,
+    backward: bool = False,
 ) -> Iterator[tuple[int, bytes, int, bytes]]:
-    """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start.
+    """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start (all three
+    descending when ``backward``).
 
     Raises:
         StoreCorruptedError: as :func:`scan_key`.
@@ -155,27 +179,40 @@ def scan_time(
     if earliest_end > latest_end:
         return
     first, last = earliest_end // interval, latest_end // interval
-    seek = keyschema.time_first_seek(earliest_end)
     split = keyschema.split_time_first
     to_key_first = keyschema.time_first_to_key_first
     tag = keyschema.TIME_FIRST
+    segments = _segments_between(cfs, first, last)
+    if backward:
+        segments.reverse()
+        # above every index key ending at latest_end: the byte after the end is the first byte
+        # of a key length below 2**24 (MAX_KEY_BYTES), so 0x00
+        bound = keyschema.time_first_seek(latest_end) + b"\xff"
+    else:
+        bound = keyschema.time_first_seek(earliest_end)
     try:
-        for cf in _segments_between(cfs, first, last):
+        for cf in segments:
             it = cf.iter()
-            it.seek(seek)
+            if backward:
+                it.seek_for_prev(bound)
+            else:
+                it.seek(bound)
             while it.valid():
                 record = it.key()
                 if not record.startswith(tag):
                     break
                 end, encoded, start = split(record)
-                if end > latest_end:
+                if end > latest_end or end < earliest_end:
                     break
                 data = cf.get(to_key_first(record))
                 # None: the owner removed the session while this scan was running (the
                 # iterator reads a snapshot, get() the present); damage fails the checksums.
                 if data is not None:
                     yield end, encoded, start, data
-                it.next()
+                if backward:
+                    it.prev()
+                else:
+                    it.next()
             else:
                 it.status()
             del it
@@ -472,15 +509,16 @@ class SessionStore(SegmentedSessionStore):
         return data
 
     def _scan_key(
-        self, encoded_key: bytes, earliest_end: int, latest_start: int
+        self, encoded_key: bytes, earliest_end: int, latest_start: int, backward: bool = False
     ) -> Iterator[tuple[int, int, bytes]]:
         return scan_key(self._cfs, self._interval, encoded_key, earliest_end, latest_start,
-                        self._live_path)
+                        self._live_path, backward)
 
     def _scan_time(
-        self, earliest_end: int, latest_end: int
+        self, earliest_end: int, latest_end: int, backward: bool = False
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
-        return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._live_path)
+        return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._live_path,
+                         backward)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]
