@@ -333,7 +333,8 @@ class SegmentedSessionStore(ABC):
         interval = self._interval
         cap = self._expiry_cap
         reference = stream_time if cap is None or cap > stream_time else cap
-        min_live = (reference - self._retention_ms) // interval
+        # below INT64_MIN (a cap at the minimum, 1 ms segments) compares the same, and commits
+        min_live = max((reference - self._retention_ms) // interval, INT64_MIN)
         if end // interval < min_live:
             self._metrics["dropped-records"] += 1
             return False

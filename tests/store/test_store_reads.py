@@ -464,3 +464,14 @@ def test_reads_keep_every_session_the_engine_has_not_emitted(tmp_path: Path,
     out = engine.advance_watermark(2_000)
     assert [(e.session.start, e.session.end) for e in out] == expected[5:]
     store.close()
+
+
+def test_commit_after_a_put_under_a_minimum_cap(tmp_path: Path) -> None:
+    """put() kept a min-live segment below int64 (cap at INT64_MIN, 1 ms segments), and the
+    commit could not write it (msgpack OverflowError); put_many already clamped it."""
+    with SessionStore(tmp_path / "s", retention_ms=10, segment_interval_ms=1) as store:
+        store.cap_expiry_time(INT64_MIN)
+        store.put(Session("a", 0, 10), 1)
+        assert store.commit() == 1
+    with SessionStore(tmp_path / "s", retention_ms=10, segment_interval_ms=1) as store:
+        assert values(store.fetch("a")) == [1]
