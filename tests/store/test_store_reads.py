@@ -369,7 +369,7 @@ def _check_reads(store: Any, model: Model, probes: list[tuple[Any, int, int]]) -
 
 
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("put"), KEYS, TIMES, st.integers(0, 40), st.integers()),
+    st.tuples(st.just("put"), KEYS, TIMES, st.integers(0, 40), st.integers(-999, 999)),
     st.tuples(st.just("cap"), st.one_of(st.none(), TIMES)),
     st.tuples(st.just("commit")),
     st.tuples(st.just("abort")),
