@@ -31,7 +31,11 @@ _PACK = msgpack.Packer(use_bin_type=True).pack
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
 # 2: the manifest carries its own SHA-256 and what the version must contain (checkpoint.py).
-STORE_FORMAT_VERSION = 2
+# 3: large bulk writes index a segment's sessions with index blocks instead of time-first
+#    records (keyschema.py); a format-2 reader would not see those sessions in find_sessions, so
+#    it must refuse the store. Format 2 stores are read as they are (they hold no blocks).
+STORE_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (2, 3)
 
 
 def default_segment_interval_ms(retention_ms: int) -> int:
@@ -79,10 +83,11 @@ class CommittedState:
         if not isinstance(manifest, dict):
             raise StoreCorruptedError(source, "corrupted store manifest: not a map")
         fmt = manifest.get("format")
-        if fmt != STORE_FORMAT_VERSION:
+        if fmt not in READABLE_FORMAT_VERSIONS:
+            readable = " and ".join(map(str, READABLE_FORMAT_VERSIONS))
             raise ValueError(
                 f"store manifest {source} has format version {fmt!r}; this sessionstore reads "
-                f"format {STORE_FORMAT_VERSION} (was it written by a newer release?)"
+                f"formats {readable} (was it written by a newer release?)"
             )
         try:
             version = check_int64(manifest["version"], "version")
