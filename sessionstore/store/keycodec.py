@@ -41,8 +41,14 @@ _INT_CLASSES: tuple[tuple[int, int, int | None, int, bool], ...] = (
 )
 
 
-def encode_keys(keys: Sequence[Any]) -> list[bytes]:
-    """``[keyschema.encode_key(k) for k in keys]``, vectorised for a column of plain ints.
+def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[bytes]:
+    """``[keyschema.encode_key(k) for k in keys]``, vectorised for a column of plain ints or
+    of strings.
+
+    Args:
+        keys: the keys.
+        rows: the row of each key in the caller's argument, for error messages (default: its
+            position in ``keys``).
 
     Raises:
         TypeError / ValueError: as :func:`~sessionstore.keyschema.encode_key`, naming the row
@@ -68,7 +74,8 @@ def encode_keys(keys: Sequence[Any]) -> list[bytes]:
             try:
                 keyschema.encode_key(key)
             except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{row}]: {exc}") from None
+                name = row if rows is None else rows[row]
+                raise type(exc)(f"keys[{name}]: {exc}") from None
         raise
 
 

@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -89,6 +90,16 @@ def _write_file_durably(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _housekeep(root: Path, doomed: list[Path]) -> None:
+    """After a commit: fsync the checkpoints directory, then delete the renamed-away versions."""
+    try:
+        fsync_dir(root)
+    except OSError as exc:  # the commit is durable without it; the next open repeats the rename
+        log.warning("could not fsync %s after a commit: %s", root, exc)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _cf_name(segment: int) -> str:
@@ -348,6 +359,7 @@ class SessionStore(SegmentedSessionStore):
         self._blocks: dict[int, dict[bytes, keyschema.IndexBlock]] = {}
         self._next_block_id = 0
         self._matrix_of: tuple[list[bytes], keyschema.KeyMatrix | None] | None = None
+        self._housekeeping: threading.Thread | None = None
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stub declares a method, but at run time this is a property. Commits do not
         # need the WAL: they flush and checkpoint, and a crash goes back to the last checkpoint.
@@ -730,13 +742,26 @@ class SessionStore(SegmentedSessionStore):
         fsync_dir(root)  # the staging directory is durable before the pointer names it
         write_pointer(self._path, state.version)  # the commit point
         os.rename(staging, final)
-        fsync_dir(root)
         self._contents = contents
+        doomed = []
         for old in committed_versions(self._path)[: -self._keep_versions]:
             # Renamed first, so that no reader (nor a crash) ever sees half a version.
-            doomed = root / f"{DELETING_PREFIX}{version_dir_name(old)}"
-            os.rename(root / version_dir_name(old), doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            doomed.append(root / f"{DELETING_PREFIX}{version_dir_name(old)}")
+            os.rename(root / version_dir_name(old), doomed[-1])
+        # The rest is housekeeping, done by a thread off the commit path: making the rename to
+        # v<N> durable (the pointer already is: a crash before this reopens from the staging
+        # name) and deleting old versions (a crash leaves .deleting-* for the next open).
+        self._join_housekeeping()
+        self._housekeeping = threading.Thread(
+            target=_housekeep, args=(root, doomed), name="sessionstore-commit-housekeeping",
+            daemon=True)
+        self._housekeeping.start()
+
+    def _join_housekeeping(self) -> None:
+        """Wait for the previous commit's housekeeping (at most one runs at a time)."""
+        if self._housekeeping is not None:
+            self._housekeeping.join()
+            self._housekeeping = None
 
     def _restore_committed(self) -> None:
         self._close_db()
@@ -744,6 +769,7 @@ class SessionStore(SegmentedSessionStore):
 
     def _release(self) -> None:
         try:
+            self._join_housekeeping()
             self._close_db()
         finally:
             self._unlock()
