@@ -335,21 +335,36 @@ def split_index_block_key(record: bytes) -> tuple[int, int, int]:
 class IndexBlock:
     """The decoded sessions of one index block, in time-first order (end, key bytes, start).
 
-    ``ends_ms``/``starts_ms`` are int64 arrays, ``key_of_row`` indexes ``keys`` (the distinct
-    encoded keys, an object array of bytes).
+    ``ends_ms``/``starts_ms`` are int64 arrays and ``key_of_row`` indexes the block's distinct
+    encoded keys, held as one byte string ``key_bytes`` cut at ``key_offsets``; they become
+    ``bytes`` objects on the first :meth:`rows` call (a writer caches the blocks it writes, and
+    most are never read).
     """
 
-    __slots__ = ("ends_ms", "starts_ms", "key_of_row", "keys")
+    __slots__ = ("ends_ms", "starts_ms", "key_of_row", "key_bytes", "key_offsets", "_keys")
 
     def __init__(self, ends_ms: npt.NDArray[np.int64], starts_ms: npt.NDArray[np.int64],
-                 key_of_row: npt.NDArray[Any], keys: npt.NDArray[Any]) -> None:
+                 key_of_row: npt.NDArray[Any], key_bytes: bytes,
+                 key_offsets: npt.NDArray[Any]) -> None:
         self.ends_ms = ends_ms
         self.starts_ms = starts_ms
         self.key_of_row = key_of_row
-        self.keys = keys
+        self.key_bytes = key_bytes
+        self.key_offsets = key_offsets
+        self._keys: npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.ends_ms)
+
+    def keys(self) -> npt.NDArray[Any]:
+        """The distinct encoded keys, an object array of bytes."""
+        if self._keys is None:
+            blob = self.key_bytes
+            bounds = self.key_offsets.tolist()
+            keys = np.empty(len(bounds) - 1, dtype=object)
+            keys[:] = [blob[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            self._keys = keys
+        return self._keys
 
     def rows(self, earliest_end_ms: int, latest_end_ms: int) -> list[tuple[int, bytes, int]]:
         """The sessions with ``earliest_end_ms <= end <= latest_end_ms``, as
@@ -360,39 +375,44 @@ class IndexBlock:
         if first >= stop:
             return []
         return list(zip(ends[first:stop].tolist(),
-                        self.keys[self.key_of_row[first:stop]].tolist(),
+                        self.keys()[self.key_of_row[first:stop]].tolist(),
                         self.starts_ms[first:stop].tolist(), strict=True))
 
 
 def encode_index_block(encoded_keys: Sequence[bytes], key_index: npt.NDArray[np.int64],
-                       ends_ms: npt.NDArray[np.int64], starts_ms: npt.NDArray[np.int64]
-                       ) -> tuple[bytes, IndexBlock]:
+                       ends_ms: npt.NDArray[np.int64], starts_ms: npt.NDArray[np.int64],
+                       matrix: KeyMatrix | None = None) -> tuple[bytes, IndexBlock]:
     """The value of an index block for sessions already in time-first order, and its decoded
     form (what a reader would decode from those bytes).
 
-    Session ``i`` is ``(encoded_keys[key_index[i]], starts_ms[i], ends_ms[i])``. Layout, all
-    little-endian: a 32-byte header (``SSIB``, version 1, 3 zero bytes, then the row count ``n``,
-    the distinct key count ``k`` and the key bytes ``b`` as u64), ``ends`` int64[n], ``starts``
-    int64[n], key offsets u64[k + 1], the key of each row u32[n], and the ``k`` distinct encoded
-    keys concatenated (``b`` bytes).
+    Session ``i`` is ``(encoded_keys[key_index[i]], starts_ms[i], ends_ms[i])``; ``matrix``:
+    :func:`key_matrix` of ``encoded_keys``, when the caller has it. Layout, all little-endian: a
+    32-byte header (``SSIB``, version 1, 3 zero bytes, then the row count ``n``, the distinct
+    key count ``k`` and the key bytes ``b`` as u64), ``ends`` int64[n], ``starts`` int64[n],
+    key offsets u64[k + 1], the key of each row u32[n], and the ``k`` distinct encoded keys
+    concatenated (``b`` bytes).
     """
     present = np.zeros(len(encoded_keys), dtype=np.bool_)
     present[key_index] = True
     used = np.flatnonzero(present)
     key_of_row = (np.cumsum(present) - 1)[key_index]
-    keys = [encoded_keys[k] for k in used.tolist()]
-    blob = b"".join(keys)
-    offsets = np.zeros(len(keys) + 1, dtype="<u8")
-    np.cumsum(np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)), out=offsets[1:])
+    if matrix is not None:  # the used rows of the padded matrix, each cut to its length
+        lengths = matrix.lengths[used]
+        rows_of_keys = matrix.rows[used]
+        blob = rows_of_keys[np.arange(rows_of_keys.shape[1]) < lengths[:, None]].tobytes()
+    else:
+        lengths = np.fromiter((len(encoded_keys[k]) for k in used.tolist()), dtype=np.int64,
+                              count=len(used))
+        blob = b"".join([encoded_keys[k] for k in used.tolist()])
+    offsets = np.zeros(len(used) + 1, dtype="<u8")
+    np.cumsum(lengths, out=offsets[1:])
     n = len(ends_ms)
     ends = np.ascontiguousarray(ends_ms, dtype="<i8")
     starts = np.ascontiguousarray(starts_ms, dtype="<i8")
     rows = key_of_row.astype("<u4")
-    data = b"".join((_BLOCK_HEADER.pack(_BLOCK_MAGIC, _BLOCK_VERSION, n, len(keys), len(blob)),
+    data = b"".join((_BLOCK_HEADER.pack(_BLOCK_MAGIC, _BLOCK_VERSION, n, len(used), len(blob)),
                      ends.tobytes(), starts.tobytes(), offsets.tobytes(), rows.tobytes(), blob))
-    key_array = np.empty(len(keys), dtype=object)
-    key_array[:] = keys
-    return data, IndexBlock(ends.astype(np.int64), starts.astype(np.int64), rows, key_array)
+    return data, IndexBlock(ends.astype(np.int64), starts.astype(np.int64), rows, blob, offsets)
 
 
 def decode_index_block(data: bytes, min_end_ms: int, max_end_ms: int) -> IndexBlock:
@@ -427,11 +447,11 @@ def decode_index_block(data: bytes, min_end_ms: int, max_end_ms: int) -> IndexBl
               or int(ends[0]) < min_end_ms or int(ends[-1]) > max_end_ms):
         raise ValueError("index block with rows out of order or out of range")
     blob = data[blob_at:]
-    bounds = offsets.tolist()
-    keys = [blob[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    for key in keys:
-        if _LEN.unpack_from(key)[0] != len(key) - 4:
+    if k:  # each key's 4-byte big-endian length prefix must say the rest of its length
+        raw = np.frombuffer(blob, dtype=np.uint8)
+        at = offsets[:-1].astype(np.int64)
+        prefixes = ((raw[at].astype(np.int64) << 24) | (raw[at + 1].astype(np.int64) << 16)
+                    | (raw[at + 2].astype(np.int64) << 8) | raw[at + 3].astype(np.int64))
+        if (prefixes != lengths - 4).any():
             raise ValueError("index block with a key whose length prefix is wrong")
-    key_array = np.empty(k, dtype=object)
-    key_array[:] = keys
-    return IndexBlock(ends, starts, rows.astype(np.int64), key_array)
+    return IndexBlock(ends, starts, rows.astype(np.int64), blob, offsets)

@@ -585,9 +585,10 @@ class SessionStore(SegmentedSessionStore):
         block, then the key-first records. Returns ``(segment, file, block key, block)``."""
         records = keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts,
                                          matrix)
-        by_time = np.argsort(ends, kind="stable")  # (end, key, start): the input is by key first
+        # (end, key, start): the input is by (key, end, start), so a stable sort on the end
+        by_time = np.argsort(ends, kind="stable")
         data, block = keyschema.encode_index_block(encoded, index[by_time], ends[by_time],
-                                                   starts[by_time])
+                                                   starts[by_time], matrix)
         block_id = self._next_block_id
         self._next_block_id += 1
         block_key = keyschema.index_block_key(int(ends[by_time[0]]), int(ends[by_time[-1]]),
