@@ -34,7 +34,11 @@ _PACK = msgpack.Packer(use_bin_type=True).pack
 
 MIN_SEGMENT_INTERVAL_MS = 60_000
 # 2: the manifest carries its own SHA-256 and what the version must contain (checkpoint.py).
-STORE_FORMAT_VERSION = 2
+# 3: large bulk writes index a segment's sessions with index blocks instead of time-first
+#    records (keyschema.py); a format-2 reader would not see those sessions in find_sessions, so
+#    it must refuse the store. Format 2 stores are read as they are (they hold no blocks).
+STORE_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (2, 3)
 
 
 def default_segment_interval_ms(retention_ms: int) -> int:
@@ -91,10 +95,11 @@ class CommittedState:
         if not isinstance(manifest, dict):
             raise StoreCorruptedError(source, "corrupted store manifest: not a map")
         fmt = manifest.get("format")
-        if fmt != STORE_FORMAT_VERSION:
+        if fmt not in READABLE_FORMAT_VERSIONS:
+            readable = " and ".join(map(str, READABLE_FORMAT_VERSIONS))
             raise ValueError(
                 f"store manifest {source} has format version {fmt!r}; this sessionstore reads "
-                f"format {STORE_FORMAT_VERSION} (was it written by a newer release?)"
+                f"formats {readable} (was it written by a newer release?)"
             )
         try:
             version = check_int64(manifest["version"], "version")
@@ -159,14 +164,26 @@ def check_sessions_many(
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
-    encoded = encode_keys(keys)  # vectorised for int and str columns; names a bad row
     if key_index is None:
+        encoded = encode_keys(keys)  # vectorised for int and str columns; names a bad row
         index = np.arange(len(encoded), dtype=np.int64)
     else:
         index = int64_column("key_index", key_index)
-        if len(index) and (index.min() < 0 or index.max() >= len(encoded)):
-            row = int(np.argmax((index < 0) | (index >= len(encoded))))
-            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {len(encoded)})")
+        n_keys = len(keys)
+        if len(index) and (index.min() < 0 or index.max() >= n_keys):
+            row = int(np.argmax((index < 0) | (index >= n_keys)))
+            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
+        # Only the keys that some session refers to are encoded (and checked): the columnar
+        # callers pass a batch's whole key list, of which the sessions at hand may use a part.
+        present = np.zeros(n_keys, dtype=np.bool_)
+        present[index] = True
+        used = np.flatnonzero(present)
+        if len(used) * 10 < n_keys * 9:
+            picked = used.tolist()
+            encoded = encode_keys([keys[row] for row in picked], picked)
+            index = (np.cumsum(present) - 1)[index]
+        else:
+            encoded = encode_keys(keys)
     n = len(index)
     starts = int64_column("starts_ms", starts_ms, n)
     ends = int64_column("ends_ms", ends_ms, n)
@@ -369,7 +386,8 @@ class SegmentedSessionStore(ABC):
         anything changes, so a bad call raises and leaves the store as it was.
 
         Args:
-            keys: the record keys, one per session, or each distinct key once with ``key_index``.
+            keys: the record keys, one per session, or each distinct key once with ``key_index``
+            (keys that no session refers to are ignored, unchecked).
             starts_ms, ends_ms: int64 per session, ``start <= end``.
             values: one per session.
             key_index: optional int per session, indexing ``keys``.

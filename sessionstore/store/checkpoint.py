@@ -36,7 +36,7 @@ import msgpack
 import rocksdict
 
 from ..errors import StoreCorruptedError
-from .base import STORE_FORMAT_VERSION, CommittedState
+from .base import READABLE_FORMAT_VERSIONS, STORE_FORMAT_VERSION, CommittedState
 
 MANIFEST_NAME = "SESSIONSTORE-MANIFEST"
 CHECKPOINTS_DIR = "checkpoints"
@@ -217,7 +217,7 @@ def _legacy_format(raw: bytes) -> Any:
     except Exception:  # garbage: not a legacy manifest either
         return None
     if isinstance(decoded, dict) and type(decoded.get("format")) is int \
-            and decoded["format"] != STORE_FORMAT_VERSION:
+            and decoded["format"] not in READABLE_FORMAT_VERSIONS:
         return decoded["format"]
     return None
 

@@ -2,10 +2,10 @@
 
 :func:`sessionstore.keyschema.encode_key` costs a Python call (and a cache lookup) per key, and
 its cache holds 65,536 keys: a bulk write over 100,000 distinct keys missed it on every key.
-:func:`encode_keys` encodes a column of keys at once. A column of plain ints or of strings (Arrow
-turns the strings into one UTF-8 buffer) is encoded as msgpack does, with numpy, into byte
-matrices cut into rows; any other key falls back to :func:`~sessionstore.keyschema.encode_key`,
-so the bytes are always exactly the same (checked against :mod:`msgpack` in
+:func:`encode_keys` encodes a column of keys at once. A column of plain ints, of strings (Arrow
+turns the strings into one UTF-8 buffer) or of bytes is encoded as msgpack does, with numpy,
+into byte matrices cut into rows; any other key (tuples, mixed columns) falls back to
+:func:`~sessionstore.keyschema.encode_key`, so the bytes are always exactly the same (checked against :mod:`msgpack` in
 ``tests/store/test_keycodec.py``).
 """
 
@@ -41,8 +41,14 @@ _INT_CLASSES: tuple[tuple[int, int, int | None, int, bool], ...] = (
 )
 
 
-def encode_keys(keys: Sequence[Any]) -> list[bytes]:
-    """``[keyschema.encode_key(k) for k in keys]``, vectorised for a column of plain ints.
+def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[bytes]:
+    """``[keyschema.encode_key(k) for k in keys]``, vectorised for a column of plain ints, of
+    strings or of bytes (tuples, and mixed columns, go key by key).
+
+    Args:
+        keys: the keys.
+        rows: the row of each key in the caller's argument, for error messages (default: its
+            position in ``keys``).
 
     Raises:
         TypeError / ValueError: as :func:`~sessionstore.keyschema.encode_key`, naming the row
@@ -57,8 +63,8 @@ def encode_keys(keys: Sequence[Any]) -> list[bytes]:
             pass  # an int beyond int64: the per-key path names its row
         else:
             return _encode_int64(values)
-    elif kinds == {str}:
-        encoded = _encode_str(keys)
+    elif kinds == {str} or kinds == {bytes}:
+        encoded = _encode_str(keys, binary=kinds == {bytes})
         if encoded is not None:
             return encoded
     try:
@@ -68,7 +74,8 @@ def encode_keys(keys: Sequence[Any]) -> list[bytes]:
             try:
                 keyschema.encode_key(key)
             except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{row}]: {exc}") from None
+                name = row if rows is None else rows[row]
+                raise type(exc)(f"keys[{name}]: {exc}") from None
         raise
 
 
@@ -96,15 +103,18 @@ def _encode_int64(values: npt.NDArray[np.int64]) -> list[bytes]:
     return encoded
 
 
-def _encode_str(keys: Sequence[str]) -> list[bytes] | None:
-    """The length-prefixed msgpack encodings of strings (fixstr, str8, str16, str32), or None
-    when a string is not valid UTF-8 or one is too long (the per-key path raises for it)."""
+def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
+                ) -> list[bytes] | None:
+    """The length-prefixed msgpack encodings of strings (fixstr, str8, str16, str32) or, with
+    ``binary``, of bytes (bin8, bin16, bin32), or None when a string is not valid UTF-8 or a key
+    is too long (the per-key path raises for it)."""
     n = len(keys)
     try:
-        array = pa.array(keys, type=pa.string())
+        array = pa.array(keys, type=pa.binary() if binary else pa.string())
     except Exception:  # noqa: BLE001 - surrogates and the like: let encode_key name the row
         return None
-    if not isinstance(array, pa.StringArray) or array.null_count:
+    expected = pa.BinaryArray if binary else pa.StringArray
+    if not isinstance(array, expected) or array.null_count:
         return None
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
         array.offset:array.offset + n + 1].astype(np.int64)
@@ -112,8 +122,11 @@ def _encode_str(keys: Sequence[str]) -> list[bytes] | None:
     data = (np.zeros(0, dtype=np.uint8) if data_buffer is None
             else np.frombuffer(data_buffer, dtype=np.uint8))
     lengths = np.diff(offsets)
-    headers = np.where(lengths <= 31, 1, np.where(lengths <= 0xFF, 2,
-                                                  np.where(lengths <= 0xFFFF, 3, 5)))
+    if binary:  # msgpack has no fixbin: bin8 from length 0
+        headers = np.where(lengths <= 0xFF, 2, np.where(lengths <= 0xFFFF, 3, 5))
+    else:
+        headers = np.where(lengths <= 31, 1, np.where(lengths <= 0xFF, 2,
+                                                      np.where(lengths <= 0xFFFF, 3, 5)))
     packed = headers + lengths
     if len(packed) and int(packed.max()) > keyschema.MAX_KEY_BYTES:
         return None
@@ -128,7 +141,8 @@ def _encode_str(keys: Sequence[str]) -> list[bytes] | None:
         if header == 1:
             matrix[:, 4] = 0xA0 | size
         else:
-            matrix[:, 4] = {2: 0xD9, 3: 0xDA, 5: 0xDB}[header]
+            matrix[:, 4] = ({2: 0xC4, 3: 0xC5, 5: 0xC6} if binary
+                            else {2: 0xD9, 3: 0xDA, 5: 0xDB})[header]
             matrix[:, 5:4 + header] = np.frombuffer(
                 size.to_bytes(header - 1, "big"), dtype=np.uint8)
         if size:

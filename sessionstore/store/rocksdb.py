@@ -21,11 +21,13 @@ database is opened in raw mode and values go through msgpack (or the serde you p
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import itertools
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -66,6 +68,10 @@ __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_na
 log = logging.getLogger(__name__)
 
 _LIVE = "live"
+# A bulk write's sessions of one segment are written through an SST file and an index block when
+# there are at least this many of them (fewer go through a WriteBatch, both records each).
+BULK_LAYOUT_MIN_SESSIONS = 1024
+_INGEST_PREFIX = "sessionstore-ingest-"
 _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 # sorts after the (end, start) of any key-first record: the start of a backward key scan
@@ -86,6 +92,16 @@ def _write_file_durably(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _housekeep(root: Path, doomed: list[Path]) -> None:
+    """After a commit: fsync the checkpoints directory, then delete the renamed-away versions."""
+    try:
+        fsync_dir(root)
+    except OSError as exc:  # the commit is durable without it; the next open repeats the rename
+        log.warning("could not fsync %s after a commit: %s", root, exc)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _cf_name(segment: int) -> str:
@@ -169,55 +185,157 @@ def scan_key(
 def scan_time(
     cfs: dict[int, Any], interval: int, earliest_end: int, latest_end: int, where: Path,
     backward: bool = False,
+    blocks: dict[int, dict[bytes, keyschema.IndexBlock]] | None = None,
 ) -> Iterator[tuple[int, bytes, int, bytes]]:
     """Time-first scan: ``(end, encoded_key, start, value)`` by end, key bytes, start (all three
     descending when ``backward``).
 
+    A segment's sessions are listed by its time-first records and its index blocks (written by
+    large bulk writes); each value is read from the session's key-first record, and a listed
+    session without one (removed since) is skipped. ``blocks`` caches decoded index blocks by
+    segment and block key (the writer's; blocks never change once written).
+
     Raises:
-        StoreCorruptedError: as :func:`scan_key`.
+        StoreCorruptedError: as :func:`scan_key`; also an index block that does not decode.
     """
     if earliest_end > latest_end:
         return
     first, last = earliest_end // interval, latest_end // interval
+    held = cfs.copy()  # a reader thread may scan while the owner drops expired segments
+    try:
+        for segment in sorted((s for s in held if first <= s <= last), reverse=backward):
+            cf = held[segment]
+            listed = _block_rows(cf, segment, earliest_end, latest_end, where, blocks)
+            if not listed:
+                yield from _scan_time_records(cf, earliest_end, latest_end, backward)
+                continue
+            listed.extend(_time_records(cf, earliest_end, latest_end))
+            listed.sort(reverse=backward)  # runs already in order: timsort merges them
+            previous = None
+            get = cf.get
+            for row in listed:
+                if row == previous:
+                    continue  # written twice (in two blocks, or a block and a record)
+                previous = row
+                end, encoded, start = row
+                data = get(keyschema.key_first(encoded, end, start))
+                if data is not None:
+                    yield end, encoded, start, data
+    except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
+        _raise_corruption(exc, where)
+
+
+def _scan_time_records(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
+                       ) -> Iterator[tuple[int, bytes, int, bytes]]:
+    """The sessions of one segment's time-first records, with their values, streamed (in
+    reverse order when ``backward``)."""
     split = keyschema.split_time_first
     to_key_first = keyschema.time_first_to_key_first
     tag = keyschema.TIME_FIRST
-    segments = _segments_between(cfs, first, last)
+    it = cf.iter()
     if backward:
-        segments.reverse()
         # above every index key ending at latest_end: the byte after the end is the first byte
         # of a key length below 2**24 (MAX_KEY_BYTES), so 0x00
-        bound = keyschema.time_first_seek(latest_end) + b"\xff"
+        it.seek_for_prev(keyschema.time_first_seek(latest_end) + b"\xff")
     else:
-        bound = keyschema.time_first_seek(earliest_end)
-    try:
-        for cf in segments:
-            it = cf.iter()
-            if backward:
-                it.seek_for_prev(bound)
-            else:
-                it.seek(bound)
-            while it.valid():
-                record = it.key()
-                if not record.startswith(tag):
-                    break
-                end, encoded, start = split(record)
-                if end > latest_end or end < earliest_end:
-                    break
-                data = cf.get(to_key_first(record))
-                # None: the owner removed the session while this scan was running (the
-                # iterator reads a snapshot, get() the present); damage fails the checksums.
-                if data is not None:
-                    yield end, encoded, start, data
-                if backward:
-                    it.prev()
-                else:
-                    it.next()
-            else:
-                it.status()
-            del it
-    except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
-        _raise_corruption(exc, where)
+        it.seek(keyschema.time_first_seek(earliest_end))
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            break
+        end, encoded, start = split(record)
+        if end > latest_end or end < earliest_end:
+            break
+        data = cf.get(to_key_first(record))
+        # None: removed since it was listed (a large removal leaves the time-first record; a
+        # reader's iterator reads a snapshot, get() the present); damage fails the checksums.
+        if data is not None:
+            yield end, encoded, start, data
+        if backward:
+            it.prev()
+        else:
+            it.next()
+    else:
+        it.status()
+    del it
+
+
+def _time_records(cf: Any, earliest_end: int, latest_end: int) -> list[tuple[int, bytes, int]]:
+    """One segment's time-first records in the range, as ``(end, key, start)``."""
+    split = keyschema.split_time_first
+    tag = keyschema.TIME_FIRST
+    rows = []
+    it = cf.iter()
+    it.seek(keyschema.time_first_seek(earliest_end))
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            break
+        row = split(record)
+        if row[0] > latest_end:
+            break
+        rows.append(row)
+        it.next()
+    else:
+        it.status()
+    del it
+    return rows
+
+
+def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where: Path,
+                blocks: dict[int, dict[bytes, keyschema.IndexBlock]] | None
+                ) -> list[tuple[int, bytes, int]]:
+    """The sessions that one segment's index blocks list in the range, as ``(end, key, start)``,
+    one sorted run per block.
+
+    Raises:
+        StoreCorruptedError: a block key or value that does not decode (naming ``where``).
+    """
+    cached = None if blocks is None else blocks.get(segment)
+    rows: list[tuple[int, bytes, int]] = []
+    tag = keyschema.INDEX_BLOCK
+    it = cf.iter()
+    it.seek(tag)
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            break
+        try:
+            low, high, _block_id = keyschema.split_index_block_key(record)
+            if low <= latest_end and high >= earliest_end:
+                block = None if cached is None else cached.get(record)
+                if block is None:
+                    block = keyschema.decode_index_block(it.value(), low, high)
+                    if blocks is not None:
+                        cached = blocks.setdefault(segment, {})
+                        cached[record] = block
+                rows += block.rows(earliest_end, latest_end)
+        except ValueError as exc:
+            raise StoreCorruptedError(
+                where, f"segment {segment}: index block {record.hex()[:60]}: {exc}") from None
+        it.next()
+    else:
+        it.status()
+    del it
+    return rows
+
+
+def max_block_id(cfs: dict[int, Any]) -> int:
+    """The largest index block id in any segment, or -1 when there is none."""
+    found = -1
+    tag = keyschema.INDEX_BLOCK
+    for cf in cfs.values():
+        it = cf.iter()
+        it.seek(tag)
+        while it.valid():
+            record = it.key()
+            if not record.startswith(tag):
+                break
+            with contextlib.suppress(ValueError):  # reported by the read that meets it
+                found = max(found, keyschema.split_index_block_key(record)[2])
+            it.next()
+        del it
+    return found
 
 
 class SessionStore(SegmentedSessionStore):
@@ -267,6 +385,14 @@ class SessionStore(SegmentedSessionStore):
         self._contents: CheckpointContents | None = None
         self._pending: Path | None = None  # a committed checkpoint still under its staging name
         self._cf_options = rocksdict.Options(raw_mode=True)
+        self._sst_options = rocksdict.Options(raw_mode=True)
+        self._ingest_options = rocksdict.IngestExternalFileOptions()
+        self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
+        # decoded index blocks by segment and block key (blocks never change once written)
+        self._blocks: dict[int, dict[bytes, keyschema.IndexBlock]] = {}
+        self._next_block_id = 0
+        self._matrix_of: tuple[list[bytes], keyschema.KeyMatrix | None] | None = None
+        self._housekeeping: threading.Thread | None = None
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stub declares a method, but at run time this is a property. Commits do not
         # need the WAL: they flush and checkpoint, and a crash goes back to the last checkpoint.
@@ -401,6 +527,11 @@ class SessionStore(SegmentedSessionStore):
             segment = segment_of_cf(name)
             if segment is not None:
                 self._cfs[segment] = self._db.get_column_family(name)
+        self._blocks = {}
+        try:
+            self._next_block_id = max_block_id(self._cfs) + 1
+        except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+            _raise_corruption(exc, live)
 
     def _close_db(self) -> None:
         self._cfs.clear()
@@ -422,24 +553,106 @@ class SessionStore(SegmentedSessionStore):
         cf[keyschema.key_first(encoded_key, end, start)] = data
         cf[keyschema.time_first(encoded_key, end, start)] = b""
 
+    def _key_ranks(self, encoded: list[bytes]) -> Any:
+        """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` for
+        the record builders of the same call."""
+        matrix = keyschema.key_matrix(encoded)
+        self._matrix_of = (encoded, matrix)
+        return keyschema.key_order(encoded, matrix)
+
+    def _take_matrix(self, encoded: list[bytes]) -> keyschema.KeyMatrix | None:
+        """The matrix :meth:`_key_ranks` built for ``encoded`` (the same list), once."""
+        held, self._matrix_of = self._matrix_of, None
+        return held[1] if held is not None and held[0] is encoded else None
+
     def _write_many(self, sessions: BulkSessions) -> None:
-        # One WriteBatch for the whole call, each layout inserted in its on-disk order: RocksDB's
-        # memtable takes sorted keys several times faster than random ones. put_many hands the
-        # sessions over by (key, end, start), each session once; that is already the key-first
-        # order unless they span segments.
+        # put_many hands the sessions over by (key, end, start), each session once: already the
+        # key-first order unless they span segments. A segment that receives at least
+        # BULK_LAYOUT_MIN_SESSIONS sessions gets them as one SST file ingested into its column
+        # family (key-first records plus one index block); smaller ones go through a WriteBatch
+        # (key-first and time-first records), as single puts do.
         encoded, key_rank, index, starts, ends, values = sessions
+        matrix = self._take_matrix(encoded)
+        segments = ends // self._interval
+        if segments.min() != segments.max():
+            order = sort_order([segments, key_rank[index], ends, starts], distinct=True)
+            segments, index, starts, ends = (
+                segments[order], index[order], starts[order], ends[order])
+            values = [values[row] for row in order.tolist()]
+        bounds = np.flatnonzero(np.diff(segments)).tolist()
+        firsts = [0] + [b + 1 for b in bounds]
+        stops = [b + 1 for b in bounds] + [len(segments)]
+        big = [(first, stop) for first, stop in zip(firsts, stops, strict=True)
+               if stop - first >= BULK_LAYOUT_MIN_SESSIONS]
+        if len(big) != len(firsts):
+            small = np.ones(len(segments), dtype=np.bool_)
+            for first, stop in big:
+                small[first:stop] = False
+            rows = np.flatnonzero(small)
+            picked = values if len(rows) == len(values) else \
+                [values[row] for row in rows.tolist()]
+            self._write_batch(encoded, key_rank, index[rows], starts[rows], ends[rows], picked,
+                              matrix)
+        if big:
+            # every file is built before any is ingested: a full disk fails before any change
+            staged = [self._stage_segment(int(segments[first]), encoded, index[first:stop],
+                                          starts[first:stop], ends[first:stop],
+                                          values[first:stop], matrix)
+                      for first, stop in big]
+            try:
+                for segment, path, block_key, block in staged:
+                    try:
+                        self._segment(segment).ingest_external_file(
+                            [str(path)], self._ingest_options)
+                    except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare
+                        _raise_corruption(exc, path)
+                    self._blocks.setdefault(segment, {})[block_key] = block
+            finally:
+                for _segment, path, _key, _block in staged:
+                    path.unlink(missing_ok=True)
+
+    def _stage_segment(self, segment: int, encoded: list[bytes], index: Any, starts: Any,
+                       ends: Any, values: list[bytes], matrix: keyschema.KeyMatrix | None
+                       ) -> tuple[int, Path, bytes, Any]:
+        """Write one segment's sessions (in key-first order) as an SST file to ingest: one index
+        block, then the key-first records. Returns ``(segment, file, block key, block)``."""
+        records = keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts,
+                                         matrix)
+        # (end, key, start): the input is by (key, end, start), so a stable sort on the end
+        by_time = np.argsort(ends, kind="stable")
+        data, block = keyschema.encode_index_block(encoded, index[by_time], ends[by_time],
+                                                   starts[by_time], matrix)
+        block_id = self._next_block_id
+        self._next_block_id += 1
+        block_key = keyschema.index_block_key(int(ends[by_time[0]]), int(ends[by_time[-1]]),
+                                              block_id)
+        path = self._live_path / f"{_INGEST_PREFIX}{block_id}.sst"
+        try:
+            writer = rocksdict.SstFileWriter(options=self._sst_options)
+            writer.open(str(path))
+            writer[block_key] = data
+            collections.deque(map(writer.__setitem__, records, values), maxlen=0)
+            writer.finish()
+        except BaseException as exc:
+            path.unlink(missing_ok=True)
+            if type(exc) is Exception:
+                _raise_corruption(exc, path)
+            raise
+        return segment, path, block_key, block
+
+    def _write_batch(self, encoded: list[bytes], key_rank: Any, index: Any, starts: Any,
+                     ends: Any, values: list[bytes], matrix: keyschema.KeyMatrix | None
+                     ) -> None:
+        """Both records of each session through one WriteBatch, each layout inserted in its
+        on-disk order: RocksDB's memtable takes sorted keys several times faster than random
+        ones. The sessions come by (segment, key, end, start), each once."""
+        if not len(index):
+            return
         segments = ends // self._interval
         rank = key_rank[index]
         batch = rocksdict.WriteBatch(raw_mode=True)
-        if segments.min() == segments.max():
-            self._fill_batch(batch, segments,
-                             keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts), values)
-        else:
-            by_key = sort_order([segments, rank, ends, starts], distinct=True)
-            self._fill_batch(
-                batch, segments[by_key],
-                keyschema.records_many(keyschema.KEY_FIRST, encoded, index[by_key], ends[by_key], starts[by_key]),
-                [values[row] for row in by_key.tolist()])
+        self._fill_batch(batch, segments, keyschema.records_many(
+            keyschema.KEY_FIRST, encoded, index, ends, starts, matrix), values)
         # Time-first records go in one sorted run per key width: building them grouped by width
         # costs about 0.17 us less a record than scattering them into one sorted run, and the
         # few runs insert nearly as fast.
@@ -447,7 +660,8 @@ class SessionStore(SegmentedSessionStore):
         by_time = sort_order([segments, widths, ends, rank, starts], distinct=True)
         self._fill_batch(
             batch, segments[by_time],
-            keyschema.records_many(keyschema.TIME_FIRST, encoded, index[by_time], ends[by_time], starts[by_time]),
+            keyschema.records_many(keyschema.TIME_FIRST, encoded, index[by_time], ends[by_time],
+                                   starts[by_time], matrix),
             None)
         self._db.write(batch)
 
@@ -473,23 +687,30 @@ class SessionStore(SegmentedSessionStore):
 
     def _delete_many(self, sessions: BulkSessions) -> None:
         encoded, key_rank, index, starts, ends, _ = sessions
+        matrix = self._take_matrix(encoded)
         segments = ends // self._interval
-        live = np.isin(segments, np.fromiter(self._cfs, dtype=np.int64, count=len(self._cfs)))
-        if not live.any():
+        live = np.flatnonzero(
+            np.isin(segments, np.fromiter(self._cfs, dtype=np.int64, count=len(self._cfs))))
+        if not len(live):
             return
+        index, starts, ends, segments = index[live], starts[live], ends[live], segments[live]
         rank = key_rank[index]
+        layouts = [(keyschema.KEY_FIRST, sort_order([segments, rank, ends, starts]))]
+        if len(live) < BULK_LAYOUT_MIN_SESSIONS:
+            layouts.append((keyschema.TIME_FIRST, sort_order([segments, ends, rank, starts])))
+        # else: a large removal deletes the key-first records alone. What it removes was written
+        # by large bulk writes, which write index blocks instead of time-first records, and a
+        # time-first entry whose key-first record is gone is skipped by every reader.
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for tag, order in ((keyschema.KEY_FIRST, sort_order([segments, rank, ends, starts])),
-                           (keyschema.TIME_FIRST, sort_order([segments, ends, rank, starts]))):
-            order = order[live[order]]
-            handles = {segment: self._db.get_column_family_handle(_cf_name(segment))
-                       for segment in np.unique(segments[order]).tolist()}
-            for record_segment, record in zip(
-                segments[order].tolist(),
-                keyschema.records_many(tag, encoded, index[order], ends[order], starts[order]),
-                strict=True,
-            ):
-                batch.delete(record, handles[record_segment])
+        for tag, order in layouts:
+            ordered = segments[order]
+            records = keyschema.records_many(tag, encoded, index[order], ends[order],
+                                             starts[order], matrix)
+            cuts = (np.flatnonzero(np.diff(ordered)) + 1).tolist()
+            for first, stop in zip([0, *cuts], [*cuts, len(order)], strict=True):
+                batch.set_default_column_family(
+                    self._db.get_column_family_handle(_cf_name(int(ordered[first]))))
+                collections.deque(map(batch.delete, records[first:stop]), maxlen=0)
         self._db.write(batch)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
@@ -518,12 +739,13 @@ class SessionStore(SegmentedSessionStore):
         self, earliest_end: int, latest_end: int, backward: bool = False
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
         return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._live_path,
-                         backward)
+                         backward, self._blocks)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]
         for s in doomed:
             del self._cfs[s]
+            self._blocks.pop(s, None)
             self._db.drop_column_family(_cf_name(s))
         if doomed:
             log.debug("expired segments %s of %s", doomed, self._path)
@@ -554,13 +776,26 @@ class SessionStore(SegmentedSessionStore):
         fsync_dir(root)  # the staging directory is durable before the pointer names it
         write_pointer(self._path, state.version)  # the commit point
         os.rename(staging, final)
-        fsync_dir(root)
         self._contents = contents
+        doomed = []
         for old in committed_versions(self._path)[: -self._keep_versions]:
             # Renamed first, so that no reader (nor a crash) ever sees half a version.
-            doomed = root / f"{DELETING_PREFIX}{version_dir_name(old)}"
-            os.rename(root / version_dir_name(old), doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            doomed.append(root / f"{DELETING_PREFIX}{version_dir_name(old)}")
+            os.rename(root / version_dir_name(old), doomed[-1])
+        # The rest is housekeeping, done by a thread off the commit path: making the rename to
+        # v<N> durable (the pointer already is: a crash before this reopens from the staging
+        # name) and deleting old versions (a crash leaves .deleting-* for the next open).
+        self._join_housekeeping()
+        self._housekeeping = threading.Thread(
+            target=_housekeep, args=(root, doomed), name="sessionstore-commit-housekeeping",
+            daemon=True)
+        self._housekeeping.start()
+
+    def _join_housekeeping(self) -> None:
+        """Wait for the previous commit's housekeeping (at most one runs at a time)."""
+        if self._housekeeping is not None:
+            self._housekeeping.join()
+            self._housekeeping = None
 
     def _restore_committed(self) -> None:
         self._close_db()
@@ -568,6 +803,7 @@ class SessionStore(SegmentedSessionStore):
 
     def _release(self) -> None:
         try:
+            self._join_housekeeping()
             self._close_db()
         finally:
             self._unlock()

@@ -18,6 +18,7 @@ import rocksdict
 
 from sessionstore import ReadOnlySessionStore, Session, SessionStore, StoreCorruptedError
 from sessionstore.store import checkpoint as checkpoint_module
+from sessionstore.store.base import STORE_FORMAT_VERSION
 from sessionstore.store.checkpoint import (
     CheckpointContents,
     committed_versions,
@@ -129,10 +130,11 @@ def test_other_format_versions_are_a_clear_value_error_not_damage(tmp_path):
     manifest = checkpoint / "SESSIONSTORE-MANIFEST"
     body = msgpack.unpackb(encode_manifest(state, state.segment_interval_ms or 1, contents)[36:],
                            strict_map_key=False)
-    body["format"] = 3
+    body["format"] = STORE_FORMAT_VERSION + 1  # a newer release's
     packed = msgpack.packb(body, use_bin_type=True)
     legacy = msgpack.packb({"format": 1, "version": 1})  # before checksums: a bare msgpack map
-    for raw, match in [(b"SSMF" + hashlib.sha256(packed).digest() + packed, "format version 3"),
+    for raw, match in [(b"SSMF" + hashlib.sha256(packed).digest() + packed,
+                        f"format version {STORE_FORMAT_VERSION + 1}"),
                        (legacy, "format version 1")]:
         manifest.write_bytes(raw)
         before = tree_digest(path)

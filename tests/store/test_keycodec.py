@@ -42,6 +42,15 @@ def test_strings_match_msgpack(keys: list[str]) -> None:
     assert encode_keys(keys) == [_oracle(k) for k in keys]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=40) | st.sampled_from([b"", b"\x00", b"x\x00" * 20,
+                                                          b"y" * 255, b"z" * 256, b"w" * 65_535,
+                                                          b"v" * 65_536]),
+                min_size=64, max_size=300))
+def test_bytes_match_msgpack(keys: list[bytes]) -> None:
+    assert encode_keys(keys) == [_oracle(k) for k in keys]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10) | st.binary(max_size=10)
                 | st.tuples(st.integers(0, 9), st.text(max_size=3)), min_size=0, max_size=120))
