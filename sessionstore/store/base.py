@@ -328,10 +328,11 @@ class SegmentedSessionStore(ABC):
     # -- writes -----------------------------------------------------------------------------
 
     def put(self, session: Session, value: Any) -> bool:
-        """Store ``value`` for ``session``, replacing any previous value.
+        """Store ``value`` for ``session``, replacing any previous value. A ``None`` value
+        deletes the session instead, as a null aggregate does in Kafka's session stores.
 
         Advances the observed stream time to ``session.end`` and expires every segment older
-        than ``segment_id(stream_time - retention_ms)``, whole.
+        than ``segment_id(stream_time - retention_ms)``, whole (a ``None`` value too).
 
         Returns:
             False when the session's segment had already expired: the put is dropped and
@@ -355,7 +356,10 @@ class SegmentedSessionStore(ABC):
         if end // interval < min_live:
             self._metrics["dropped-records"] += 1
             return False
-        self._write(encoded, end, start, data)
+        if value is None:
+            self._delete(encoded, end, start)
+        else:
+            self._write(encoded, end, start, data)
         if self._expired_below is None or min_live > self._expired_below:
             dropped = self._drop_segments_below(min_live)
             self._metrics["expired-segments"] += dropped
@@ -382,8 +386,9 @@ class SegmentedSessionStore(ABC):
         Stream time advances session by session as it would with ``put``, so a session whose
         segment an earlier session of the same call has expired is dropped and counted in
         ``metrics["dropped-records"]``; segments are expired whole. When one session appears
-        twice, the later value wins. Everything is validated and every value serialised before
-        anything changes, so a bad call raises and leaves the store as it was.
+        twice, the later value wins; a ``None`` value deletes the session, as with :meth:`put`.
+        Everything is validated and every value serialised before anything changes, so a bad
+        call raises and leaves the store as it was.
 
         Args:
             keys: the record keys, one per session, or each distinct key once with ``key_index``
@@ -419,6 +424,17 @@ class SegmentedSessionStore(ABC):
         self._metrics["dropped-records"] += n - len(accepted)
         if len(accepted) == 0:
             return written
+        if values.count(None) if isinstance(values, list) else any(v is None for v in values):
+            # None values are deletes (Kafka's null aggregate): taken in call order, row by
+            # row, so that every segment a loop of put() would create is created
+            for row in accepted.tolist():
+                encoded_key, end, start = encoded[index[row]], int(ends[row]), int(starts[row])
+                if values[row] is None:
+                    self._delete(encoded_key, end, start)
+                else:
+                    self._write(encoded_key, end, start, data[row])
+            self._expire_after_bulk(int(min_live[accepted[-1]]))
+            return written
         # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
         # only the last write of a session that appears twice, as consecutive puts would.
         key_rank = self._key_ranks(encoded)
@@ -437,11 +453,13 @@ class SegmentedSessionStore(ABC):
             picked = boxed[rows].tolist()
         self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
                                       picked))
-        final_min_live = int(min_live[accepted[-1]])
+        self._expire_after_bulk(int(min_live[accepted[-1]]))
+        return written
+
+    def _expire_after_bulk(self, final_min_live: int) -> None:
         if self._expired_below is None or final_min_live > self._expired_below:
             self._metrics["expired-segments"] += self._drop_segments_below(final_min_live)
             self._expired_below = final_min_live
-        return written
 
     def _dumps_all(self, values: Sequence[Any]) -> list[bytes]:
         """Serialise every value, or raise naming the first row that cannot be."""

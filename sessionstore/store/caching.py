@@ -232,7 +232,11 @@ class CachingSessionStore:
 
     def put(self, session: Session, value: Any) -> bool:
         """Cache ``value`` for ``session`` (written on flush). Always True: an expired put is
-        dropped and counted by the wrapped store when it is written."""
+        dropped and counted by the wrapped store when it is written. A ``None`` value removes
+        the session, as the stores below do."""
+        if value is None:
+            self.remove(session)
+            return True
         view = self._views.get(session.key)
         if view is None:
             self._dirty[session] = value

@@ -86,7 +86,7 @@ def test_store_transcript(scenario, backend, tmp_path):
     with store:
         for step in scenario["steps"]:
             if "put" in step:
-                store.put(Session(*step["put"]), None)
+                store.put(Session(*step["put"]), step["put"])  # a None value would delete
             elif "find_sessions_to_merge" in step:
                 got = [list(s) for s, _ in store.find_sessions_to_merge(*step["find_sessions_to_merge"])]
                 assert got == step["expect"]

@@ -49,7 +49,7 @@ def test_bounds_are_inclusive_at_both_edges(make_store):
 def test_negative_times_sort_correctly(make_store):
     store = make_store(retention_ms=10**9, segment_interval_ms=1000)
     for start, end in [(-5000, -4000), (-1, 0), (-3000, -1500), (5, 7), (-10**12, -10**12)]:
-        store.put(Session("k", start, end), None)
+        store.put(Session("k", start, end), 0)
     assert [s.end for s, _ in store.fetch("k")] == [-4000, -1500, 0, 7]
     assert store.segment_id(-1) == -1
     assert sessions(store.find_sessions(-4000, -1)) == [("k", -5000, -4000), ("k", -3000, -1500)]
