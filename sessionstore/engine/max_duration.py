@@ -51,10 +51,13 @@ import heapq
 import operator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import keyschema
 from ..aggregations import Aggregation
 from ..types import Session
-from .columnar import columnar_parts
+from .columnar import NUMERIC_KINDS, columnar_parts
+from .config import NO_WATERMARK
 from .emit import Emit, make_emit
 from .record import check_encodable
 
@@ -185,13 +188,15 @@ class MaxDuration:
         closed_before = w - grace
         if closed_before < times.last_close:
             closed_before = times.last_close
-        self._step(key, value, t, own_end, closed_before, out, log)
+        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
+        times.seq += 1
         if times.observe(t):
             engine._on_watermark(out)
 
     def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
-              out: list[Emit], log: ChangeLog | None) -> None:
-        """Re-cut the key's open sessions with the new event and apply the difference.
+              out: list[Emit], log: ChangeLog | None, seq: int) -> None:
+        """Re-cut the key's open sessions with the new event (arrival number ``seq``) and
+        apply the difference (the caller advances the engine's arrival counter).
 
         No session this creates is closed on creation. The first re-cut session starts at an
         open session's first event (it keeps all that session's events, so it ends no earlier,
@@ -204,8 +209,6 @@ class MaxDuration:
         md = self.max_duration_ms
         inclusive = cfg.inclusive_gap
         agg = engine.aggregation
-        times = engine._times
-        seq = times.seq + 1
         event = [t, seq, own_end, value]
         view = engine._state.sessions_of(key, closed_before)
         bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
@@ -281,7 +284,6 @@ class MaxDuration:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content
-        times.seq = seq
         state = engine._state
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
@@ -319,6 +321,224 @@ class MaxDuration:
                 heapq.heappush(heap, end)
                 if engine._record_close_times:
                     engine._new_close_times.append(end)
+
+    def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
+                     ends: np.ndarray, codes: np.ndarray, out: list[Emit],
+                     log: ChangeLog | None) -> None:
+        """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
+        without a write cache (whose evictions forward changes in loop order).
+
+        Args:
+            keys, values, times: the events; ``codes`` numbers their keys (equal keys, equal
+                codes); ``ends`` is each event's own ``t + gap``.
+            out: the emits of closing (and the caller emits ``log``).
+            log: with ``ON_WINDOW_UPDATE``, the batch's changes (see :meth:`emit_log`).
+
+        Lateness, each event's "closed before" and its arrival number are those the loop
+        would see (the watermark before each event is a running maximum). A key whose
+        accepted events come in time order, none before the last event of its open sessions,
+        is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
+        after the other; every other key's events go through the exact re-cutting step, in
+        arrival order. Closing runs once, after every write, as in the columnar batch path.
+        """
+        engine = self.engine
+        clock = engine._times
+        cfg = engine.config
+        grace = cfg.grace_ms
+        md = self.max_duration_ms
+        n = len(times)
+        if n == 0:
+            return
+        before = clock.watermarks_before(times)
+        own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
+        late = before >= own + grace
+        closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace,
+                                   clock.last_close)
+        accepted = np.flatnonzero(~late)
+        m = len(accepted)
+        seq0 = clock.seq + 1
+        acc_codes = codes[accepted]
+        acc_times = times[accepted]
+        # each key's accepted events in (time, arrival) order
+        order = np.lexsort((np.arange(m), acc_times, acc_codes))
+        sorted_codes = acc_codes[order]
+        same_key = sorted_codes[1:] == sorted_codes[:-1]
+        # keys whose events did not come in time order: their arrival indexes go down
+        disordered = set(sorted_codes[1:][same_key & (np.diff(order) < 0)].tolist())
+        starts = np.flatnonzero(np.concatenate(([True], ~same_key))).tolist() if m else []
+        bounds_of = [*starts, m]
+        rows = accepted[order].tolist()  # batch rows
+        positions = order.tolist()  # their arrival index among the accepted
+        time_list = times.tolist()
+        end_list = ends.tolist()
+        cb_list = closed_before.tolist()
+        code_list = sorted_codes.tolist()
+        fallback: list[int] = []  # arrival indexes among the accepted
+        plans: list[tuple[Any, list[Any]]] = []
+        order_free = bool(disordered) and self._order_free(values)
+        for g in range(len(starts)):
+            a, b = bounds_of[g], bounds_of[g + 1]
+            if not order_free and code_list[a] in disordered:
+                fallback.extend(positions[a:b])
+                continue
+            row = rows[a]
+            plan = self._in_order(keys[row], values, time_list, end_list, cb_list, rows[a:b],
+                                  [seq0 + p for p in positions[a:b]],
+                                  code_list[a] in disordered)
+            if plan is None:
+                fallback.extend(positions[a:b])
+            else:
+                plans.append((keys[row], plan))
+        # apply: the late events, the keys that need re-cutting, then the in-order keys
+        metrics = engine._metrics
+        metrics.records_in += n
+        if m < n:
+            for i in np.flatnonzero(late).tolist():
+                engine._drop(keys[i], values[i], time_list[i])
+        fallback.sort()
+        step = self._step
+        acc_rows = accepted.tolist()
+        for p in fallback:
+            i = acc_rows[p]
+            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p)
+        clock.seq += m
+        for key, plan in plans:
+            self._apply_in_order(key, plan, log)
+        if m and clock.observe(int(acc_times.max())):
+            engine._on_watermark(out)
+
+    def _order_free(self, values: list[Any]) -> bool:
+        """Whether the accumulators of these values do not depend on the order of the adds:
+        an aggregation folded from the events (in (time, arrival) order, whatever the arrival
+        order), or built-ins whose sums, minima and maxima see only ints (count, first, last
+        and collect keep (time, arrival) order themselves). A float sum rounds by order, and
+        equal minima of different types keep the first seen, so those keys take the exact
+        re-cut one event at a time, which extends in arrival order."""
+        if not self._incremental:
+            return True
+        for kind, column in columnar_parts(self.engine.aggregation) or []:
+            if kind not in NUMERIC_KINDS:
+                continue
+            try:
+                items = values if column is None else [v[column] for v in values]
+            except (KeyError, TypeError, IndexError):
+                return False  # the step names the row
+            if not all(type(v) is int for v in items):
+                return False
+        return True
+
+    def _in_order(self, key: Any, values: list[Any], times: list[int], ends: list[int],
+                  closed_before: list[int], rows: list[int], seqs: list[int],
+                  disordered: bool) -> list[Any] | None:
+        """Cut one key's events (``rows``, in (time, arrival) order, arrival numbers ``seqs``)
+        onto its open sessions, changing nothing; None when the loop's answer could differ (the
+        caller then re-cuts those events one by one, exactly).
+
+        Each event joins the last session iff the loop's in-order step would join it: that
+        session is still open at the event's "closed before", the event is gap-connected and
+        before ``start + max_duration``; otherwise it starts a session. That is the loop's
+        answer when no event comes before the last event of the key's open sessions (earlier
+        sessions never change then), and
+
+        * the events came in time order (``disordered`` false): each is the loop's in-order
+          step, also when a session closes between two of them; or
+        * they did not, but no session of the key can close during the batch: the first
+          event is at or after every event's "closed before" and so is the end of the last
+          open session. Every session the loop forms meanwhile either extends that last
+          session (its end only grows) or holds a batch event, and ends after it; so nothing
+          closes, and the loop's re-cuts end at the offline cut of the open sessions' events,
+          which is this one pass over them in (time, arrival) order.
+
+        Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
+        old acc, changed]``, and the ends to index for closing (in time order, each end a step
+        gave a fresh session, as the loop indexes them; otherwise the final ones).
+        """
+        engine = self.engine
+        agg = engine.aggregation
+        md = self.max_duration_ms
+        inclusive = engine.config.inclusive_gap
+        incremental = self._incremental
+        cb0 = closed_before[rows[0]]
+        cb_max = cb0
+        if disordered:  # "closed before" grows with arrival: its extremes, over the rows
+            cb0 = min(closed_before[row] for row in rows)
+            cb_max = max(closed_before[row] for row in rows)
+            if times[rows[0]] < cb_max:
+                return None  # a session could close during the batch
+        view = engine._state.sessions_of(key, cb0)
+        cur: list[Any] | None = None
+        if view:
+            open_bounds = [bb for bb in view if bb[1] > cb0]
+            if open_bounds:
+                last = max(open_bounds)
+                raw = view[last][0]
+                events, max_end = _payload(raw, key, last)
+                if times[rows[0]] < events[-1][0]:
+                    return None
+                if disordered and last[1] <= cb_max:
+                    return None
+                cur = [last[0], last[1], max_end, events, raw[0], last, raw[0], False]
+        done: list[list[Any]] = []
+        fresh: list[int] = []
+        for row, seq in zip(rows, seqs, strict=True):
+            t = times[row]
+            own_end = ends[row]
+            value = values[row]
+            if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
+                    and (t <= cur[2] if inclusive else t < cur[2]):
+                if not cur[7]:  # first change: own copies, the stored record stays as it was
+                    cur[3] = list(cur[3])
+                    if incremental:
+                        cur[4] = agg.merge(key, agg.initial(), cur[4])
+                    cur[7] = True
+                cur[3].append([t, seq, own_end, value])
+                if own_end > cur[2]:
+                    cur[2] = own_end
+                    cap = cur[0] + md
+                    end = own_end if own_end < cap else cap
+                    if end != cur[1]:
+                        cur[1] = end
+                        fresh.append(end)
+                if incremental:
+                    cur[4] = agg.add(key, value, t, seq, cur[4])
+                continue
+            if cur is not None and cur[7]:
+                done.append(cur)
+            end = own_window_end(t, own_end, md)
+            fresh.append(end)
+            cur = [t, end, own_end, [[t, seq, own_end, value]],
+                   agg.add(key, value, t, seq, agg.initial()) if incremental else None,
+                   None, None, True]
+        if cur is not None and cur[7]:
+            done.append(cur)
+        for session in done:
+            if not incremental:
+                session[4] = _fold(agg, key, session[3])
+            if engine._check_acc:
+                check_encodable(session[4],
+                                f"the accumulator of {Session(key, session[0], session[1])}")
+        return [done, fresh]
+
+    def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:
+        """Write (and log or index for closing) what :meth:`_in_order` computed."""
+        engine = self.engine
+        state = engine._state
+        done, fresh = plan
+        for start, end, max_end, events, acc, old, old_acc, _ in done:
+            if old is not None and old != (start, end):
+                state.remove(Session(key, old[0], old[1]))
+                if log is not None:
+                    log[Session(key, old[0], old[1])] = [old_acc, None]
+            state.put(Session(key, start, end), _wire(acc, events, max_end))
+            if log is not None:
+                log[Session(key, start, end)] = [old_acc if old == (start, end) else None, acc]
+        if engine._updates:
+            return
+        heap = engine._close_heap
+        for end in fresh:
+            heapq.heappush(heap, end)
+        if engine._record_close_times:
+            engine._new_close_times.extend(fresh)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:
