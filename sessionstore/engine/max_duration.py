@@ -458,33 +458,31 @@ class MaxDuration:
         md = self.max_duration_ms
         inclusive = engine.config.inclusive_gap
         incremental = self._incremental
-        cb0 = closed_before[rows[0]]
-        cb_max = cb0
-        if disordered:  # "closed before" grows with arrival: its extremes, over the rows
-            cb0 = min(closed_before[row] for row in rows)
-            cb_max = max(closed_before[row] for row in rows)
-            if times[rows[0]] < cb_max:
-                return None  # a session could close during the batch
+        # the first arrival's "closed before" (it grows with arrival: the smallest)
+        cb0 = min(closed_before[row] for row in rows) if disordered else closed_before[rows[0]]
         view = engine._state.sessions_of(key, cb0)
         cur: list[Any] | None = None
+        open_events: list[Any] = []
         if view:
             open_bounds = [bb for bb in view if bb[1] > cb0]
             if open_bounds:
                 last = max(open_bounds)
                 raw = view[last][0]
-                events, max_end = _payload(raw, key, last)
-                if times[rows[0]] < events[-1][0]:
+                open_events, max_end = _payload(raw, key, last)
+                if times[rows[0]] < open_events[-1][0]:
                     return None
-                if disordered and last[1] <= cb_max:
-                    return None
-                cur = [last[0], last[1], max_end, events, raw[0], last, raw[0], False]
+                cur = [last[0], last[1], max_end, open_events, raw[0], last, raw[0], False]
+        if disordered and not self._nothing_closes(open_events, times, ends, closed_before,
+                                                   rows, seqs):
+            return None
         done: list[list[Any]] = []
         fresh: list[int] = []
         for row, seq in zip(rows, seqs, strict=True):
             t = times[row]
             own_end = ends[row]
             value = values[row]
-            if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
+            if cur is not None and (disordered or cur[1] > closed_before[row]) \
+                    and t < cur[0] + md \
                     and (t <= cur[2] if inclusive else t < cur[2]):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
                     cur[3] = list(cur[3])
@@ -518,6 +516,27 @@ class MaxDuration:
                 check_encodable(session[4],
                                 f"the accumulator of {Session(key, session[0], session[1])}")
         return [done, fresh]
+
+    def _nothing_closes(self, open_events: list[Any], times: list[int], ends: list[int],
+                        closed_before: list[int], rows: list[int], seqs: list[int]) -> bool:
+        """Whether none of a key's sessions closes while the loop adds its batch events
+        (``rows`` in (time, arrival) order, at or after every event of ``open_events``, the
+        key's last open session, which is open at the first arrival).
+
+        Without a close, the loop's sessions after each arrival are the offline cut of the
+        open session's events and the events arrived so far; the next arrival closes none
+        iff the first of them (their ends increase) ends after its "closed before"."""
+        md = self.max_duration_ms
+        inclusive = self.engine.config.inclusive_gap
+        by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
+        merged: list[list[Any]] = [[times[row], seq, ends[row], None]
+                                   for row, seq in zip(rows, seqs, strict=True)]
+        for i in range(len(by_arrival) - 1):
+            upto = seqs[by_arrival[i]]
+            arrived = [*open_events, *(e for e in merged if e[1] <= upto)]
+            if cut(arrived, md, inclusive)[0][1] <= closed_before[rows[by_arrival[i + 1]]]:
+                return False
+        return True
 
     def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:
         """Write (and log or index for closing) what :meth:`_in_order` computed."""
