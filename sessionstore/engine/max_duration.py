@@ -108,6 +108,25 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
     return out
 
 
+def _first_session(events: list[Any], max_duration_ms: int, inclusive: bool) -> Cut:
+    """The first :data:`Cut` of :func:`cut` (``events`` not empty), scanning only it."""
+    first = events[0]
+    start = first[0]
+    run = first[2]
+    limit = start + max_duration_ms
+    j = 1
+    n = len(events)
+    while j < n:
+        event = events[j]
+        t = event[0]
+        if t >= limit or (t > run if inclusive else t >= run):
+            break
+        if event[2] > run:
+            run = event[2]
+        j += 1
+    return (start, run if run < limit else limit, run, j)
+
+
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
     """The end of the session an event at ``t_ms`` forms alone: ``t + min(gap, max_duration)``."""
     capped = t_ms + max_duration_ms
@@ -442,12 +461,9 @@ class MaxDuration:
 
         * the events came in time order (``disordered`` false): each is the loop's in-order
           step, also when a session closes between two of them; or
-        * they did not, but no session of the key can close during the batch: the first
-          event is at or after every event's "closed before" and so is the end of the last
-          open session. Every session the loop forms meanwhile either extends that last
-          session (its end only grows) or holds a batch event, and ends after it; so nothing
-          closes, and the loop's re-cuts end at the offline cut of the open sessions' events,
-          which is this one pass over them in (time, arrival) order.
+        * they did not (``disordered``): :meth:`_replay` follows the loop's re-cuts and
+          closes, for aggregations whose accumulators do not depend on the order of the adds
+          (the caller checks).
 
         Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
         old acc, changed]``, and the ends to index for closing (in time order, each end a step
@@ -472,17 +488,17 @@ class MaxDuration:
                 if times[rows[0]] < open_events[-1][0]:
                     return None
                 cur = [last[0], last[1], max_end, open_events, raw[0], last, raw[0], False]
-        if disordered and not self._nothing_closes(open_events, times, ends, closed_before,
-                                                   rows, seqs):
-            return None
         done: list[list[Any]] = []
         fresh: list[int] = []
+        if disordered:
+            done, fresh = self._replay(key, values, times, ends, closed_before, rows, seqs,
+                                       open_events, cur)
+            rows = seqs = []  # replayed
         for row, seq in zip(rows, seqs, strict=True):
             t = times[row]
             own_end = ends[row]
             value = values[row]
-            if cur is not None and (disordered or cur[1] > closed_before[row]) \
-                    and t < cur[0] + md \
+            if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
                     and (t <= cur[2] if inclusive else t < cur[2]):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
                     cur[3] = list(cur[3])
@@ -517,26 +533,66 @@ class MaxDuration:
                                 f"the accumulator of {Session(key, session[0], session[1])}")
         return [done, fresh]
 
-    def _nothing_closes(self, open_events: list[Any], times: list[int], ends: list[int],
-                        closed_before: list[int], rows: list[int], seqs: list[int]) -> bool:
-        """Whether none of a key's sessions closes while the loop adds its batch events
-        (``rows`` in (time, arrival) order, at or after every event of ``open_events``, the
-        key's last open session, which is open at the first arrival).
+    def _replay(self, key: Any, values: list[Any], times: list[int], ends: list[int],
+                closed_before: list[int], rows: list[int], seqs: list[int],
+                open_events: list[Any], last: list[Any] | None
+                ) -> tuple[list[list[Any]], list[int]]:
+        """The loop's answer for a key whose batch events (``rows``, in (time, arrival)
+        order) came out of order, all at or after every event of its last open session
+        (``open_events``; ``last`` its :meth:`_in_order` entry, None without one).
 
-        Without a close, the loop's sessions after each arrival are the offline cut of the
-        open session's events and the events arrived so far; the next arrival closes none
-        iff the first of them (their ends increase) ends after its "closed before"."""
+        The loop keeps the key's open events cut by the offline rule (its re-cuts, from the
+        session an event falls into, give that cut); at each arrival, the sessions of that cut
+        ending at or before the arrival's "closed before" are final (a prefix: ends increase),
+        and the new event joins the rest, which is cut again. So: per arrival, freeze that
+        prefix, insert the event; at the end, cut what is still open. Accumulators are folded
+        per final session, which is the loop's value for aggregations that do not depend on
+        the order of the adds (the caller checks)."""
+        agg = self.engine.aggregation
         md = self.max_duration_ms
         inclusive = self.engine.config.inclusive_gap
+        incremental = self._incremental
+        batch = [[times[row], seq, ends[row], values[row]]
+                 for row, seq in zip(rows, seqs, strict=True)]
         by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
-        merged: list[list[Any]] = [[times[row], seq, ends[row], None]
-                                   for row, seq in zip(rows, seqs, strict=True)]
-        for i in range(len(by_arrival) - 1):
-            upto = seqs[by_arrival[i]]
-            arrived = [*open_events, *(e for e in merged if e[1] <= upto)]
-            if cut(arrived, md, inclusive)[0][1] <= closed_before[rows[by_arrival[i + 1]]]:
-                return False
-        return True
+        pending = list(open_events)  # the open events, in (time, arrival) order
+        final: list[tuple[int, int, int, list[Any]]] = []
+        for i in by_arrival:
+            cb = closed_before[rows[i]]
+            while pending and pending[0][0] < cb:  # a session ending <= cb holds only t < cb
+                start, end, max_end, stop = _first_session(pending, md, inclusive)
+                if end > cb:
+                    break
+                final.append((start, end, max_end, pending[:stop]))
+                del pending[:stop]
+            # after the equal times: it arrived last
+            bisect.insort_right(pending, batch[i], key=_FIRST)
+        low = 0
+        for start, end, max_end, stop in cut(pending, md, inclusive):
+            final.append((start, end, max_end, pending[low:stop]))
+            low = stop
+        done: list[list[Any]] = []
+        fresh: list[int] = []
+        n_open = len(open_events)
+        for start, end, max_end, events in final:
+            if last is not None and start == last[0] and events[0] is open_events[0]:
+                # the session holding the open session's events (first, in their order)
+                if (start, end) == last[5] and len(events) == n_open:
+                    continue  # unchanged
+                acc = (agg.merge(key, agg.initial(), last[4]) if incremental else None)
+                added = events[n_open:]
+                old, old_acc = last[5], last[6]
+            else:
+                acc = agg.initial() if incremental else None
+                added = events
+                old = old_acc = None
+            if incremental:
+                for event in added:
+                    acc = agg.add(key, event[3], event[0], event[1], acc)
+            if (start, end) != old:
+                fresh.append(end)
+            done.append([start, end, max_end, events, acc, old, old_acc, True])
+        return done, fresh
 
     def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:
         """Write (and log or index for closing) what :meth:`_in_order` computed."""

@@ -1,7 +1,7 @@
 """The batch path with ``max_duration_ms`` (issue 12) cuts a key's batch events in one pass when
-the event loop's answer cannot differ (events in time order; or out of order, when no session of
-the key closes during the batch and the accumulators do not depend on the order of the adds),
-and re-cuts the other keys event by event. These streams are dense per key and mostly in large
+it can give the event loop's answer (events in time order; or out of order, replaying the
+loop's re-cuts and closes, when the accumulators do not depend on the order of the adds), and
+re-cuts the other keys event by event. These streams are dense per key and mostly in large
 batches, so that those one-pass cases, the closes between a key's events and the fallback all
 occur; the batch path must equal the event path (emits, values bit for bit) and the oracle."""
 
@@ -142,20 +142,38 @@ def test_out_of_order_keys_take_the_one_pass_cut_when_nothing_closes(monkeypatch
         ("b", 18, 28), ("a", 10, 35), ("b", 30, 40), ("b", 41, 51)]
 
 
-def test_a_session_that_may_close_mid_batch_sends_the_key_to_the_exact_step(monkeypatch):
-    # max duration 4: a@11, then a@10 re-anchors [10, 14); b@34 moves the watermark to 14,
-    # which closes it; a@12 (own window [12, 16), not late) then starts a session of its own,
-    # where the offline cut would put it into [10, 14)
-    keys = ["a", "a", "b", "a"]
-    values = [0, 1, 2, 3]
-    times = [11, 10, 34, 12]
+def _both_paths(monkeypatch: Any, keys: list[Any], values: list[Any],
+                times: list[int]) -> tuple[list[Any], list[Any], list[int]]:
+    """The emits of the event path and of one batch (max duration 4), and how many events
+    the batch sent through the re-cutting step."""
     plain = _engine(4)
     want = [e for k, v, t in zip(keys, values, times, strict=True) for e in plain.process(k, v, t)]
     want += plain.advance_watermark(INT64_MAX)
     calls = _count_steps(monkeypatch)
     batched = _engine(4)
     got = batched.process_batch(keys, values, times) + batched.advance_watermark(INT64_MAX)
-    assert len(calls) == 3  # key a's events, one by one
+    return got, want, calls
+
+
+# max duration 4: a@11, then a@10 re-anchors [10, 14); b@34 moves the watermark to 14, which
+# closes it; a@12 (own window [12, 16), not late) then starts a session of its own, where
+# the offline cut would put it into [10, 14)
+CLOSING = (["a", "a", "b", "a"], [11, 10, 34, 12])
+
+
+def test_a_session_closing_between_out_of_order_events_is_final_in_the_replay(monkeypatch):
+    keys, times = CLOSING
+    got, want, calls = _both_paths(monkeypatch, keys, [0, 1, 2, 3], times)
+    assert calls == []  # replayed in one pass
     assert got == want
     assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
         ("a", 10, 14, [1, 0]), ("a", 12, 16, [3]), ("b", 34, 38, [2])]
+
+
+def test_out_of_order_float_sums_take_the_exact_step(monkeypatch):
+    keys, times = CLOSING
+    got, want, calls = _both_paths(monkeypatch, keys, [0.1, 0.2, 0.3, 0.4], times)
+    assert len(calls) == 3  # key a's events, one by one (b's takes the one pass)
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
+        ("a", 10, 14, [0.2, 0.1]), ("a", 12, 16, [0.4]), ("b", 34, 38, [0.3])]
