@@ -557,16 +557,23 @@ class MaxDuration:
         by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
         pending = list(open_events)  # the open events, in (time, arrival) order
         final: list[tuple[int, int, int, list[Any]]] = []
+        head: Cut | None = None  # the first session of the cut of pending, while known
         for i in by_arrival:
             cb = closed_before[rows[i]]
             while pending and pending[0][0] < cb:  # a session ending <= cb holds only t < cb
-                start, end, max_end, stop = _first_session(pending, md, inclusive)
+                if head is None:
+                    head = _first_session(pending, md, inclusive)
+                start, end, max_end, stop = head
                 if end > cb:
                     break
                 final.append((start, end, max_end, pending[:stop]))
                 del pending[:stop]
+                head = None
             # after the equal times: it arrived last
-            bisect.insort_right(pending, batch[i], key=_FIRST)
+            pos = bisect.bisect_right(pending, batch[i][0], key=_FIRST)
+            pending.insert(pos, batch[i])
+            if head is not None and pos <= head[3]:
+                head = None  # it may join (or precede) the first session: scan again
         low = 0
         for start, end, max_end, stop in cut(pending, md, inclusive):
             final.append((start, end, max_end, pending[low:stop]))
