@@ -36,8 +36,15 @@ and writing a session costs O(its events) (a write-through cache re-encodes the 
 every change). An out-of-order event costs O(events of the sessions it re-cuts).
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
-them have no sound pane history) raise ``ValueError``. The batch path takes the event-by-event
-plan (the columnar fast path is off), so it gives exactly the event path's answer.
+them have no sound pane history) raise ``ValueError``.
+
+**The batch path** (:meth:`MaxDuration.process_many`; the columnar fast path is off) gives
+exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
+computed for the whole batch, then each key's events are cut in one pass when they came in time
+order, or out of order with an aggregation whose accumulators do not depend on the order of the
+adds (the pass replays the loop's re-cuts and closes); the other keys (a float sum out of order,
+an event before the last event of the key's open sessions) take the event step one by one. With
+a write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
