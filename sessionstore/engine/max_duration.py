@@ -115,13 +115,11 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
     return out
 
 
-def _first_session(events: list[Any], max_duration_ms: int, inclusive: bool) -> Cut:
-    """The first :data:`Cut` of :func:`cut` (``events`` not empty), scanning only it."""
-    first = events[0]
-    start = first[0]
-    run = first[2]
-    limit = start + max_duration_ms
-    j = 1
+def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
+    """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
+    own end so far, ``start + max_duration``, and the index after its last event) over
+    ``events[stop:]``, in place."""
+    run, limit, j = head[1], head[2], head[3]
     n = len(events)
     while j < n:
         event = events[j]
@@ -131,7 +129,8 @@ def _first_session(events: list[Any], max_duration_ms: int, inclusive: bool) -> 
         if event[2] > run:
             run = event[2]
         j += 1
-    return (start, run if run < limit else limit, run, j)
+    head[1] = run
+    head[3] = j
 
 
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
@@ -564,23 +563,35 @@ class MaxDuration:
         by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
         pending = list(open_events)  # the open events, in (time, arrival) order
         final: list[tuple[int, int, int, list[Any]]] = []
-        head: Cut | None = None  # the first session of the cut of pending, while known
+        # the first session of the cut of pending, while known: [start, run, limit, stop]
+        head: list[int] | None = None
         for i in by_arrival:
             cb = closed_before[rows[i]]
             while pending and pending[0][0] < cb:  # a session ending <= cb holds only t < cb
                 if head is None:
-                    head = _first_session(pending, md, inclusive)
-                start, end, max_end, stop = head
+                    first = pending[0]
+                    head = [first[0], first[2], first[0] + md, 1]
+                    _scan_on(pending, head, inclusive)
+                start, run, limit, stop = head
+                end = run if run < limit else limit
                 if end > cb:
                     break
-                final.append((start, end, max_end, pending[:stop]))
+                final.append((start, end, run, pending[:stop]))
                 del pending[:stop]
                 head = None
+            event = batch[i]
             # after the equal times: it arrived last
-            pos = bisect.bisect_right(pending, batch[i][0], key=_FIRST)
-            pending.insert(pos, batch[i])
-            if head is not None and pos <= head[3]:
-                head = None  # it may join (or precede) the first session: scan again
+            pos = bisect.bisect_right(pending, event[0], key=_FIRST)
+            pending.insert(pos, event)
+            if head is not None:
+                if pos == 0:
+                    head = None  # a new first event: scan again
+                elif pos <= head[3]:
+                    if pos < head[3]:  # between two of its events: it joins the session
+                        head[3] += 1
+                        if event[2] > head[1]:
+                            head[1] = event[2]
+                    _scan_on(pending, head, inclusive)  # a longer run may take more
         low = 0
         for start, end, max_end, stop in cut(pending, md, inclusive):
             final.append((start, end, max_end, pending[low:stop]))
