@@ -173,7 +173,7 @@ def process_batch(engine: SessionAggregator, keys: Any, values: Any,
     if value_list is None:
         value_list = value_column.tolist()
     if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
-        _max_duration_batch(engine, key_list, value_list, times, ends, kept, out)
+        _max_duration_batch(engine, key_list, value_list, times, ends, kept, out, codes)
         _count_invalid_gaps(engine, gaps)
         return out
     if engine._runner is not None:
@@ -316,11 +316,16 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
 
 def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list[Any],
                         times: np.ndarray, ends: np.ndarray, kept: np.ndarray | None,
-                        out: list[Emit]) -> None:
-    """A batch with ``max_duration_ms``: the event step of each event (each kept row, with
-    ``kept``) in arrival order, with its own window end from ``ends``; with ON_WINDOW_UPDATE,
-    the changes are emitted once at the end, as the write cache flushes them (see
-    :mod:`sessionstore.engine.max_duration`)."""
+                        out: list[Emit], codes: np.ndarray) -> None:
+    """A batch with ``max_duration_ms`` (each kept row, with ``kept``; ``ends`` is each row's
+    own ``t + gap``, ``codes`` numbers the keys): what the event loop gives, exactly (see
+    :mod:`sessionstore.engine.max_duration`). With ON_WINDOW_UPDATE, the changes are emitted
+    once at the end, as the write cache flushes them.
+
+    Without a write cache, :meth:`MaxDuration.process_many` cuts each key whose events come
+    in order in one pass and re-cuts only the others event by event; with a write cache
+    (whose evictions forward changes in the loop's order) the events go one by one.
+    """
     planner = engine._max_duration
     assert planner is not None
     _precheck_accumulators(engine, keys, values, times)  # names the row as given
@@ -330,10 +335,16 @@ def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list
         values = [values[i] for i in rows]
         times = times[kept]
         ends = ends[kept]
+        codes = codes[kept]
     log: ChangeLog | None = {} if engine._updates and not engine.write_cache else None
-    step = planner.process
-    for key, value, t, end in zip(keys, values, times.tolist(), ends.tolist(), strict=True):
-        step(key, value, t, end, out, log)
+    with _collector_paused():
+        if not engine.write_cache:
+            planner.process_many(keys, values, times, ends, codes, out, log)
+        else:
+            step = planner.process
+            for key, value, t, end in zip(keys, values, times.tolist(), ends.tolist(),
+                                          strict=True):
+                step(key, value, t, end, out, log)
     if log is not None:
         planner.emit_log(log, out)
     if engine.write_cache:

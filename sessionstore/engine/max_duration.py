@@ -36,8 +36,15 @@ and writing a session costs O(its events) (a write-through cache re-encodes the 
 every change). An out-of-order event costs O(events of the sessions it re-cuts).
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
-them have no sound pane history) raise ``ValueError``. The batch path takes the event-by-event
-plan (the columnar fast path is off), so it gives exactly the event path's answer.
+them have no sound pane history) raise ``ValueError``.
+
+**The batch path** (:meth:`MaxDuration.process_many`; the columnar fast path is off) gives
+exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
+computed for the whole batch, then each key's events are cut in one pass when they came in time
+order, or out of order with an aggregation whose accumulators do not depend on the order of the
+adds (the pass replays the loop's re-cuts and closes); the other keys (a float sum out of order,
+an event before the last event of the key's open sessions) take the event step one by one. With
+a write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
@@ -51,10 +58,13 @@ import heapq
 import operator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import keyschema
 from ..aggregations import Aggregation
 from ..types import Session
-from .columnar import columnar_parts
+from .columnar import NUMERIC_KINDS, columnar_parts
+from .config import NO_WATERMARK
 from .emit import Emit, make_emit
 from .record import check_encodable
 
@@ -103,6 +113,24 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out
+
+
+def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
+    """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
+    own end so far, ``start + max_duration``, and the index after its last event) over
+    ``events[stop:]``, in place."""
+    run, limit, j = head[1], head[2], head[3]
+    n = len(events)
+    while j < n:
+        event = events[j]
+        t = event[0]
+        if t >= limit or (t > run if inclusive else t >= run):
+            break
+        if event[2] > run:
+            run = event[2]
+        j += 1
+    head[1] = run
+    head[3] = j
 
 
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
@@ -185,13 +213,15 @@ class MaxDuration:
         closed_before = w - grace
         if closed_before < times.last_close:
             closed_before = times.last_close
-        self._step(key, value, t, own_end, closed_before, out, log)
+        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
+        times.seq += 1
         if times.observe(t):
             engine._on_watermark(out)
 
     def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
-              out: list[Emit], log: ChangeLog | None) -> None:
-        """Re-cut the key's open sessions with the new event and apply the difference.
+              out: list[Emit], log: ChangeLog | None, seq: int) -> None:
+        """Re-cut the key's open sessions with the new event (arrival number ``seq``) and
+        apply the difference (the caller advances the engine's arrival counter).
 
         No session this creates is closed on creation. The first re-cut session starts at an
         open session's first event (it keeps all that session's events, so it ends no earlier,
@@ -204,8 +234,6 @@ class MaxDuration:
         md = self.max_duration_ms
         inclusive = cfg.inclusive_gap
         agg = engine.aggregation
-        times = engine._times
-        seq = times.seq + 1
         event = [t, seq, own_end, value]
         view = engine._state.sessions_of(key, closed_before)
         bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
@@ -281,7 +309,6 @@ class MaxDuration:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content
-        times.seq = seq
         state = engine._state
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
@@ -319,6 +346,299 @@ class MaxDuration:
                 heapq.heappush(heap, end)
                 if engine._record_close_times:
                     engine._new_close_times.append(end)
+
+    def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
+                     ends: np.ndarray, codes: np.ndarray, out: list[Emit],
+                     log: ChangeLog | None) -> None:
+        """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
+        without a write cache (whose evictions forward changes in loop order).
+
+        Args:
+            keys, values, times: the events; ``codes`` numbers their keys (equal keys, equal
+                codes); ``ends`` is each event's own ``t + gap``.
+            out: the emits of closing (and the caller emits ``log``).
+            log: with ``ON_WINDOW_UPDATE``, the batch's changes (see :meth:`emit_log`).
+
+        Lateness, each event's "closed before" and its arrival number are those the loop
+        would see (the watermark before each event is a running maximum). A key whose
+        accepted events come in time order, none before the last event of its open sessions,
+        is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
+        after the other; every other key's events go through the exact re-cutting step, in
+        arrival order. Closing runs once, after every write, as in the columnar batch path.
+        """
+        engine = self.engine
+        clock = engine._times
+        cfg = engine.config
+        grace = cfg.grace_ms
+        md = self.max_duration_ms
+        n = len(times)
+        if n == 0:
+            return
+        before = clock.watermarks_before(times)
+        own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
+        late = before >= own + grace
+        closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace,
+                                   clock.last_close)
+        accepted = np.flatnonzero(~late)
+        m = len(accepted)
+        seq0 = clock.seq + 1
+        acc_codes = codes[accepted]
+        acc_times = times[accepted]
+        # each key's accepted events in (time, arrival) order
+        order = np.lexsort((np.arange(m), acc_times, acc_codes))
+        sorted_codes = acc_codes[order]
+        same_key = sorted_codes[1:] == sorted_codes[:-1]
+        # keys whose events did not come in time order: their arrival indexes go down
+        disordered = set(sorted_codes[1:][same_key & (np.diff(order) < 0)].tolist())
+        starts = np.flatnonzero(np.concatenate(([True], ~same_key))).tolist() if m else []
+        bounds_of = [*starts, m]
+        rows = accepted[order].tolist()  # batch rows
+        positions = order.tolist()  # their arrival index among the accepted
+        time_list = times.tolist()
+        end_list = ends.tolist()
+        cb_list = closed_before.tolist()
+        code_list = sorted_codes.tolist()
+        fallback: list[int] = []  # arrival indexes among the accepted
+        plans: list[tuple[Any, list[Any]]] = []
+        order_free = bool(disordered) and self._order_free(values)
+        for g in range(len(starts)):
+            a, b = bounds_of[g], bounds_of[g + 1]
+            if not order_free and code_list[a] in disordered:
+                fallback.extend(positions[a:b])
+                continue
+            row = rows[a]
+            plan = self._in_order(keys[row], values, time_list, end_list, cb_list, rows[a:b],
+                                  [seq0 + p for p in positions[a:b]],
+                                  code_list[a] in disordered)
+            if plan is None:
+                fallback.extend(positions[a:b])
+            else:
+                plans.append((keys[row], plan))
+        # apply: the late events, the keys that need re-cutting, then the in-order keys
+        metrics = engine._metrics
+        metrics.records_in += n
+        if m < n:
+            for i in np.flatnonzero(late).tolist():
+                engine._drop(keys[i], values[i], time_list[i])
+        fallback.sort()
+        step = self._step
+        acc_rows = accepted.tolist()
+        for p in fallback:
+            i = acc_rows[p]
+            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p)
+        clock.seq += m
+        for key, plan in plans:
+            self._apply_in_order(key, plan, log)
+        if m and clock.observe(int(acc_times.max())):
+            engine._on_watermark(out)
+
+    def _order_free(self, values: list[Any]) -> bool:
+        """Whether the accumulators of these values do not depend on the order of the adds:
+        an aggregation folded from the events (in (time, arrival) order, whatever the arrival
+        order), or built-ins whose sums, minima and maxima see only ints (count, first, last
+        and collect keep (time, arrival) order themselves). A float sum rounds by order, and
+        equal minima of different types keep the first seen, so those keys take the exact
+        re-cut one event at a time, which extends in arrival order."""
+        if not self._incremental:
+            return True
+        for kind, column in columnar_parts(self.engine.aggregation) or []:
+            if kind not in NUMERIC_KINDS:
+                continue
+            try:
+                items = values if column is None else [v[column] for v in values]
+            except (KeyError, TypeError, IndexError):
+                return False  # the step names the row
+            if not all(type(v) is int for v in items):
+                return False
+        return True
+
+    def _in_order(self, key: Any, values: list[Any], times: list[int], ends: list[int],
+                  closed_before: list[int], rows: list[int], seqs: list[int],
+                  disordered: bool) -> list[Any] | None:
+        """Cut one key's events (``rows``, in (time, arrival) order, arrival numbers ``seqs``)
+        onto its open sessions, changing nothing; None when the loop's answer could differ (the
+        caller then re-cuts those events one by one, exactly).
+
+        Each event joins the last session iff the loop's in-order step would join it: that
+        session is still open at the event's "closed before", the event is gap-connected and
+        before ``start + max_duration``; otherwise it starts a session. That is the loop's
+        answer when no event comes before the last event of the key's open sessions (earlier
+        sessions never change then), and
+
+        * the events came in time order (``disordered`` false): each is the loop's in-order
+          step, also when a session closes between two of them; or
+        * they did not (``disordered``): :meth:`_replay` follows the loop's re-cuts and
+          closes, for aggregations whose accumulators do not depend on the order of the adds
+          (the caller checks).
+
+        Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
+        old acc, changed]``, and the ends to index for closing (in time order, each end a step
+        gave a fresh session, as the loop indexes them; otherwise the final ones).
+        """
+        engine = self.engine
+        agg = engine.aggregation
+        md = self.max_duration_ms
+        inclusive = engine.config.inclusive_gap
+        incremental = self._incremental
+        # the first arrival's "closed before" (it grows with arrival: the smallest)
+        cb0 = min(closed_before[row] for row in rows) if disordered else closed_before[rows[0]]
+        view = engine._state.sessions_of(key, cb0)
+        cur: list[Any] | None = None
+        open_events: list[Any] = []
+        if view:
+            open_bounds = [bb for bb in view if bb[1] > cb0]
+            if open_bounds:
+                last = max(open_bounds)
+                raw = view[last][0]
+                open_events, max_end = _payload(raw, key, last)
+                if times[rows[0]] < open_events[-1][0]:
+                    return None
+                cur = [last[0], last[1], max_end, open_events, raw[0], last, raw[0], False]
+        done: list[list[Any]] = []
+        fresh: list[int] = []
+        if disordered:
+            done, fresh = self._replay(key, values, times, ends, closed_before, rows, seqs,
+                                       open_events, cur)
+            rows = seqs = []  # replayed
+        for row, seq in zip(rows, seqs, strict=True):
+            t = times[row]
+            own_end = ends[row]
+            value = values[row]
+            if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
+                    and (t <= cur[2] if inclusive else t < cur[2]):
+                if not cur[7]:  # first change: own copies, the stored record stays as it was
+                    cur[3] = list(cur[3])
+                    if incremental:
+                        cur[4] = agg.merge(key, agg.initial(), cur[4])
+                    cur[7] = True
+                cur[3].append([t, seq, own_end, value])
+                if own_end > cur[2]:
+                    cur[2] = own_end
+                    cap = cur[0] + md
+                    end = own_end if own_end < cap else cap
+                    if end != cur[1]:
+                        cur[1] = end
+                        fresh.append(end)
+                if incremental:
+                    cur[4] = agg.add(key, value, t, seq, cur[4])
+                continue
+            if cur is not None and cur[7]:
+                done.append(cur)
+            end = own_window_end(t, own_end, md)
+            fresh.append(end)
+            cur = [t, end, own_end, [[t, seq, own_end, value]],
+                   agg.add(key, value, t, seq, agg.initial()) if incremental else None,
+                   None, None, True]
+        if cur is not None and cur[7]:
+            done.append(cur)
+        for session in done:
+            if not incremental:
+                session[4] = _fold(agg, key, session[3])
+            if engine._check_acc:
+                check_encodable(session[4],
+                                f"the accumulator of {Session(key, session[0], session[1])}")
+        return [done, fresh]
+
+    def _replay(self, key: Any, values: list[Any], times: list[int], ends: list[int],
+                closed_before: list[int], rows: list[int], seqs: list[int],
+                open_events: list[Any], last: list[Any] | None
+                ) -> tuple[list[list[Any]], list[int]]:
+        """The loop's answer for a key whose batch events (``rows``, in (time, arrival)
+        order) came out of order, all at or after every event of its last open session
+        (``open_events``; ``last`` its :meth:`_in_order` entry, None without one).
+
+        The loop keeps the key's open events cut by the offline rule (its re-cuts, from the
+        session an event falls into, give that cut); at each arrival, the sessions of that cut
+        ending at or before the arrival's "closed before" are final (a prefix: ends increase),
+        and the new event joins the rest, which is cut again. So: per arrival, freeze that
+        prefix, insert the event; at the end, cut what is still open. Accumulators are folded
+        per final session, which is the loop's value for aggregations that do not depend on
+        the order of the adds (the caller checks)."""
+        agg = self.engine.aggregation
+        md = self.max_duration_ms
+        inclusive = self.engine.config.inclusive_gap
+        incremental = self._incremental
+        batch = [[times[row], seq, ends[row], values[row]]
+                 for row, seq in zip(rows, seqs, strict=True)]
+        by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
+        pending = list(open_events)  # the open events, in (time, arrival) order
+        final: list[tuple[int, int, int, list[Any]]] = []
+        # the first session of the cut of pending, while known: [start, run, limit, stop]
+        head: list[int] | None = None
+        for i in by_arrival:
+            cb = closed_before[rows[i]]
+            while pending and pending[0][0] < cb:  # a session ending <= cb holds only t < cb
+                if head is None:
+                    first = pending[0]
+                    head = [first[0], first[2], first[0] + md, 1]
+                    _scan_on(pending, head, inclusive)
+                start, run, limit, stop = head
+                end = run if run < limit else limit
+                if end > cb:
+                    break
+                final.append((start, end, run, pending[:stop]))
+                del pending[:stop]
+                head = None
+            event = batch[i]
+            # after the equal times: it arrived last
+            pos = bisect.bisect_right(pending, event[0], key=_FIRST)
+            pending.insert(pos, event)
+            if head is not None:
+                if pos == 0:
+                    head = None  # a new first event: scan again
+                elif pos <= head[3]:
+                    if pos < head[3]:  # between two of its events: it joins the session
+                        head[3] += 1
+                        if event[2] > head[1]:
+                            head[1] = event[2]
+                    _scan_on(pending, head, inclusive)  # a longer run may take more
+        low = 0
+        for start, end, max_end, stop in cut(pending, md, inclusive):
+            final.append((start, end, max_end, pending[low:stop]))
+            low = stop
+        done: list[list[Any]] = []
+        fresh: list[int] = []
+        n_open = len(open_events)
+        for start, end, max_end, events in final:
+            if last is not None and start == last[0] and events[0] is open_events[0]:
+                # the session holding the open session's events (first, in their order)
+                if (start, end) == last[5] and len(events) == n_open:
+                    continue  # unchanged
+                acc = (agg.merge(key, agg.initial(), last[4]) if incremental else None)
+                added = events[n_open:]
+                old, old_acc = last[5], last[6]
+            else:
+                acc = agg.initial() if incremental else None
+                added = events
+                old = old_acc = None
+            if incremental:
+                for event in added:
+                    acc = agg.add(key, event[3], event[0], event[1], acc)
+            if (start, end) != old:
+                fresh.append(end)
+            done.append([start, end, max_end, events, acc, old, old_acc, True])
+        return done, fresh
+
+    def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:
+        """Write (and log or index for closing) what :meth:`_in_order` computed."""
+        engine = self.engine
+        state = engine._state
+        done, fresh = plan
+        for start, end, max_end, events, acc, old, old_acc, _ in done:
+            if old is not None and old != (start, end):
+                state.remove(Session(key, old[0], old[1]))
+                if log is not None:
+                    log[Session(key, old[0], old[1])] = [old_acc, None]
+            state.put(Session(key, start, end), _wire(acc, events, max_end))
+            if log is not None:
+                log[Session(key, start, end)] = [old_acc if old == (start, end) else None, acc]
+        if engine._updates:
+            return
+        heap = engine._close_heap
+        for end in fresh:
+            heapq.heappush(heap, end)
+        if engine._record_close_times:
+            engine._new_close_times.extend(fresh)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:

@@ -1,0 +1,179 @@
+"""The batch path with ``max_duration_ms`` (issue 12) cuts a key's batch events in one pass when
+it can give the event loop's answer (events in time order; or out of order, replaying the
+loop's re-cuts and closes, when the accumulators do not depend on the order of the adds), and
+re-cuts the other keys event by event. These streams are dense per key and mostly in large
+batches, so that those one-pass cases, the closes between a key's events and the fallback all
+occur; the batch path must equal the event path (emits, values bit for bit) and the oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionWindows,
+    aggregations,
+)
+from sessionstore.engine import max_duration as md_module
+from sessionstore.timeutil import INT64_MAX
+from tests.engine.test_engine_properties import AGG_ALL, as_rows, changelog_table, check_table_path
+from tests.engine.test_max_duration import MaxDurationDriver, md_configs, reference
+
+CLOSE = EmitStrategy.ON_WINDOW_CLOSE
+UPDATE = EmitStrategy.ON_WINDOW_UPDATE
+
+
+@st.composite
+def dense_steps(draw: st.DrawFn, floats: bool = False) -> list[tuple[Any, ...]]:
+    """Events of one to three keys, mostly a few ms out of order (within the gap, so that
+    they re-cut rather than come late), sometimes far behind, with (rarely) watermark
+    advances, commits, aborts and reopens between them. With ``floats``, float values."""
+    n = draw(st.integers(1, 70))
+    keys = draw(st.sampled_from([["a"], ["a", "b"], ["a", "b", "c"]]))
+    base = sorted(draw(st.lists(st.integers(0, 250), min_size=n, max_size=n)))
+    steps: list[tuple[Any, ...]] = []
+    for i, t in enumerate(base):
+        jitter = draw(st.sampled_from([0, 0, 0, 0, -1, -2, -4, -8, -15, -40]))
+        value: Any = i * 0.1 + 0.01 if floats else i
+        steps.append(("event", draw(st.sampled_from(keys)), value, t + jitter))
+        extra = draw(st.sampled_from([None] * 20 + ["watermark", "commit", "abort", "reopen"]))
+        if extra == "watermark":
+            steps.append(("watermark", t + draw(st.integers(-20, 40))))
+        elif extra is not None:
+            steps.append((extra,))
+    return steps
+
+
+# mostly long batches: a key then has many events in one batch
+long_cuts = st.lists(st.sampled_from([False] * 9 + [True]), min_size=1, max_size=30)
+
+
+@settings(max_examples=150)
+@given(md_configs(), dense_steps(), long_cuts, st.sampled_from([CLOSE, UPDATE]))
+@example(  # out of order, nothing closes: one pass over the (time, arrival) order
+    {"gap": 10, "grace": 0, "inclusive": False, "ooo": 20, "watermark": "event_time",
+     "cache": 100_000, "segment": None, "extra_retention": 0, "md": 25},
+    [("event", "a", 0, 10), ("event", "a", 1, 18), ("event", "a", 2, 14),
+     ("event", "a", 3, 30), ("event", "a", 4, 27), ("event", "a", 5, 41)],
+    [False], CLOSE)
+@example(  # the first session closes between two events of the key: the loop's answer
+    {"gap": 3, "grace": 0, "inclusive": True, "ooo": 5, "watermark": "event_time",
+     "cache": 0, "segment": 1, "extra_retention": 0, "md": 4},
+    [("event", "a", 0, 10), ("event", "b", 1, 20), ("event", "a", 2, 16),
+     ("event", "a", 3, 12), ("event", "a", 4, 15)],
+    [False], CLOSE)
+def test_dense_batches_equal_the_event_path_and_the_oracle(cfg, steps, cuts, emit):
+    check_table_path(cfg, steps, cuts, emit, MaxDurationDriver, reference)
+    batched, effective = MaxDurationDriver(cfg, emit, True, cuts).run(steps)
+    want = reference(cfg, effective)
+    if emit is CLOSE:
+        plain, _ = MaxDurationDriver(cfg, emit, False, cuts).run(steps)
+        assert batched == plain
+        assert as_rows(batched) == want
+    else:
+        assert changelog_table(batched) == want
+        # the batch path is the event path with its (unbounded) write cache flushed per batch
+        cached, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
+                                      write_cache=True).run(steps)
+        assert batched == cached
+
+
+FLOAT_AGG = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect(),
+                                  "sum": aggregations.sum_of(), "min": aggregations.min_of()})
+
+
+@settings(max_examples=100)
+@given(md_configs(), dense_steps(floats=True), long_cuts, st.sampled_from([CLOSE, UPDATE]))
+def test_float_sums_add_in_arrival_order_as_the_event_path_does(cfg, steps, cuts, emit):
+    """A float sum rounds by the order of its adds: out-of-order keys must not take the
+    one-pass (time-ordered) cut; the sums equal the event path's bit for bit."""
+    batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
+                                           aggregation=FLOAT_AGG).run(steps)
+    if emit is CLOSE:
+        plain, _ = MaxDurationDriver(cfg, emit, False, cuts, aggregation=FLOAT_AGG).run(steps)
+    else:
+        plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
+                                     write_cache=True, aggregation=FLOAT_AGG).run(steps)
+    assert batched == plain
+    assert [e.value["sum"].hex() for e in batched] == [e.value["sum"].hex() for e in plain]
+    rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
+    assert rows == reference(cfg, effective)
+
+
+def _engine(max_duration_ms: int = 25) -> SessionAggregator:
+    windows = SessionWindows(10, max_duration_ms=max_duration_ms)
+    return SessionAggregator(InMemorySessionStore(retention_ms=1_000), windows, AGG_ALL,
+                             emit=CLOSE, max_out_of_orderness_ms=20)
+
+
+def _count_steps(monkeypatch: Any) -> list[int]:
+    calls: list[int] = []
+    step = md_module.MaxDuration._step
+
+    def counted(self: Any, *args: Any) -> None:
+        calls.append(1)
+        step(self, *args)
+
+    monkeypatch.setattr(md_module.MaxDuration, "_step", counted)
+    return calls
+
+
+def test_out_of_order_keys_take_the_one_pass_cut_when_nothing_closes(monkeypatch):
+    # a's events come out of order (14, 10, 27, 22); its first session ends after every
+    # "closed before" of the batch, so nothing closes and the loop's re-cuts (a@27 first
+    # starts a session, a@22 joins it to the first) end at the offline cut
+    times = [14, 18, 10, 30, 27, 41, 22]
+    keys = ["a", "b", "a", "b", "a", "b", "a"]
+    values = list(range(len(times)))
+    plain = _engine()
+    want = [e for k, v, t in zip(keys, values, times, strict=True) for e in plain.process(k, v, t)]
+    want += plain.advance_watermark(INT64_MAX)
+    calls = _count_steps(monkeypatch)
+    batched = _engine()
+    got = batched.process_batch(keys, values, times) + batched.advance_watermark(INT64_MAX)
+    assert calls == []  # no event went through the re-cutting step
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end) for e in got] == [
+        ("b", 18, 28), ("a", 10, 35), ("b", 30, 40), ("b", 41, 51)]
+
+
+def _both_paths(monkeypatch: Any, keys: list[Any], values: list[Any],
+                times: list[int]) -> tuple[list[Any], list[Any], list[int]]:
+    """The emits of the event path and of one batch (max duration 4), and how many events
+    the batch sent through the re-cutting step."""
+    plain = _engine(4)
+    want = [e for k, v, t in zip(keys, values, times, strict=True) for e in plain.process(k, v, t)]
+    want += plain.advance_watermark(INT64_MAX)
+    calls = _count_steps(monkeypatch)
+    batched = _engine(4)
+    got = batched.process_batch(keys, values, times) + batched.advance_watermark(INT64_MAX)
+    return got, want, calls
+
+
+# max duration 4: a@11, then a@10 re-anchors [10, 14); b@34 moves the watermark to 14, which
+# closes it; a@12 (own window [12, 16), not late) then starts a session of its own, where
+# the offline cut would put it into [10, 14)
+CLOSING = (["a", "a", "b", "a"], [11, 10, 34, 12])
+
+
+def test_a_session_closing_between_out_of_order_events_is_final_in_the_replay(monkeypatch):
+    keys, times = CLOSING
+    got, want, calls = _both_paths(monkeypatch, keys, [0, 1, 2, 3], times)
+    assert calls == []  # replayed in one pass
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
+        ("a", 10, 14, [1, 0]), ("a", 12, 16, [3]), ("b", 34, 38, [2])]
+
+
+def test_out_of_order_float_sums_take_the_exact_step(monkeypatch):
+    keys, times = CLOSING
+    got, want, calls = _both_paths(monkeypatch, keys, [0.1, 0.2, 0.3, 0.4], times)
+    assert len(calls) == 3  # key a's events, one by one (b's takes the one pass)
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
+        ("a", 10, 14, [0.2, 0.1]), ("a", 12, 16, [0.4]), ("b", 34, 38, [0.3])]
