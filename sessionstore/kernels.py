@@ -243,6 +243,49 @@ def plan_sessions(
     )
 
 
+def _reach(active: Int64Array, front: int, size: int, sess_start: Int64Array,
+           sess_end: Int64Array, t: int, e: int, inclusive: bool) -> tuple[int, int]:
+    """``[lo, hi)``: the active sessions (``active[front:size]``, ordered by start, disjoint)
+    that the window ``[t, e)`` merges with. ``lo`` is the first whose end reaches ``t``, ``hi``
+    the first from ``lo`` on that starts beyond ``e``; ``lo == hi`` when it merges with none."""
+    lo = front
+    hi = size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        mid_end = sess_end[active[mid]]
+        if mid_end > t or (inclusive and mid_end == t):
+            hi = mid
+        else:
+            lo = mid + 1
+    hi = lo
+    top = size
+    while hi < top:
+        mid = (hi + top) // 2
+        mid_start = sess_start[active[mid]]
+        if mid_start < e or (inclusive and mid_start == e):
+            hi = mid + 1
+        else:
+            top = mid
+    return lo, hi
+
+
+def _insert_at(active: Int64Array, size: int, at: int, sid: int) -> None:
+    """Insert session ``sid`` at ``active[at]``, shifting ``active[at:size]`` right by one."""
+    for q in range(size, at, -1):
+        active[q] = active[q - 1]
+    active[at] = sid
+
+
+def _drop_merged(active: Int64Array, size: int, lo: int, hi: int) -> int:
+    """Remove ``active[lo + 1:hi]`` (merged into ``active[lo]``); return the new size."""
+    gone = hi - lo - 1
+    if gone > 0:
+        for q in range(hi, size):
+            active[q - gone] = active[q]
+        size -= gone
+    return size
+
+
 def _plan_groups(
     event_order: Int64Array,
     group_bounds: Int64Array,
@@ -316,35 +359,14 @@ def _plan_groups(
             previous_closed = c
             while front < size and sess_end[active[front]] <= c:
                 front += 1
-            # lo: first active session whose end reaches the event's window.
-            lo = front
-            hi = size
-            while lo < hi:
-                mid = (lo + hi) // 2
-                mid_end = sess_end[active[mid]]
-                if mid_end > t or (inclusive and mid_end == t):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            # hi: first active session, from lo on, that starts beyond the event's window.
-            hi = lo
-            top = size
-            while hi < top:
-                mid = (hi + top) // 2
-                mid_start = sess_start[active[mid]]
-                if mid_start < e or (inclusive and mid_start == e):
-                    hi = mid + 1
-                else:
-                    top = mid
+            lo, hi = _reach(active, front, size, sess_start, sess_end, t, e, inclusive)
             if lo == hi:
                 sid = next_id
                 next_id += 1
                 sess_start[sid] = t
                 sess_end[sid] = e
                 sess_code[sid] = codes[i]
-                for q in range(size, lo, -1):
-                    active[q] = active[q - 1]
-                active[lo] = sid
+                _insert_at(active, size, lo, sid)
                 size += 1
             else:
                 # issue 12's max_duration_ms would decide here whether the merged span is
@@ -365,11 +387,7 @@ def _plan_groups(
                         touched[other] = True
                 sess_start[sid] = new_start
                 sess_end[sid] = new_end
-                gone = hi - lo - 1
-                if gone > 0:
-                    for q in range(hi, size):
-                        active[q - gone] = active[q]
-                    size -= gone
+                size = _drop_merged(active, size, lo, hi)
             event_id[i] = sid
     # Resolve every id to the session that finally holds it, compressing the paths as we go
     # (a compiled kernel cannot call a helper that is not compiled, so this is written inline).
@@ -686,32 +704,13 @@ def _plan_dense(
             previous_closed = c
             while front < size and sess_end[active[front]] <= c:
                 front += 1
-            lo = front
-            hi = size
-            while lo < hi:
-                mid = (lo + hi) // 2
-                mid_end = sess_end[active[mid]]
-                if mid_end > t or (inclusive and mid_end == t):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            hi = lo
-            top = size
-            while hi < top:
-                mid = (hi + top) // 2
-                mid_start = sess_start[active[mid]]
-                if mid_start < e or (inclusive and mid_start == e):
-                    hi = mid + 1
-                else:
-                    top = mid
+            lo, hi = _reach(active, front, size, sess_start, sess_end, t, e, inclusive)
             if lo == hi:
                 sid = next_id
                 next_id += 1
                 sess_start[sid] = t
                 sess_end[sid] = e
-                for q in range(size, lo, -1):
-                    active[q] = active[q - 1]
-                active[lo] = sid
+                _insert_at(active, size, lo, sid)
                 size += 1
                 mine[made] = sid
                 made += 1
@@ -734,11 +733,7 @@ def _plan_dense(
                         touched[other] = True
                 sess_start[sid] = new_start
                 sess_end[sid] = new_end
-                gone = hi - lo - 1
-                if gone > 0:
-                    for q in range(hi, size):
-                        active[q - gone] = active[q]
-                    size -= gone
+                size = _drop_merged(active, size, lo, hi)
             event_id[k] = sid
         # the key's resulting sessions: those it made or touched that nothing absorbed, in
         # (start, end, creation) order; they take the next ranks, so the output is in
@@ -816,7 +811,8 @@ def _plan_dense(
 
 _HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
     "_sort_rows": (_before,),
-    "_plan_dense": (_sort_rows,),
+    "_plan_groups": (_reach, _insert_at, _drop_merged),
+    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged),
 }
 
 

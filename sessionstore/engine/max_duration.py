@@ -99,27 +99,18 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
     while i < n:
         first = events[i]
         start = first[0]
-        run = first[2]
         limit = start + max_duration_ms
-        j = i + 1
-        while j < n:
-            event = events[j]
-            t = event[0]
-            if t >= limit or (t > run if inclusive else t >= run):
-                break
-            if event[2] > run:
-                run = event[2]
-            j += 1
+        run, j = _run_from(events, i + 1, first[2], limit, inclusive)
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out
 
 
-def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
-    """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
-    own end so far, ``start + max_duration``, and the index after its last event) over
-    ``events[stop:]``, in place."""
-    run, limit, j = head[1], head[2], head[3]
+def _run_from(events: list[Any], j: int, run: int, limit: int, inclusive: bool
+              ) -> tuple[int, int]:
+    """Extend a session whose largest own end is ``run`` over ``events[j:]`` while they are
+    gap-connected and before ``limit`` (its start + max_duration); return the new largest own
+    end and the index after its last event."""
     n = len(events)
     while j < n:
         event = events[j]
@@ -129,8 +120,14 @@ def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
         if event[2] > run:
             run = event[2]
         j += 1
-    head[1] = run
-    head[3] = j
+    return run, j
+
+
+def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
+    """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
+    own end so far, ``start + max_duration``, and the index after its last event) over
+    ``events[stop:]``, in place."""
+    head[1], head[3] = _run_from(events, head[3], head[1], head[2], inclusive)
 
 
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:

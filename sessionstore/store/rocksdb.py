@@ -143,41 +143,33 @@ def scan_key(
     prefix = keyschema.key_first_prefix(encoded_key)
     prefix_len = len(prefix)
     split = keyschema.split_key_first
+    segments = _segments_between(cfs, first, None)
+    if backward:
+        segments.reverse()
+        bound = prefix + _HIGH_TIMES  # above every record of the key: seek_for_prev lands
+    else:
+        bound = keyschema.key_first_seek(encoded_key, earliest_end)
     try:
-        if backward:
-            last = prefix + _HIGH_TIMES  # above every record of the key: seek_for_prev lands
-            for cf in reversed(_segments_between(cfs, first, None)):
-                it = cf.iter()
-                it.seek_for_prev(last)
-                while it.valid():
-                    record = it.key()
-                    if not record.startswith(prefix):
-                        break
-                    end, start = split(record, prefix_len)
-                    if end < earliest_end:
-                        break
-                    if start <= latest_start:
-                        yield end, start, it.value()
-                    it.prev()
-                else:
-                    it.status()
-                del it
-            return
-        seek = keyschema.key_first_seek(encoded_key, earliest_end)
-        for cf in _segments_between(cfs, first, None):
+        for cf in segments:
             it = cf.iter()
-            it.seek(seek)
+            if backward:
+                it.seek_for_prev(bound)
+            else:
+                it.seek(bound)
+            step = it.prev if backward else it.next
             while it.valid():
                 record = it.key()
                 if not record.startswith(prefix):
                     break
                 end, start = split(record, prefix_len)
+                if end < earliest_end:  # only backward: forward starts at earliest_end
+                    break
                 if start <= latest_start:
                     yield end, start, it.value()
-                it.next()
+                step()
             else:
                 it.status()
-            del it
+            del step, it
     except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
         _raise_corruption(exc, where)
 
