@@ -286,6 +286,18 @@ def _drop_merged(active: Int64Array, size: int, lo: int, hi: int) -> int:
     return size
 
 
+def _find_root(parent: Int64Array, sid: int) -> int:
+    """The session that finally holds ``sid`` (union-find), compressing the path to it."""
+    root = sid
+    while parent[root] != root:
+        root = parent[root]
+    while parent[sid] != root:
+        following = parent[sid]
+        parent[sid] = root
+        sid = following
+    return root
+
+
 def _plan_groups(
     event_order: Int64Array,
     group_bounds: Int64Array,
@@ -389,8 +401,7 @@ def _plan_groups(
                 sess_end[sid] = new_end
                 size = _drop_merged(active, size, lo, hi)
             event_id[i] = sid
-    # Resolve every id to the session that finally holds it, compressing the paths as we go
-    # (a compiled kernel cannot call a helper that is not compiled, so this is written inline).
+    # Resolve every id to the session that finally holds it, compressing the paths as we go.
     open_root = np.full(m, -1, dtype=np.int64)
     for q in range(n + m):
         if q < n:
@@ -399,13 +410,7 @@ def _plan_groups(
             sid = q - n
         else:
             continue
-        root = sid
-        while parent[root] != root:
-            root = parent[root]
-        while parent[sid] != root:
-            following = parent[sid]
-            parent[sid] = root
-            sid = following
+        root = _find_root(parent, sid)
         if q < n:
             event_id[q] = root
         else:
@@ -762,13 +767,7 @@ def _plan_dense(
             sid = q - n
         else:
             continue
-        root = sid
-        while parent[root] != root:
-            root = parent[root]
-        while parent[sid] != root:
-            following = parent[sid]
-            parent[sid] = root
-            sid = following
+        root = _find_root(parent, sid)
         if q < n:
             event_session[event_order[q]] = rank_of_id[root]
         else:
@@ -811,8 +810,8 @@ def _plan_dense(
 
 _HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
     "_sort_rows": (_before,),
-    "_plan_groups": (_reach, _insert_at, _drop_merged),
-    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged),
+    "_plan_groups": (_reach, _insert_at, _drop_merged, _find_root),
+    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root),
 }
 
 
