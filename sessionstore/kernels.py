@@ -122,6 +122,42 @@ def _first_row(mask: npt.NDArray[np.bool_]) -> int:
     return int(np.argmax(mask))
 
 
+def _plan_inputs(key_codes: Any, times_ms: Any, ends_ms: Any, closed_before_ms: Any,
+                 open_codes: Any, open_starts_ms: Any, open_ends_ms: Any
+                 ) -> tuple[Int64Array, ...]:
+    """The planners' arguments as int64 arrays, checked: lengths per group, ``ends > times``,
+    ``open start < open end``; errors name the argument and the row."""
+    codes = int64_column("key_codes", key_codes)
+    times = int64_column("times_ms", times_ms)
+    ends = int64_column("ends_ms", ends_ms)
+    closed = int64_column("closed_before_ms", closed_before_ms)
+    o_codes = int64_column("open_codes", open_codes)
+    o_starts = int64_column("open_starts_ms", open_starts_ms)
+    o_ends = int64_column("open_ends_ms", open_ends_ms)
+    n = len(codes)
+    for name, array in (("times_ms", times), ("ends_ms", ends), ("closed_before_ms", closed)):
+        if len(array) != n:
+            raise ValueError(f"{name} has {len(array)} rows, key_codes has {n}")
+    m = len(o_codes)
+    for name, array in (("open_starts_ms", o_starts), ("open_ends_ms", o_ends)):
+        if len(array) != m:
+            raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
+    bad = ends <= times
+    if bad.any():
+        row = _first_row(bad)
+        raise ValueError(
+            f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
+        )
+    bad = o_starts >= o_ends
+    if bad.any():
+        row = _first_row(bad)
+        raise ValueError(
+            f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
+            f"{o_ends[row]}"
+        )
+    return codes, times, ends, closed, o_codes, o_starts, o_ends
+
+
 def plan_sessions(
     key_codes: Any,
     times_ms: Any,
@@ -167,34 +203,9 @@ def plan_sessions(
             ``closed_before_ms`` decreases within a key; open sessions overlap. The message
             names the argument and the row.
     """
-    codes = int64_column("key_codes", key_codes)
-    times = int64_column("times_ms", times_ms)
-    ends = int64_column("ends_ms", ends_ms)
-    closed = int64_column("closed_before_ms", closed_before_ms)
-    o_codes = int64_column("open_codes", open_codes)
-    o_starts = int64_column("open_starts_ms", open_starts_ms)
-    o_ends = int64_column("open_ends_ms", open_ends_ms)
-    n = len(codes)
-    for name, array in (("times_ms", times), ("ends_ms", ends), ("closed_before_ms", closed)):
-        if len(array) != n:
-            raise ValueError(f"{name} has {len(array)} rows, key_codes has {n}")
-    m = len(o_codes)
-    for name, array in (("open_starts_ms", o_starts), ("open_ends_ms", o_ends)):
-        if len(array) != m:
-            raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
-    bad = ends <= times
-    if bad.any():
-        row = _first_row(bad)
-        raise ValueError(
-            f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
-        )
-    bad = o_starts >= o_ends
-    if bad.any():
-        row = _first_row(bad)
-        raise ValueError(
-            f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
-            f"{o_ends[row]}"
-        )
+    codes, times, ends, closed, o_codes, o_starts, o_ends = _plan_inputs(
+        key_codes, times_ms, ends_ms, closed_before_ms, open_codes, open_starts_ms, open_ends_ms)
+    n, m = len(codes), len(o_codes)
 
     event_order = np.argsort(codes, kind="stable")
     sorted_codes = codes[event_order]
@@ -476,40 +487,14 @@ def plan_dense(
         TypeError / ValueError: as :func:`plan_sessions`; a key code outside ``[0, keys)``
             (naming the argument and the row).
     """
-    codes = int64_column("key_codes", key_codes)
-    times = int64_column("times_ms", times_ms)
-    ends = int64_column("ends_ms", ends_ms)
-    closed = int64_column("closed_before_ms", closed_before_ms)
-    o_codes = int64_column("open_codes", open_codes)
-    o_starts = int64_column("open_starts_ms", open_starts_ms)
-    o_ends = int64_column("open_ends_ms", open_ends_ms)
-    n = len(codes)
-    for name, array in (("times_ms", times), ("ends_ms", ends), ("closed_before_ms", closed)):
-        if len(array) != n:
-            raise ValueError(f"{name} has {len(array)} rows, key_codes has {n}")
-    m = len(o_codes)
-    for name, array in (("open_starts_ms", o_starts), ("open_ends_ms", o_ends)):
-        if len(array) != m:
-            raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
+    codes, times, ends, closed, o_codes, o_starts, o_ends = _plan_inputs(
+        key_codes, times_ms, ends_ms, closed_before_ms, open_codes, open_starts_ms, open_ends_ms)
     keys = int(keys)
     for name, array in (("key_codes", codes), ("open_codes", o_codes)):
         bad = (array < 0) | (array >= keys)
         if bad.any():
             row = _first_row(bad)
             raise ValueError(f"{name}[{row}] = {array[row]} is not in [0, {keys})")
-    bad = ends <= times
-    if bad.any():
-        row = _first_row(bad)
-        raise ValueError(
-            f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
-        )
-    bad = o_starts >= o_ends
-    if bad.any():
-        row = _first_row(bad)
-        raise ValueError(
-            f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
-            f"{o_ends[row]}"
-        )
     (status, bad_row, s_codes, s_starts, s_ends, event_session, open_session, event_order,
      event_offsets, absorbed_order, absorbed_offsets) = compiled(_plan_dense)(
         codes, keys, times, ends, closed, o_codes, o_starts, o_ends, bool(inclusive),

@@ -217,12 +217,11 @@ def scan_time(
         _raise_corruption(exc, where)
 
 
-def _scan_time_records(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
-                       ) -> Iterator[tuple[int, bytes, int, bytes]]:
-    """The sessions of one segment's time-first records, with their values, streamed (in
-    reverse order when ``backward``)."""
+def _time_rows(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
+               ) -> Iterator[tuple[int, bytes, int, bytes]]:
+    """One segment's time-first records in the range, as ``(end, key, start, record)``, in
+    order (reversed when ``backward``)."""
     split = keyschema.split_time_first
-    to_key_first = keyschema.time_first_to_key_first
     tag = keyschema.TIME_FIRST
     it = cf.iter()
     if backward:
@@ -231,6 +230,7 @@ def _scan_time_records(cf: Any, earliest_end: int, latest_end: int, backward: bo
         it.seek_for_prev(keyschema.time_first_seek(latest_end) + b"\xff")
     else:
         it.seek(keyschema.time_first_seek(earliest_end))
+    step = it.prev if backward else it.next
     while it.valid():
         record = it.key()
         if not record.startswith(tag):
@@ -238,40 +238,31 @@ def _scan_time_records(cf: Any, earliest_end: int, latest_end: int, backward: bo
         end, encoded, start = split(record)
         if end > latest_end or end < earliest_end:
             break
-        data = cf.get(to_key_first(record))
+        yield end, encoded, start, record
+        step()
+    else:
+        it.status()
+    del step, it
+
+
+def _scan_time_records(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
+                       ) -> Iterator[tuple[int, bytes, int, bytes]]:
+    """The sessions of one segment's time-first records, with their values, streamed (in
+    reverse order when ``backward``)."""
+    to_key_first = keyschema.time_first_to_key_first
+    get = cf.get
+    for end, encoded, start, record in _time_rows(cf, earliest_end, latest_end, backward):
+        data = get(to_key_first(record))
         # None: removed since it was listed (a large removal leaves the time-first record; a
         # reader's iterator reads a snapshot, get() the present); damage fails the checksums.
         if data is not None:
             yield end, encoded, start, data
-        if backward:
-            it.prev()
-        else:
-            it.next()
-    else:
-        it.status()
-    del it
 
 
 def _time_records(cf: Any, earliest_end: int, latest_end: int) -> list[tuple[int, bytes, int]]:
     """One segment's time-first records in the range, as ``(end, key, start)``."""
-    split = keyschema.split_time_first
-    tag = keyschema.TIME_FIRST
-    rows = []
-    it = cf.iter()
-    it.seek(keyschema.time_first_seek(earliest_end))
-    while it.valid():
-        record = it.key()
-        if not record.startswith(tag):
-            break
-        row = split(record)
-        if row[0] > latest_end:
-            break
-        rows.append(row)
-        it.next()
-    else:
-        it.status()
-    del it
-    return rows
+    return [(end, encoded, start)
+            for end, encoded, start, _ in _time_rows(cf, earliest_end, latest_end)]
 
 
 def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where: Path,
