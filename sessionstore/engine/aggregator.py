@@ -174,7 +174,7 @@ class SessionAggregator:
         # return, so this needs the store's default msgpack serde (tuples come back as lists).
         self._closes_in_cache = (
             self._lean and self._tracks_close and self.config.cache_max_sessions > 0
-            and type(getattr(store, "_serde", None)) is MsgpackSerde
+            and type(getattr(store, "value_serde", None)) is MsgpackSerde
         )
         self._state = CachingSessionStore(
             self._metered, self.config.cache_max_sessions,

@@ -261,6 +261,11 @@ class SegmentedSessionStore(ABC):
         return self._interval
 
     @property
+    def value_serde(self) -> Any:
+        """The serde the values are stored with (the default msgpack one unless given)."""
+        return self._serde
+
+    @property
     def observed_stream_time(self) -> int | None:
         """The largest session end seen by ``put`` (None before the first put)."""
         return self._stream_time
