@@ -37,6 +37,7 @@ from ..types import Session
 
 _TOMBSTONE = object()
 _CLEAN = object()
+_NO_CAP_CHANGE = object()
 # Below this many changes a flush writes session by session: a bulk call's fixed cost (array
 # building, sorting, a WriteBatch) outweighs the per-put overhead it saves on the small flushes
 # the event path makes at each close.
@@ -87,6 +88,8 @@ class CachingSessionStore:
         # longer dirty or in a view (still counted in the size), written first by the next
         # flush, or before any read that could miss them (see _write_closed)
         self._closed_rows: list[tuple[Session, Any]] = []
+        # a cap_expiry_time() call held back until the changes cached before it are written
+        self._deferred_cap: Any = _NO_CAP_CHANGE
         self._reset_completeness()
 
     # -- the end index (index_ends) ---------------------------------------------------------
@@ -380,6 +383,8 @@ class CachingSessionStore:
             self._write_closed(max((s.end for s in batch if dirty[s] is not _TOMBSTONE),
                                    default=None))
         self._write_batch(batch)
+        if self._deferred_cap is not _NO_CAP_CHANGE and not dirty:
+            self._apply_deferred_cap()
 
     def _write_batch(self, batch: list[Session]) -> None:
         """Write dirty sessions, in (end, key bytes, start) order."""
@@ -543,6 +548,7 @@ class CachingSessionStore:
         """Write every change, then commit the wrapped store. A failure keeps what is unwritten
         in the cache and what is written in the store, so a retry commits all of it."""
         self.flush()
+        self._apply_deferred_cap()
         return self.wrapped.commit(metadata)  # type: ignore[no-any-return]
 
     def abort(self) -> None:
@@ -555,6 +561,7 @@ class CachingSessionStore:
         self._closed_rows.clear()
         self._by_end.clear()
         self._end_heap.clear()
+        self._deferred_cap = _NO_CAP_CHANGE  # the wrapped store restores its committed cap
         self.wrapped.abort()
         self._reset_completeness(exact=True)
 
@@ -562,7 +569,23 @@ class CachingSessionStore:
         self.wrapped.close()
 
     def cap_expiry_time(self, cap_ms: int | None) -> None:
+        """Cap the wrapped store's expiry time (see the store's ``cap_expiry_time``).
+
+        With a ``forward`` listener, a new cap waits until the changes cached so far are
+        written: each forwarded change carries the old value the wrapped store held when the
+        change was made, and a raised cap would hide a delivered session that has since been
+        merged away, so its retraction would be lost. Waiting expires less, never more."""
+        if self.forward is not None and self._dirty:
+            self._deferred_cap = cap_ms
+            return
+        self._deferred_cap = _NO_CAP_CHANGE
         self.wrapped.cap_expiry_time(cap_ms)
+
+    def _apply_deferred_cap(self) -> None:
+        cap = self._deferred_cap
+        if cap is not _NO_CAP_CHANGE:
+            self._deferred_cap = _NO_CAP_CHANGE
+            self.wrapped.cap_expiry_time(cap)
 
     @property
     def retention_ms(self) -> int:
