@@ -12,7 +12,7 @@ into byte matrices cut into rows; any other key (tuples, mixed columns) falls ba
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -109,19 +109,33 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
     ``binary``, of bytes (bin8, bin16, bin32), or None when a string is not valid UTF-8 or a key
     is too long (the per-key path raises for it)."""
     n = len(keys)
-    try:
-        array = pa.array(keys, type=pa.binary() if binary else pa.string())
-    except Exception:  # noqa: BLE001 - surrogates and the like: let encode_key name the row
-        return None
-    expected = pa.BinaryArray if binary else pa.StringArray
-    if not isinstance(array, expected) or array.null_count:
-        return None
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
-        array.offset:array.offset + n + 1].astype(np.int64)
-    data_buffer = array.buffers()[2]
-    data = (np.zeros(0, dtype=np.uint8) if data_buffer is None
-            else np.frombuffer(data_buffer, dtype=np.uint8))
-    lengths = np.diff(offsets)
+    raw: bytes | None = None
+    if binary:
+        raw = b"".join(cast("Sequence[bytes]", keys))
+    else:
+        joined = "".join(cast("Sequence[str]", keys))
+        if joined.isascii():
+            raw = joined.encode("ascii")
+    if raw is not None:
+        # bytes, or ASCII strings (one UTF-8 byte per character): the lengths are the keys'
+        # own, with no Arrow (whose first call also imports pandas, about 0.2 s)
+        data = np.frombuffer(raw, dtype=np.uint8)
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+    else:
+        try:
+            array = pa.array(keys, type=pa.string())
+        except Exception:  # noqa: BLE001 - surrogates and the like: let encode_key name the row
+            return None
+        if not isinstance(array, pa.StringArray) or array.null_count:
+            return None
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+            array.offset:array.offset + n + 1].astype(np.int64)
+        data_buffer = array.buffers()[2]
+        data = (np.zeros(0, dtype=np.uint8) if data_buffer is None
+                else np.frombuffer(data_buffer, dtype=np.uint8))
+        lengths = np.diff(offsets)
     if binary:  # msgpack has no fixbin: bin8 from length 0
         headers = np.where(lengths <= 0xFF, 2, np.where(lengths <= 0xFFFF, 3, 5))
     else:

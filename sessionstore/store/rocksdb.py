@@ -21,6 +21,7 @@ database is opened in raw mode and values go through msgpack (or the serde you p
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import fcntl
 import itertools
@@ -28,7 +29,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -85,13 +86,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_file_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _housekeep(root: Path, doomed: list[Path]) -> None:
@@ -376,6 +370,7 @@ class SessionStore(SegmentedSessionStore):
         self._next_block_id = 0
         self._matrix_of: tuple[list[bytes], keyschema.KeyMatrix | None] | None = None
         self._housekeeping: threading.Thread | None = None
+        self._sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._write_options = rocksdict.WriteOptions()
         # rocksdict's stub declares a method, but at run time this is a property. Commits do not
         # need the WAL: they flush and checkpoint, and a crash goes back to the last checkpoint.
@@ -753,10 +748,19 @@ class SessionStore(SegmentedSessionStore):
                 staging, None if self._contents is None else self._contents.files),
             pointer=True,
         )
-        _write_file_durably(staging / MANIFEST_NAME,
-                            encode_manifest(state, self._interval, contents))
-        fsync_dir(staging)
-        fsync_dir(root)  # the staging directory is durable before the pointer names it
+        # Three independent syncs must all end before the pointer names the version: the
+        # manifest's bytes, its entry in the staging directory, and the staging directory's
+        # entry in checkpoints/ (RocksDB syncs the checkpoint's own files and directory, not
+        # its parent). They run at once (the waits overlap, and a journaling file system
+        # commits them together), then the pointer moves: see docs/operations.md.
+        manifest = os.open(staging / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            data = encode_manifest(state, self._interval, contents)
+            if os.write(manifest, data) != len(data):
+                raise OSError(f"short write of {staging / MANIFEST_NAME}")
+            self._sync_all([(os.fdatasync, manifest), (fsync_dir, staging), (fsync_dir, root)])
+        finally:
+            os.close(manifest)
         write_pointer(self._path, state.version)  # the commit point
         os.rename(staging, final)
         self._contents = contents
@@ -774,6 +778,25 @@ class SessionStore(SegmentedSessionStore):
             daemon=True)
         self._housekeeping.start()
 
+    def _sync_all(self, syncs: list[tuple[Callable[[Any], None], Any]]) -> None:
+        """Run independent fsyncs at once (each waits in the kernel without the GIL); raise the
+        first error once all have ended."""
+        if self._sync_pool is None:
+            self._sync_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=3, thread_name_prefix="sessionstore-commit-sync")
+        futures = [self._sync_pool.submit(sync, target) for sync, target in syncs[1:]]
+        errors: list[BaseException] = []
+        try:
+            syncs[0][0](syncs[0][1])  # the first in this thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others end
+            errors.append(exc)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
     def _join_housekeeping(self) -> None:
         """Wait for the previous commit's housekeeping (at most one runs at a time)."""
         if self._housekeeping is not None:
@@ -787,6 +810,9 @@ class SessionStore(SegmentedSessionStore):
     def _release(self) -> None:
         try:
             self._join_housekeeping()
+            if self._sync_pool is not None:
+                self._sync_pool.shutdown()
+                self._sync_pool = None
             self._close_db()
         finally:
             self._unlock()
