@@ -432,17 +432,30 @@ def read_pointer(store_path: str | os.PathLike[str]) -> int | None:
 def write_pointer(store_path: str | os.PathLike[str], version: int) -> None:
     """Point ``COMMITTED`` at ``version``, atomically and durably: this is a commit's commit point.
 
-    The new pointer is written to ``COMMITTED.tmp`` and fsynced, renamed over ``COMMITTED`` and the
-    directory fsynced. A crash leaves the old pointer or the new one, never a mix; a leftover
-    ``COMMITTED.tmp`` is the writer's to delete.
+    :func:`stage_pointer`, then :func:`publish_pointer`. A crash leaves the old pointer or the new
+    one, never a mix; a leftover ``COMMITTED.tmp`` is the writer's to delete.
     """
-    root = Path(store_path)
-    temp = root / POINTER_TEMP
+    stage_pointer(store_path, version)
+    publish_pointer(store_path)
+
+
+def stage_pointer(store_path: str | os.PathLike[str], version: int) -> None:
+    """Write ``COMMITTED.tmp`` naming ``version`` and sync its data (``fdatasync``: a new file,
+    whose size is the only metadata a read needs). It means nothing until
+    :func:`publish_pointer` renames it, so it may be written while other syncs of the same
+    commit run."""
+    temp = Path(store_path) / POINTER_TEMP
     with open(temp, "wb") as handle:
         handle.write(encode_pointer(version))
         handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(temp, root / POINTER_NAME)
+        os.fdatasync(handle.fileno())
+
+
+def publish_pointer(store_path: str | os.PathLike[str]) -> None:
+    """Rename the staged ``COMMITTED.tmp`` over ``COMMITTED`` and fsync the store directory: the
+    commit point. Everything the new version needs must be durable before this is called."""
+    root = Path(store_path)
+    os.rename(root / POINTER_TEMP, root / POINTER_NAME)
     _fsync_dir(root)
 
 

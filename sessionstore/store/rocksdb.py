@@ -57,11 +57,12 @@ from .checkpoint import (
     encode_manifest,
     locate_committed,
     open_read_only,
+    publish_pointer,
     relocated,
     segment_of_cf,
+    stage_pointer,
     translate_rocksdb_error,
     version_dir_name,
-    write_pointer,
 )
 
 __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
@@ -748,20 +749,22 @@ class SessionStore(SegmentedSessionStore):
                 staging, None if self._contents is None else self._contents.files),
             pointer=True,
         )
-        # Three independent syncs must all end before the pointer names the version: the
-        # manifest's bytes, its entry in the staging directory, and the staging directory's
-        # entry in checkpoints/ (RocksDB syncs the checkpoint's own files and directory, not
-        # its parent). They run at once (the waits overlap, and a journaling file system
-        # commits them together), then the pointer moves: see docs/operations.md.
+        # Four independent syncs must all end before the pointer names the version: the
+        # manifest's bytes, its entry in the staging directory, the staging directory's entry
+        # in checkpoints/ (RocksDB syncs the checkpoint's own files and directory, not its
+        # parent), and the new pointer's temporary file (meaningless until renamed). They run
+        # at once (the waits overlap, and a journaling file system commits them together),
+        # then the pointer moves: see docs/operations.md.
         manifest = os.open(staging / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             data = encode_manifest(state, self._interval, contents)
             if os.write(manifest, data) != len(data):
                 raise OSError(f"short write of {staging / MANIFEST_NAME}")
-            self._sync_all([(os.fdatasync, manifest), (fsync_dir, staging), (fsync_dir, root)])
+            self._sync_all([(os.fdatasync, manifest), (fsync_dir, staging), (fsync_dir, root),
+                            (lambda version: stage_pointer(self._path, version), state.version)])
         finally:
             os.close(manifest)
-        write_pointer(self._path, state.version)  # the commit point
+        publish_pointer(self._path)  # the commit point
         os.rename(staging, final)
         self._contents = contents
         doomed = []

@@ -168,15 +168,15 @@ CRASH_CHILD = textwrap.dedent("""
     from tests.reliability.test_commit_pointer import RETENTION, put_step
 
     path, when = sys.argv[1], sys.argv[2]
-    real = rocksdb.write_pointer
+    real = rocksdb.publish_pointer  # the commit point: the pointer's rename
 
-    def crashing(store_path, version):
+    def crashing(store_path):
         if when == "before":
             os._exit(9)
-        real(store_path, version)
+        real(store_path)
         os._exit(9)
 
-    rocksdb.write_pointer = crashing
+    rocksdb.publish_pointer = crashing
     store = SessionStore(path, retention_ms=RETENTION, keep_versions=2)
     put_step(store, 4)
     store.commit({"step": 4})
