@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from itertools import filterfalse
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -13,38 +14,92 @@ from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
 
+class _Bulk(NamedTuple):
+    """One bulk write (``data`` given) or bulk delete (``data`` None) into one segment, not yet
+    applied: session ``i`` is ``(ends[i], keys[key_index[i]], starts[i])``. Never mutated, so that
+    a commit's snapshot can share it."""
+
+    keys: list[bytes]
+    key_index: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
+    data: list[bytes] | None
+
+    def entries(self) -> list[tuple[int, bytes, int]]:
+        """The sessions as ``(end, encoded_key, start)`` tuples."""
+        keys = self.keys
+        if len(self.key_index) * 4 < len(keys):
+            picked = [keys[k] for k in self.key_index.tolist()]
+        else:  # an object array gathers about twice as fast as a list comprehension
+            boxed = np.empty(len(keys), dtype=object)
+            boxed[:] = keys
+            picked = boxed[self.key_index].tolist()
+        return list(zip(self.ends.tolist(), picked, self.starts.tolist(), strict=True))
+
+
 class _Segment:
     """One segment: values by ``(end, encoded_key, start)``, the same sessions time-first in a
-    list ``(end, key, start)`` sorted on first read, and key-first as a per-key index
-    ``{key: [(end, start), ...]}`` built on first read.
+    list ``(end, key, start)`` sorted on first read, key-first as a per-key index
+    ``{key: [(end, start), ...]}`` built on first read, and the bulk writes and deletes not
+    applied yet.
 
-    The values dict and the time list are flat, so that a commit's snapshot and a bulk write are
-    C-level dict and list operations rather than a Python call per key or per session. A bulk
-    write appends to the time list and drops the key index: the fast batch path writes every
-    batch and rarely reads the store, so the sort (and the index) is paid by the read that needs
-    it, once. The key index is per key because the event path's one-by-one writes land at
+    Bulk operations are logged as columns (:class:`_Bulk`) and applied, in order, by the first
+    operation that needs the dict (:meth:`settle`): a read, a single write or delete. The fast
+    batch path writes every batch and rarely reads the store, and segments expire whole, so
+    most bulk-written sessions never become Python tuples; a read pays what the write skipped,
+    once. The values dict and the time list are flat, so that applying a bulk write and a
+    commit's snapshot are C-level dict and list operations rather than a Python call per key or
+    per session. The key index is per key because the event path's one-by-one writes land at
     random places of a single key-first list, and inserting there moved half of it each time.
     """
 
-    __slots__ = ("values", "_by_time", "_unsorted", "_by_key")
+    __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending")
 
     def __init__(self) -> None:
-        self.values: dict[tuple[int, bytes, int], bytes] = {}
+        self._values: dict[tuple[int, bytes, int], bytes] = {}
         self._by_time: list[tuple[int, bytes, int]] = []
         self._unsorted = False
         # encoded key -> its sessions' (end, start), sorted; None: rebuild on the next read
         self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
+        self._pending: list[_Bulk] = []
 
     def copy(self) -> _Segment:
         other = _Segment()
-        other.values = self.values.copy()
+        other._values = self._values.copy()
         other._by_time = self._by_time.copy()
         other._unsorted = self._unsorted
         other._by_key = None  # rebuilt if the copy is ever read by key
+        other._pending = self._pending.copy()
         return other
+
+    def log(self, bulk: _Bulk) -> None:
+        """Log a bulk write or delete, applied by the next :meth:`settle`."""
+        self._pending.append(bulk)
+
+    def values(self) -> dict[tuple[int, bytes, int], bytes]:
+        """The sessions' values, every logged bulk operation applied."""
+        if self._pending:
+            self.settle()
+        return self._values
+
+    def settle(self) -> None:
+        """Apply the logged bulk operations, in the order they came."""
+        pending, self._pending = self._pending, []
+        for bulk in pending:
+            entries = bulk.entries()
+            if bulk.data is None:
+                self.discard_many(set(entries))
+                continue
+            values = self._values
+            added = list(filterfalse(values.__contains__, entries))
+            values.update(zip(entries, bulk.data, strict=True))
+            if added:
+                self.add_many(added)
 
     def by_time(self) -> list[tuple[int, bytes, int]]:
         """The sessions in (end, key, start) order."""
+        if self._pending:
+            self.settle()
         if self._unsorted:
             self._by_time.sort()
             self._unsorted = False
@@ -52,6 +107,8 @@ class _Segment:
 
     def key_index(self) -> dict[bytes, list[tuple[int, int]]]:
         """Each key's sessions as ``(end, start)``, in that order."""
+        if self._pending:
+            self.settle()
         index = self._by_key
         if index is None:
             index = {}
@@ -64,8 +121,15 @@ class _Segment:
             self._by_key = index
         return index
 
-    def add(self, entry: tuple[int, bytes, int]) -> None:
-        """Index one session new to ``values``."""
+    def write(self, entry: tuple[int, bytes, int], data: bytes) -> None:
+        """Write one session."""
+        values = self.values()
+        if entry not in values:
+            self._add(entry)
+        values[entry] = data
+
+    def _add(self, entry: tuple[int, bytes, int]) -> None:
+        """Index one session new to the values."""
         if self._unsorted:
             self._by_time.append(entry)
         else:
@@ -80,7 +144,7 @@ class _Segment:
                 bisect.insort(bounds, (end, start))
 
     def add_many(self, added: list[tuple[int, bytes, int]]) -> None:
-        """Index sessions new to ``values``: a few are inserted in place, many are appended
+        """Index sessions new to the values: a few are inserted in place, many are appended
         and sorted (and the key index rebuilt) on the next read (re-sorting a large index for a
         small flush costs more than the insertions)."""
         if self._unsorted or len(added) * 16 > len(self._by_time):
@@ -89,11 +153,11 @@ class _Segment:
             self._by_key = None
         else:
             for entry in added:
-                self.add(entry)
+                self._add(entry)
 
     def discard(self, entry: tuple[int, bytes, int]) -> bool:
         """Remove one session; False when absent."""
-        if self.values.pop(entry, None) is None:
+        if self.values().pop(entry, None) is None:
             return False
         by_time = self.by_time()
         del by_time[bisect.bisect_left(by_time, entry)]
@@ -109,15 +173,16 @@ class _Segment:
     def discard_many(self, entries: set[tuple[int, bytes, int]]) -> None:
         """Remove the sessions of ``entries`` that are present: one filtering pass over the
         time list (keeping its order) instead of a list deletion per session."""
-        present = entries & self.values.keys()
+        values = self.values()
+        present = entries & values.keys()
         if not present:
             return
         for entry in present:
-            del self.values[entry]
+            del values[entry]
         self._by_time = list(filterfalse(present.__contains__, self._by_time))
         index = self._by_key
         if index is not None:
-            if len(present) * 16 > len(self.values):
+            if len(present) * 16 > len(values):
                 self._by_key = None
                 return
             for end, key, start in present:
@@ -161,11 +226,7 @@ class InMemorySessionStore(SegmentedSessionStore):
         return segment
 
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
-        segment = self._segment(end // self._interval)
-        entry = (end, encoded_key, start)
-        if entry not in segment.values:
-            segment.add(entry)
-        segment.values[entry] = data
+        self._segment(end // self._interval).write((end, encoded_key, start), data)
 
     def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
         """Identity, not byte order: nothing here is written in order. Distinct encodings (the
@@ -178,33 +239,31 @@ class InMemorySessionStore(SegmentedSessionStore):
         return np.fromiter((first.setdefault(key, len(first)) for key in encoded),
                            dtype=np.int64, count=n)
 
-    def _write_many(self, sessions: BulkSessions) -> None:
-        # Whole-column operations per touched segment: dict.update from pre-built tuples, and
-        # the indexes extended, to be sorted once on the next read (not an insort per session).
-        ends = sessions.ends_ms
-        segs = ends // self._interval
-        keys = np.empty(len(sessions.encoded_keys), dtype=object)
-        keys[:] = sessions.encoded_keys
-        entries = list(zip(ends.tolist(), keys[sessions.key_index].tolist(),
-                           sessions.starts_ms.tolist(), strict=True))
+    def _by_segment(
+            self, sessions: BulkSessions) -> list[tuple[int, npt.NDArray[np.int64] | None]]:
+        """``(segment, rows)`` for each segment the sessions touch; ``rows`` keep their
+        order (None: every row, all in one segment)."""
+        segs = sessions.ends_ms // self._interval
         first = int(segs[0])
         if (segs == first).all():
-            groups = [(first, entries, sessions.values)]
-        else:
-            order = np.argsort(segs, kind="stable")
-            bounds = np.flatnonzero(np.diff(segs[order])) + 1
-            groups = []
-            for rows in np.split(order, bounds):
-                picked = rows.tolist()
-                groups.append((int(segs[rows[0]]),
-                               [entries[r] for r in picked],
-                               [sessions.values[r] for r in picked]))
-        for seg, seg_entries, seg_values in groups:
-            segment = self._segment(seg)
-            added = list(filterfalse(segment.values.__contains__, seg_entries))
-            segment.values.update(zip(seg_entries, seg_values, strict=True))
-            if added:
-                segment.add_many(added)
+            return [(first, None)]
+        order = np.argsort(segs, kind="stable")
+        bounds = np.flatnonzero(np.diff(segs[order])) + 1
+        return [(int(segs[rows[0]]), rows) for rows in np.split(order, bounds)]
+
+    def _write_many(self, sessions: BulkSessions) -> None:
+        # logged as columns per touched segment, applied by the segment's next read (often
+        # never: segments expire whole); see _Segment
+        keys = sessions.encoded_keys
+        for seg, rows in self._by_segment(sessions):
+            if rows is None:
+                bulk = _Bulk(keys, sessions.key_index, sessions.starts_ms, sessions.ends_ms,
+                             sessions.values)
+            else:
+                values = sessions.values
+                bulk = _Bulk(keys, sessions.key_index[rows], sessions.starts_ms[rows],
+                             sessions.ends_ms[rows], [values[r] for r in rows.tolist()])
+            self._segment(seg).log(bulk)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
         segment = self._segments.get(end // self._interval)
@@ -213,23 +272,23 @@ class InMemorySessionStore(SegmentedSessionStore):
         segment.discard((end, encoded_key, start))
 
     def _delete_many(self, sessions: BulkSessions) -> None:
-        interval = self._interval
-        keys = np.empty(len(sessions.encoded_keys), dtype=object)
-        keys[:] = sessions.encoded_keys
-        doomed: dict[int, set[tuple[int, bytes, int]]] = {}
-        for entry in zip(sessions.ends_ms.tolist(), keys[sessions.key_index].tolist(),
-                         sessions.starts_ms.tolist(), strict=True):
-            doomed.setdefault(entry[0] // interval, set()).add(entry)
-        for seg, entries in doomed.items():
+        keys = sessions.encoded_keys
+        for seg, rows in self._by_segment(sessions):
             segment = self._segments.get(seg)
-            if segment is not None:
-                segment.discard_many(entries)
+            if segment is None:
+                continue
+            if rows is None:
+                segment.log(_Bulk(keys, sessions.key_index, sessions.starts_ms,
+                                  sessions.ends_ms, None))
+            else:
+                segment.log(_Bulk(keys, sessions.key_index[rows], sessions.starts_ms[rows],
+                                  sessions.ends_ms[rows], None))
 
     def _get(self, encoded_key: bytes, end: int, start: int) -> bytes | None:
         segment = self._segments.get(end // self._interval)
         if segment is None:
             return None
-        return segment.values.get((end, encoded_key, start))
+        return segment.values().get((end, encoded_key, start))
 
     def _scan_key(
         self, encoded_key: bytes, earliest_end: int, latest_start: int, backward: bool = False
@@ -240,7 +299,7 @@ class InMemorySessionStore(SegmentedSessionStore):
             bounds = segment.key_index().get(encoded_key)
             if bounds is None:
                 continue
-            values = segment.values
+            values = segment.values()
             rows = [(end, start, values[(end, encoded_key, start)])
                     for end, start in bounds[bisect.bisect_left(bounds, (earliest_end,)):]
                     if start <= latest_start]
@@ -259,7 +318,7 @@ class InMemorySessionStore(SegmentedSessionStore):
             index = segment.by_time()
             low = bisect.bisect_left(index, (earliest_end,))
             high = bisect.bisect_left(index, (latest_end + 1,), low)
-            values = segment.values
+            values = segment.values()
             picked = index[low:high]
             if backward:
                 picked.reverse()
