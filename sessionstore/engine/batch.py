@@ -41,6 +41,9 @@ import pyarrow as pa
 
 from .. import batch as columns
 from .. import kernels, keyschema
+from ..packing import PackedValues, pack_session_records
+from ..serde import MsgpackSerde
+from ..store.base import SegmentedSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
 from .columnar import (
@@ -466,6 +469,9 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
         engine._on_watermark(out)
 
 
+# the accumulator kinds whose records pack_session_records can pack (numeric columns)
+PACKABLE_KINDS = ("count", *NUMERIC_KINDS)
+
 # -- the fast path ---------------------------------------------------------------------------
 
 
@@ -576,7 +582,10 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     removed = table.take(absorbed[moved])
     kept = np.ones(len(table), dtype=np.bool_)
     kept[absorbed] = False
-    records = new.wire_records(combined=engine._result_names is not None)
+    combined = engine._result_names is not None
+    packed = (pack_session_records([part.value for part in new.parts], combined=combined)
+              if _store_takes_packed(engine, kinds) else None)
+    records: list[Any] = new.wire_records(combined=combined) if packed is None else packed
 
     # apply: from here on nothing can fail on the batch's content
     metrics = engine._metrics
@@ -616,10 +625,22 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
         # written (a put would only count them as dropped)
         boundary = state.expiry_boundary_ms(int(new.ends_ms.max()))
         live = new.ends_ms >= (INT64_MIN if boundary is None else boundary)
-        state.put_many(uniques, new.starts_ms[live], new.ends_ms[live],
-                       list(itertools.compress(records, live.tolist())),
+        if not live.all():
+            picked = list(itertools.compress(records, live.tolist()))
+            records = PackedValues(picked) if type(records) is PackedValues else picked
+        state.put_many(uniques, new.starts_ms[live], new.ends_ms[live], records,
                        key_index=plan.session_codes[live])
     return blocks
+
+
+def _store_takes_packed(engine: SessionAggregator, kinds: list[str]) -> bool:
+    """Whether the batch's records can go to the store packed already (see
+    :mod:`sessionstore.packing`): numeric accumulators, and a store of this package whose serde
+    is msgpack's (its ``put_many`` takes :class:`PackedValues` as they are)."""
+    store = engine.store
+    return (all(kind in PACKABLE_KINDS for kind in kinds)
+            and isinstance(store, SegmentedSessionStore)
+            and type(store.value_serde) is MsgpackSerde)
 
 
 

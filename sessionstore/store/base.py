@@ -20,6 +20,7 @@ import numpy.typing as npt
 from .. import keyschema
 from ..errors import StoreCorruptedError
 from ..kernels import int64_column, sort_order
+from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
@@ -467,7 +468,14 @@ class SegmentedSessionStore(ABC):
             self._expired_below = final_min_live
 
     def _dumps_all(self, values: Sequence[Any]) -> list[bytes]:
-        """Serialise every value, or raise naming the first row that cannot be."""
+        """Serialise every value, or raise naming the first row that cannot be. Values the
+        caller packed already (:class:`~sessionstore.packing.PackedValues`) are taken as they
+        are by a store whose serde is msgpack's, and refused by any other."""
+        if type(values) is PackedValues:
+            if type(self._serde) is not MsgpackSerde:
+                raise TypeError(f"values were packed with msgpack, but this store's serde is "
+                                f"{type(self._serde).__name__}")
+            return values
         dumps = self._serde.dumps
         try:
             if type(self._serde) is MsgpackSerde:

@@ -1,0 +1,123 @@
+"""Session records serialised in bulk: the msgpack bytes of many numeric records at once.
+
+The batch path writes one record per session, ``[acc, 0, 0, 0, None]`` (see
+:mod:`sessionstore.engine.record`), where ``acc`` is a number (count, sum, min, max) or, for a
+combined aggregation, a list of numbers. Packing those one by one with msgpack costs a Python
+call per session, the largest single cost of a bulk write after the planning. Here the records
+of int64 and float64 accumulator columns are built with numpy as byte matrices and cut into
+rows, byte for byte what :class:`~sessionstore.serde.MsgpackSerde` writes for the same Python
+record (``tests/kernels/test_packing.py`` checks it against msgpack).
+
+A store accepts such values only when its serde is :class:`~sessionstore.serde.MsgpackSerde`
+(see ``SegmentedSessionStore._dumps_all``); the engine packs only for such a store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["PackedValues", "pack_session_records"]
+
+# msgpack's int formats, as msgpack-python chooses them for a Python int: (low, high, header
+# byte or None for a fixint, payload bytes)
+_INT_FORMATS: tuple[tuple[int, int, int | None, int], ...] = (
+    (0, 0x7F, None, 1),
+    (-32, -1, None, 1),
+    (0x80, 0xFF, 0xCC, 1),
+    (0x100, 0xFFFF, 0xCD, 2),
+    (0x1_0000, 0xFFFF_FFFF, 0xCE, 4),
+    (0x1_0000_0000, 2**63 - 1, 0xCF, 8),
+    (-0x80, -33, 0xD0, 1),
+    (-0x8000, -0x81, 0xD1, 2),
+    (-0x8000_0000, -0x8001, 0xD2, 4),
+    (-(2**63), -0x8000_0001, 0xD3, 8),
+)
+_RECORD_HEAD = 0x95  # fixarray of 5: [acc, 0, 0, 0, None]
+_RECORD_TAIL = np.array([0x00, 0x00, 0x00, 0xC0], dtype=np.uint8)  # 0, 0, 0, nil
+_FLOAT64 = 0xCB
+_FLOAT = len(_INT_FORMATS)  # the format code of a float64
+# the formats by their lowest value, for a search
+_BY_LOW = sorted(range(len(_INT_FORMATS)), key=lambda f: _INT_FORMATS[f][0])
+_LOWS = np.array([_INT_FORMATS[f][0] for f in _BY_LOW], dtype=np.int64)
+_FORMAT_BY_LOW = np.array(_BY_LOW, dtype=np.int64)
+
+
+class PackedValues(list):  # type: ignore[type-arg]
+    """Values already serialised by :class:`~sessionstore.serde.MsgpackSerde`, one ``bytes``
+    per value: a store whose serde is that serde writes them as they are."""
+
+
+def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
+                         ) -> PackedValues | None:
+    """The msgpack bytes of each row's session record ``[acc, 0, 0, 0, None]``.
+
+    Args:
+        columns: one accumulator column per aggregation part, int64 or float64, equal lengths.
+        combined: ``acc`` is the list of the parts' values (a combined aggregation); otherwise
+            ``acc`` is the single column's value.
+
+    Returns:
+        ``MsgpackSerde().dumps([acc, 0, 0, 0, None])`` per row, or None when a column is of
+        another dtype (objects: mixed ints and floats) or there are more than 15 parts.
+    """
+    if not columns or (not combined and len(columns) != 1) or len(columns) > 15:
+        return None
+    if any(column.dtype not in (np.int64, np.float64) for column in columns):
+        return None
+    n = len(columns[0])
+    if n == 0:
+        return PackedValues()
+    # per part and row, its format: an index into _INT_FORMATS, or _FLOAT for a float64
+    formats = []
+    payloads = []
+    for column in columns:
+        if column.dtype == np.float64:
+            formats.append(np.full(n, _FLOAT, dtype=np.int64))
+            payloads.append(column.astype(">f8").view(np.uint8).reshape(n, 8))
+            continue
+        formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
+        payloads.append(column.astype(">i8").view(np.uint8).reshape(n, 8))
+    # rows whose parts have the same formats have the same layout: one byte matrix each
+    layout = formats[0]
+    for code in formats[1:]:
+        layout = layout * (_FLOAT + 1) + code
+    # at most 12**3 layouts are counted rather than sorted
+    distinct = np.flatnonzero(np.bincount(layout)) if len(columns) <= 3 else np.unique(layout)
+    out = np.empty(n, dtype=object)
+    for kind in distinct.tolist():
+        rows = np.flatnonzero(layout == kind) if len(distinct) > 1 else None
+        first = 0 if rows is None else int(rows[0])
+        pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
+        for part_formats, payload in zip(formats, payloads, strict=True):
+            picked = payload if rows is None else payload[rows]
+            part_format = int(part_formats[first])
+            if part_format == _FLOAT:
+                pieces.append((_FLOAT64, 8, picked))
+            else:
+                _low, _high, header, size = _INT_FORMATS[part_format]
+                pieces.append((header, size, picked[:, 8 - size:]))
+        width = 1 + (1 if combined else 0) + sum(
+            size + (0 if header is None else 1) for header, size, _ in pieces) + len(_RECORD_TAIL)
+        count = n if rows is None else len(rows)
+        matrix = np.empty((count, width), dtype=np.uint8)
+        matrix[:, 0] = _RECORD_HEAD
+        at = 1
+        if combined:
+            matrix[:, 1] = 0x90 | len(columns)  # fixarray of the parts
+            at = 2
+        for header, size, picked in pieces:
+            if header is not None:
+                matrix[:, at] = header
+                at += 1
+            matrix[:, at:at + size] = picked
+            at += size
+        matrix[:, at:] = _RECORD_TAIL
+        # a void view cuts the matrix into bytes, keeping zero bytes
+        cut = matrix.view(f"V{width}").ravel().tolist()
+        if rows is None:
+            return PackedValues(cut)
+        out[rows] = cut
+    return PackedValues(out.tolist())

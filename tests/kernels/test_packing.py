@@ -1,0 +1,89 @@
+"""pack_session_records against msgpack itself, and the stores' handling of packed values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore import InMemorySessionStore, Session, SessionStore
+from sessionstore.packing import PackedValues, pack_session_records
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# every edge of msgpack's int formats, and anything in between
+EDGES = [0, 1, -1, -32, -33, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, INT64_MAX,
+         INT64_MIN, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1]
+INTS = st.one_of(st.sampled_from(EDGES), st.integers(-300, 300),
+                 st.integers(INT64_MIN, INT64_MAX))
+FLOATS = st.floats(allow_nan=False)
+
+
+def packed_by_msgpack(columns: list[list[Any]], combined: bool) -> list[bytes]:
+    """What the serde writes for each record, one Python value at a time."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    rows = list(zip(*columns, strict=True))
+    return [pack(([*row] if combined else row[0], 0, 0, 0, None)) for row in rows]
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_packed_records_are_msgpacks_bytes(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 30))
+    parts = data.draw(st.integers(1, 4))
+    combined = parts > 1 or data.draw(st.booleans())
+    kinds = [data.draw(st.sampled_from(["int", "float"])) for _ in range(parts)]
+    columns = [data.draw(st.lists(INTS if kind == "int" else FLOATS, min_size=n, max_size=n))
+               for kind in kinds]
+    arrays = [np.array(column, dtype=np.int64 if kind == "int" else np.float64)
+              for column, kind in zip(columns, kinds, strict=True)]
+    got = pack_session_records(arrays, combined=combined)
+    assert type(got) is PackedValues
+    assert list(got) == packed_by_msgpack([a.tolist() for a in arrays], combined)
+    assert [msgpack.unpackb(b) for b in got] == [
+        [[*row] if combined else row[0], 0, 0, 0, None]
+        for row in zip(*[a.tolist() for a in arrays], strict=True)]
+
+
+def test_other_columns_are_not_packed() -> None:
+    ints = np.arange(3, dtype=np.int64)
+    assert pack_session_records([ints.astype(object)], combined=False) is None
+    assert pack_session_records([ints.astype(np.int32)], combined=False) is None
+    assert pack_session_records([ints, ints], combined=False) is None  # two parts, one acc
+    assert pack_session_records([ints] * 16, combined=True) is None  # beyond a fixarray
+    assert pack_session_records([], combined=True) is None
+
+
+class JsonLikeSerde:
+    def dumps(self, value: Any) -> bytes:
+        return repr(value).encode()
+
+    def loads(self, data: bytes) -> Any:
+        raise AssertionError("not read here")
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_stores_write_packed_values_as_they_are(backend: str, tmp_path: Any) -> None:
+    store = (InMemorySessionStore(retention_ms=1_000) if backend == "memory"
+             else SessionStore(tmp_path / "s", retention_ms=1_000))
+    try:
+        packed = pack_session_records([np.array([3, 70_000], dtype=np.int64)], combined=False)
+        assert packed is not None
+        store.put_many(["a", "b"], [0, 5], [10, 15], packed)
+        assert store.fetch_session("a", 0, 10) == [3, 0, 0, 0, None]
+        assert store.fetch_session("b", 5, 15) == [70_000, 0, 0, 0, None]
+    finally:
+        store.close()
+
+
+def test_a_store_with_another_serde_refuses_packed_values() -> None:
+    store = InMemorySessionStore(retention_ms=1_000, value_serde=JsonLikeSerde())
+    store.put(Session("z", 0, 1), "before")
+    packed = PackedValues([b"\x95\x01\x00\x00\x00\xc0"])
+    with pytest.raises(TypeError, match="packed with msgpack, but this store's serde is "
+                                        "JsonLikeSerde"):
+        store.put_many(["a"], [0], [10], packed)
+    assert [tuple(s) for s, _ in store.fetch("a")] == []
