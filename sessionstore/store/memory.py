@@ -254,11 +254,11 @@ class InMemorySessionStore(SegmentedSessionStore):
     def _write_many(self, sessions: BulkSessions) -> None:
         # logged as columns per touched segment, applied by the segment's next read (often
         # never: segments expire whole); see _Segment
-        keys = sessions.encoded_keys
+        keys = list(sessions.encoded_keys)
         for seg, rows in self._by_segment(sessions):
-            if rows is None:
-                bulk = _Bulk(keys, sessions.key_index, sessions.starts_ms, sessions.ends_ms,
-                             sessions.values)
+            if rows is None:  # copies: the log must not share what the caller may change
+                bulk = _Bulk(keys, sessions.key_index.copy(), sessions.starts_ms.copy(),
+                             sessions.ends_ms.copy(), list(sessions.values))
             else:
                 values = sessions.values
                 bulk = _Bulk(keys, sessions.key_index[rows], sessions.starts_ms[rows],
@@ -272,14 +272,14 @@ class InMemorySessionStore(SegmentedSessionStore):
         segment.discard((end, encoded_key, start))
 
     def _delete_many(self, sessions: BulkSessions) -> None:
-        keys = sessions.encoded_keys
+        keys = list(sessions.encoded_keys)
         for seg, rows in self._by_segment(sessions):
             segment = self._segments.get(seg)
             if segment is None:
                 continue
-            if rows is None:
-                segment.log(_Bulk(keys, sessions.key_index, sessions.starts_ms,
-                                  sessions.ends_ms, None))
+            if rows is None:  # copies: the log must not share what the caller may change
+                segment.log(_Bulk(keys, sessions.key_index.copy(), sessions.starts_ms.copy(),
+                                  sessions.ends_ms.copy(), None))
             else:
                 segment.log(_Bulk(keys, sessions.key_index[rows], sessions.starts_ms[rows],
                                   sessions.ends_ms[rows], None))

@@ -13,9 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, Session, SessionStore
+from sessionstore.packing import pack_session_records
 from sessionstore.store.base import SegmentedSessionStore
 from tests.store.test_bulk_write import (
     ALL_KEYS,
+    INT64_MAX,
+    INT64_MIN,
     PROFILE_SCALE,
     configurations,
     contents,
@@ -124,3 +127,26 @@ def test_logged_bulk_calls_equal_loops_of_single_calls(
             assert final[:3] == contents(disk)[:3]
         finally:
             disk.close()
+
+
+def test_the_log_keeps_its_own_copy_of_the_callers_columns() -> None:
+    """Logged calls are applied later: changing the arguments after the call changes
+    nothing (packed values are taken as they are, and int64 arrays without a copy)."""
+    store = InMemorySessionStore(retention_ms=10_000)
+    keys = ["a", "b", "c"]
+    starts = np.array([0, 5, 7], dtype=np.int64)
+    ends = np.array([10, 15, 17], dtype=np.int64)
+    values = pack_session_records([np.array([1, 2, 3], dtype=np.int64)], combined=False)
+    assert values is not None
+    store.put_many(keys, starts, ends, values)
+    gone_starts = np.array([7], dtype=np.int64)
+    gone_ends = np.array([17], dtype=np.int64)
+    store.remove_many(["c"], gone_starts, gone_ends)
+    keys[0] = "z"
+    starts[:] = 1
+    ends[:] = 16
+    values[:] = [b"\xc0"] * 3
+    gone_starts[:] = 5
+    gone_ends[:] = 15
+    assert [(tuple(s), v) for s, v in store.find_sessions(INT64_MIN, INT64_MAX)] == [
+        (("a", 0, 10), [1, 0, 0, 0, None]), (("b", 5, 15), [2, 0, 0, 0, None])]
