@@ -13,6 +13,10 @@ import numpy.typing as npt
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
+# A segment applies its logged bulk operations once they hold more rows than this plus twice
+# its applied sessions, so the log stays within a constant factor of the live data.
+_MAX_UNAPPLIED_ROWS = 1 << 17
+
 
 class _Bulk(NamedTuple):
     """One bulk write (``data`` given) or bulk delete (``data`` None) into one segment, not yet
@@ -53,7 +57,7 @@ class _Segment:
     random places of a single key-first list, and inserting there moved half of it each time.
     """
 
-    __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending")
+    __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending", "_pending_rows")
 
     def __init__(self) -> None:
         self._values: dict[tuple[int, bytes, int], bytes] = {}
@@ -62,6 +66,7 @@ class _Segment:
         # encoded key -> its sessions' (end, start), sorted; None: rebuild on the next read
         self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
         self._pending: list[_Bulk] = []
+        self._pending_rows = 0
 
     def copy(self) -> _Segment:
         other = _Segment()
@@ -70,11 +75,17 @@ class _Segment:
         other._unsorted = self._unsorted
         other._by_key = None  # rebuilt if the copy is ever read by key
         other._pending = self._pending.copy()
+        other._pending_rows = self._pending_rows
         return other
 
     def log(self, bulk: _Bulk) -> None:
         """Log a bulk write or delete, applied by the next :meth:`settle`."""
         self._pending.append(bulk)
+        self._pending_rows += len(bulk.ends)
+        # a log is applied by the next read; bound what it holds when no read comes (rewrites
+        # and deletes of the same sessions would otherwise pile up until the segment expires)
+        if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * len(self._values):
+            self.settle()
 
     def values(self) -> dict[tuple[int, bytes, int], bytes]:
         """The sessions' values, every logged bulk operation applied."""
@@ -85,6 +96,7 @@ class _Segment:
     def settle(self) -> None:
         """Apply the logged bulk operations, in the order they came."""
         pending, self._pending = self._pending, []
+        self._pending_rows = 0
         for bulk in pending:
             entries = bulk.entries()
             if bulk.data is None:

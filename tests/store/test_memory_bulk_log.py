@@ -150,3 +150,24 @@ def test_the_log_keeps_its_own_copy_of_the_callers_columns() -> None:
     gone_ends[:] = 15
     assert [(tuple(s), v) for s, v in store.find_sessions(INT64_MIN, INT64_MAX)] == [
         (("a", 0, 10), [1, 0, 0, 0, None]), (("b", 5, 15), [2, 0, 0, 0, None])]
+
+
+def test_an_unread_log_stays_within_a_bound_of_the_live_sessions() -> None:
+    """Rewriting and deleting the same sessions in bulk, with no read in between, must not pile
+    up a log that grows with the number of calls: it is applied once it outgrows the data."""
+    from sessionstore.store import memory
+
+    store = InMemorySessionStore(retention_ms=10**12, segment_interval_ms=10**12)
+    n = 5_000
+    keys = [f"user{i}" for i in range(n)]
+    starts = np.arange(n, dtype=np.int64)
+    for round_ in range(200):  # 1M logged writes and 1M logged deletes of 5,000 sessions
+        ends = starts + 10 + round_
+        store.put_many(keys, starts, ends, [round_] * n)
+        store.remove_many(keys, starts, ends)
+    segment = store._segments[0]  # noqa: SLF001 - the log is what this test bounds
+    logged = 200 * 2 * n
+    assert segment._pending_rows <= memory._MAX_UNAPPLIED_ROWS + 4 * n < logged // 10  # noqa: SLF001
+    store.put_many(keys, starts, starts + 1, list(range(n)))
+    assert [v for _, v in store.fetch("user7")] == [7]  # and reads still see every call
+    assert sum(1 for _ in store.find_sessions(INT64_MIN, INT64_MAX)) == n
