@@ -649,16 +649,16 @@ class SessionAggregator:
                 for old in accs:
                     acc = agg.merge(key, acc, old)
                 acc = agg.add(key, value, t, seq, acc)
-        new = _new_session((key, start, end))
         if self._check_acc:
-            check_encodable(acc, f"the accumulator of {new}")
+            check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
         same = len(joined) == 1 and joined[0] == (start, end)
-        # a tuple: msgpack stores it as the record list, and the garbage collector stops
-        # tracking it (a list would stay tracked while cached)
-        state.put_merged(key, view, joined, new, (acc, 0, 0, 0, None))
+        # plain tuples: msgpack stores the record tuple as the record list, and the garbage
+        # collector stops tracking both (a list, or a Session, would stay tracked while cached)
+        state.put_merged(key, view, joined, (key, start, end), (acc, 0, 0, 0, None))
         if self._updates:
             if not self.write_cache:
+                new = _new_session((key, start, end))
                 result = self.aggregation.result
                 for b, old in zip(joined, accs, strict=True):
                     if b != (start, end):

@@ -21,6 +21,12 @@ before an eviction, a bulk write or a reopen). Then :meth:`take_closed` hands th
 close straight from memory, in store order, without writing them first and reading them back,
 and a key seen for the first time needs no store read. Closed sessions stay dirty and reach the
 wrapped store with the next flush (a commit, an eviction), in bulk.
+
+Inside, a session is a plain ``(key, start, end)`` tuple, never a :class:`Session`: the garbage
+collector stops tracking a plain tuple of scalars after its first pass, while a ``Session`` (a
+tuple subclass) stays tracked for its whole life, and the cache holds up to ``max_sessions``
+of them between flushes. ``Session`` objects are made only where they leave the cache (writes
+to the wrapped store, ``forward``, read results).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +51,7 @@ _NO_CAP_CHANGE = object()
 _BULK_FLUSH_MIN = 256
 
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
+_STORE_ORDER = operator.itemgetter(0, 1, 2)  # (end, key bytes, start): find_sessions' order
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
@@ -67,27 +75,34 @@ class CachingSessionStore:
         self.wrapped = wrapped
         self.max_sessions = max_sessions
         self.forward = forward
-        # key -> {(start, end): [value, in_wrapped_store]}; complete for ends > _floors[key]
-        self._views: dict[Any, dict[tuple[int, int], list[Any]]] = {}
+        # key -> {(start, end): (value, in_wrapped_store)}; complete for ends > _floors[key].
+        # Entries are tuples, replaced on change: the collector stops tracking them (lists, one
+        # per cached session, would stay tracked and make every collection slower)
+        self._views: dict[Any, dict[tuple[int, int], tuple[Any, bool]]] = {}
         self._floors: dict[Any, int] = {}
         self._size = 0
-        self._dirty: dict[Session, Any] = {}  # value, or _TOMBSTONE for a removal
-        self._pending: list[tuple[int, int, Session]] = []  # (end, seq, session) of dirty ones
+        # (key, start, end) -> value, or _TOMBSTONE for a removal
+        self._dirty: dict[tuple[Any, int, int], Any] = {}
+        # (end, seq, session) of the dirty sessions, as a heap for flush(upto_end_ms); only
+        # kept from the first such flush (built from _dirty then) until the next full flush:
+        # the event path's emit-on-close never asks for one while the cache is complete
+        self._pending: list[tuple[int, int, tuple[Any, int, int]]] | None = None
         self._seq = 0
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
         self._bulk = forward is None and _has_bulk_writes(wrapped)
-        # index_ends: end -> [(key, start), ...] of sessions put or loaded (stale entries are
-        # skipped when read), a heap of those ends, and the time after which every session of
-        # the wrapped store is in the cache (INT64_MAX: not known)
+        # index_ends: end -> [key, start, key, start, ...] of sessions put or loaded (flat, so
+        # that an entry allocates nothing the collector tracks; stale entries are skipped when
+        # read), a heap of those ends, and the time after which every session of the wrapped
+        # store is in the cache (INT64_MAX: not known)
         self._index_ends = index_ends and max_sessions > 0
-        self._by_end: dict[int, list[tuple[Any, int]]] = {}
+        self._by_end: dict[int, list[Any]] = {}
         self._end_heap: list[int] = []
         self._complete_above = INT64_MAX
         # the changed sessions take_closed handed out, with their values, in store order: no
         # longer dirty or in a view (still counted in the size), written first by the next
         # flush, or before any read that could miss them (see _write_closed)
-        self._closed_rows: list[tuple[Session, Any]] = []
+        self._closed_rows: list[tuple[tuple[Any, int, int], Any]] = []
         # a cap_expiry_time() call held back until the changes cached before it are written
         self._deferred_cap: Any = _NO_CAP_CHANGE
         self._reset_completeness()
@@ -112,10 +127,11 @@ class CachingSessionStore:
     def _index(self, key: Any, start: int, end: int) -> None:
         bucket = self._by_end.get(end)
         if bucket is None:
-            self._by_end[end] = [(key, start)]
+            self._by_end[end] = [key, start]
             heapq.heappush(self._end_heap, end)
         else:
-            bucket.append((key, start))
+            bucket.append(key)
+            bucket.append(start)
 
     def has_ends_upto(self, upto_ms: int) -> bool:
         """Whether some session put or loaded since the last :meth:`take_closed` may end at or
@@ -133,48 +149,57 @@ class CachingSessionStore:
         returned leave the cache's views; their changes stay dirty until the next flush.
         """
         heap = self._end_heap
+        if not heap or heap[0] > upto_ms:
+            return [] if self._complete_above < low_ms else None
         by_end = self._by_end
         complete = self._complete_above < low_ms
-        rows: list[tuple[Session, Any]] = []
         views = self._views
         floors = self._floors
         dirty = self._dirty
         encode = keyschema.encode_key
-        closed_rows = self._closed_rows
+        heappop = heapq.heappop
+        # (end, key bytes, start, sid, value, changed): sorted once into store order below
+        found: list[tuple[int, bytes, int, tuple[Any, int, int], Any, bool]] = []
+        append = found.append
+        left = 0  # clean sessions that leave the views
         while heap and heap[0] <= upto_ms:
-            end = heapq.heappop(heap)
+            end = heappop(heap)
             bucket = by_end.pop(end)
             if not complete or end < low_ms:
                 continue
-            found = []
-            for key, start in bucket:
+            for i in range(0, len(bucket), 2):
+                key = bucket[i]
                 view = views.get(key)
                 if view is None:
                     continue
+                start = bucket[i + 1]
                 cached = view.pop((start, end), None)
                 if cached is None:
                     continue  # merged away, or a second index entry of the same session
-                session = _new_session((key, start, end))
-                value = dirty.pop(session, _CLEAN)
+                sid = (key, start, end)
+                value = dirty.pop(sid, _CLEAN)
                 if floors[key] < upto_ms:
                     floors[key] = upto_ms
                 if value is _CLEAN:
-                    self._size -= 1  # already in the wrapped store: it just leaves the view
-                    found.append((session, cached[0], False))
+                    left += 1  # already in the wrapped store: it just leaves the view
+                    append((end, encode(key), start, sid, cached[0], False))
                 else:
-                    found.append((session, value, True))
-            if len(found) > 1:
-                found.sort(key=lambda row: (encode(row[0].key), row[0].start))
-            for session, value, changed in found:
-                rows.append((session, value))
-                if changed:
-                    closed_rows.append((session, value))
-        return rows if complete else None
+                    append((end, encode(key), start, sid, value, True))
+        self._size -= left
+        if not complete:
+            return None
+        if len(found) > 1:
+            found.sort(key=_STORE_ORDER)
+        new_session = _new_session
+        rows = [(new_session(row[3]), row[4]) for row in found]
+        if left < len(found):
+            self._closed_rows.extend([(row[3], row[4]) for row in found if row[5]])
+        return rows
 
     # -- the engine's view ------------------------------------------------------------------
 
-    def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], list[Any]]:
-        """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): [value, _]}``.
+    def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, bool]]:
+        """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): (value, _)}``.
 
         Loads the key on first use. The mapping may hold sessions ending at or before the floor
         too; callers filter. Read only.
@@ -195,7 +220,7 @@ class CachingSessionStore:
             self._floors[key] = floor_ms
             return view
         low = floor_ms + 1 if floor_ms < INT64_MAX else INT64_MAX
-        view = {(s.start, s.end): [value, True]
+        view = {(s.start, s.end): (value, True)
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
         if self.max_sessions == 0:
             return view  # not kept: writes of this key go straight through
@@ -209,7 +234,7 @@ class CachingSessionStore:
         self._size += len(view)
         return view
 
-    def _forget_before(self, key: Any, view: dict[tuple[int, int], list[Any]],
+    def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, bool]],
                        floor_ms: int) -> None:
         """Drop a key's sessions ending at or before the floor from its view.
 
@@ -220,7 +245,7 @@ class CachingSessionStore:
         dirty = self._dirty
         for bounds in [b for b in view if b[1] <= floor_ms]:
             del view[bounds]
-            if Session(key, bounds[0], bounds[1]) not in dirty:
+            if (key, bounds[0], bounds[1]) not in dirty:
                 self._size -= 1
         self._floors[key] = floor_ms
         if floor_ms > self._complete_above:
@@ -240,26 +265,27 @@ class CachingSessionStore:
         if value is None:
             self.remove(session)
             return True
-        view = self._views.get(session.key)
+        key, start, end = sid = _plain(session)
+        view = self._views.get(key)
         if view is None:
-            self._dirty[session] = value
-            self._flush_one(session)
+            self._dirty[sid] = value
+            self._flush_one(sid)
             if self._index_ends:  # the store holds a session no view does
-                self._index(session.key, session.start, session.end)
+                self._index(key, start, end)
                 self._reset_completeness()
             return True
-        bounds = (session.start, session.end)
+        bounds = (start, end)
         cached = view.get(bounds)
         if cached is None:
-            view[bounds] = [value, False]
+            view[bounds] = (value, False)
             self._size += 1
             if self._index_ends:
-                self._index(session.key, session.start, session.end)
+                self._index(key, start, end)
         else:
-            cached[0] = value
-        if session not in self._dirty:
-            self._track(session)
-        self._dirty[session] = value
+            view[bounds] = (value, cached[1])
+        if self._pending is not None and sid not in self._dirty:
+            self._track(sid)
+        self._dirty[sid] = value
         if self._size > self.max_sessions:
             if self._closed_rows:  # first write what closed; it leaves the cache then
                 self._write_closed(None)
@@ -273,46 +299,52 @@ class CachingSessionStore:
         object for the cache's life)."""
         return self._views
 
-    def put_merged(self, key: Any, view: Mapping[tuple[int, int], list[Any]],
-                   joined: Sequence[tuple[int, int]], session: Session, value: Any) -> None:
+    def put_merged(self, key: Any, view: Mapping[tuple[int, int], tuple[Any, bool]],
+                   joined: Sequence[tuple[int, int]], session: tuple[Any, int, int],
+                   value: Any) -> None:
         """:meth:`remove` each of ``joined`` (bounds of ``key``'s sessions, from ``view``, the
         mapping :meth:`sessions_of` returned) other than the bounds of ``session``, then
-        :meth:`put` ``session``: one event's merge, in one call."""
+        :meth:`put` ``session``: one event's merge, in one call. ``session`` is a plain
+        ``(key, start, end)`` tuple (see the module docstring), or a :class:`Session`."""
+        if type(session) is not tuple:
+            session = _plain(session)
         held = self._views.get(key)
         if held is None or held is not view:  # not kept (max_sessions=0) or since evicted
             for b in joined:
                 if b != (session[1], session[2]):
                     self.remove(_new_session((key, b[0], b[1])))
-            self.put(session, value)
+            self.put(_new_session(session), value)
             return
         dirty = self._dirty
+        pending = self._pending
         bounds = (session[1], session[2])
         for b in joined:
             if b != bounds:
                 gone = held.pop(b)
                 self._size -= 1
-                old = _new_session((key, b[0], b[1]))
+                old = (key, b[0], b[1])
                 if gone[1]:
-                    if old not in dirty:
+                    if pending is not None and old not in dirty:
                         self._track(old)
                     dirty[old] = _TOMBSTONE
                 else:
                     dirty.pop(old, None)  # never written: nothing to undo downstream
         cached = held.get(bounds)
         if cached is None:
-            held[bounds] = [value, False]
+            held[bounds] = (value, False)
             self._size += 1
             if self._index_ends:
                 end = bounds[1]
                 bucket = self._by_end.get(end)
                 if bucket is None:
-                    self._by_end[end] = [(key, bounds[0])]
+                    self._by_end[end] = [key, bounds[0]]
                     heapq.heappush(self._end_heap, end)
                 else:
-                    bucket.append((key, bounds[0]))
+                    bucket.append(key)
+                    bucket.append(bounds[0])
         else:
-            cached[0] = value
-        if session not in dirty:
+            held[bounds] = (value, cached[1])
+        if pending is not None and session not in dirty:
             self._track(session)
         dirty[session] = value
         if self._size > self.max_sessions:
@@ -324,21 +356,22 @@ class CachingSessionStore:
     def remove(self, session: Session) -> None:
         """Remove ``session``; the removal reaches the wrapped store (and ``forward``) on flush,
         and only if the wrapped store holds the session."""
-        view = self._views.get(session.key)
+        key, start, end = sid = _plain(session)
+        view = self._views.get(key)
         if view is None:
-            self._dirty[session] = _TOMBSTONE
-            self._flush_one(session)
+            self._dirty[sid] = _TOMBSTONE
+            self._flush_one(sid)
             return
-        cached = view.pop((session.start, session.end), None)
+        cached = view.pop((start, end), None)
         if cached is None:
             return
         self._size -= 1
         if cached[1]:
-            if session not in self._dirty:
-                self._track(session)
-            self._dirty[session] = _TOMBSTONE
+            if self._pending is not None and sid not in self._dirty:
+                self._track(sid)
+            self._dirty[sid] = _TOMBSTONE
         else:
-            self._dirty.pop(session, None)  # never written: nothing to undo downstream
+            self._dirty.pop(sid, None)  # never written: nothing to undo downstream
 
     def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
                  key_index: Any = None) -> Any:
@@ -361,35 +394,42 @@ class CachingSessionStore:
         """True when nothing is cached: the wrapped store alone answers every query."""
         return not self._views and not self._dirty and not self._closed_rows
 
-    def _track(self, session: Session) -> None:
+    def _track(self, sid: tuple[Any, int, int]) -> None:
+        """Add a newly dirty session to the pending heap (only called while it is kept)."""
+        assert self._pending is not None
         self._seq += 1
-        heapq.heappush(self._pending, (session.end, self._seq, session))
+        heapq.heappush(self._pending, (sid[2], self._seq, sid))
 
     def flush(self, upto_end_ms: int | None = None) -> None:
         """Write (and forward) the changes of sessions ending at or before ``upto_end_ms``
         (all, by default), in (end, key bytes, start) order."""
-        pending = self._pending
         dirty = self._dirty
-        batch: list[Session] = []
+        batch: list[tuple[Any, int, int]] = []
         if upto_end_ms is None:
             batch = list(dirty)
-            pending.clear()
+            self._pending = None
         else:
+            pending = self._pending
+            if pending is None:  # the first ranged flush since a full one: index what is dirty
+                pending = [(sid[2], seq, sid) for seq, sid in enumerate(dirty, self._seq + 1)]
+                self._seq += len(pending)
+                heapq.heapify(pending)
+                self._pending = pending
             while pending and pending[0][0] <= upto_end_ms:
                 batch.append(heapq.heappop(pending)[2])
             # a session put, removed before it was written, and put again is tracked twice
             batch = list(dict.fromkeys(s for s in batch if s in dirty))
         if self._closed_rows:
-            self._write_closed(max((s.end for s in batch if dirty[s] is not _TOMBSTONE),
+            self._write_closed(max((s[2] for s in batch if dirty[s] is not _TOMBSTONE),
                                    default=None))
         self._write_batch(batch)
         if self._deferred_cap is not _NO_CAP_CHANGE and not dirty:
             self._apply_deferred_cap()
 
-    def _write_batch(self, batch: list[Session]) -> None:
+    def _write_batch(self, batch: list[tuple[Any, int, int]]) -> None:
         """Write dirty sessions, in (end, key bytes, start) order."""
         encode = keyschema.encode_key
-        batch.sort(key=lambda s: (s.end, encode(s.key), s.start))
+        batch.sort(key=lambda s: (s[2], encode(s[0]), s[1]))
         if self._bulk and len(batch) >= _BULK_FLUSH_MIN and self.forward is None:
             self._flush_bulk(batch)
             return
@@ -397,9 +437,10 @@ class CachingSessionStore:
             try:
                 self._flush_one(session)
             except BaseException:
-                for rest in batch[index:]:  # keep every unwritten change for a retry
-                    if rest in self._dirty:
-                        self._track(rest)
+                if self._pending is not None:  # keep every unwritten change for a retry
+                    for rest in batch[index:]:
+                        if rest in self._dirty:
+                            self._track(rest)
                 raise
 
     def _write_closed(self, next_end_ms: int | None) -> None:
@@ -414,12 +455,12 @@ class CachingSessionStore:
         rows = self._closed_rows
         if not rows:
             return
-        top = rows[-1][0].end
+        top = rows[-1][0][2]
         boundary = self.wrapped.expiry_boundary_ms(
             top if next_end_ms is None or next_end_ms < top else next_end_ms)
         first = 0
-        if boundary is not None and rows[0][0].end < boundary:
-            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0].end)
+        if boundary is not None and rows[0][0][2] < boundary:
+            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0][2])
         live = rows[first:] if first else rows
         if live:
             if self._bulk and len(live) >= _BULK_FLUSH_MIN:
@@ -427,9 +468,9 @@ class CachingSessionStore:
                                       [r[0][2] for r in live], [r[1] for r in live])
             else:
                 put = self.wrapped.put
-                for index, (session, value) in enumerate(live):
+                for index, (sid, value) in enumerate(live):
                     try:
-                        put(session, value)
+                        put(_new_session(sid), value)
                     except BaseException:
                         self._size -= first + index
                         del rows[:first + index]
@@ -437,7 +478,7 @@ class CachingSessionStore:
         self._size -= len(rows)
         rows.clear()
 
-    def _flush_bulk(self, batch: list[Session]) -> None:
+    def _flush_bulk(self, batch: list[tuple[Any, int, int]]) -> None:
         """Write ``batch`` (dirty sessions in flush order) with the wrapped store's bulk calls:
         the outcome of flushing them one by one. Removals go first: a removal and a put never
         name the same session, and a removal in a segment that a put expires finds nothing
@@ -448,53 +489,59 @@ class CachingSessionStore:
         puts = [s for s in batch if dirty[s] is not _TOMBSTONE] if removes else batch
         try:
             if removes:
-                self.wrapped.remove_many([s.key for s in removes], [s.start for s in removes],
-                                         [s.end for s in removes])
+                self.wrapped.remove_many([s[0] for s in removes], [s[1] for s in removes],
+                                         [s[2] for s in removes])
                 for session in removes:
                     del dirty[session]
             if puts:
-                self.wrapped.put_many([s.key for s in puts], [s.start for s in puts],
-                                      [s.end for s in puts], [dirty[s] for s in puts])
+                self.wrapped.put_many([s[0] for s in puts], [s[1] for s in puts],
+                                      [s[2] for s in puts], [dirty[s] for s in puts])
         except BaseException:
-            for rest in batch:  # keep every unwritten change for a retry
-                if rest in dirty:
-                    self._track(rest)
+            if self._pending is not None:  # keep every unwritten change for a retry
+                for rest in batch:
+                    if rest in dirty:
+                        self._track(rest)
             raise
         views = self._views
-        for session in puts:
-            del dirty[session]
-            view = views.get(session.key)
-            cached = view.get((session.start, session.end)) if view is not None else None
-            if cached is not None:
-                cached[1] = True
+        for sid in puts:
+            del dirty[sid]
+            view = views.get(sid[0])
+            if view is not None:
+                bounds = (sid[1], sid[2])
+                cached = view.get(bounds)
+                if cached is not None:
+                    view[bounds] = (cached[0], True)
 
-    def _flush_one(self, session: Session) -> None:
-        if session not in self._dirty:
+    def _flush_one(self, sid: tuple[Any, int, int]) -> None:
+        if sid not in self._dirty:
             return  # written already
-        value = self._dirty[session]
+        value = self._dirty[sid]
         wrapped = self.wrapped
         forward = self.forward
+        session = _new_session(sid)
         old = wrapped.fetch_session(*session) if forward is not None else None
         if value is _TOMBSTONE:
             wrapped.remove(session)
-            del self._dirty[session]
+            del self._dirty[sid]
             if forward is not None and old is not None:
                 forward(session, None, old)
             return
         wrapped.put(session, value)  # raises before changing anything: the change stays dirty
-        del self._dirty[session]
-        view = self._views.get(session.key)
-        cached = view.get((session.start, session.end)) if view is not None else None
-        if cached is not None:
-            cached[1] = True
+        del self._dirty[sid]
+        view = self._views.get(sid[0])
+        if view is not None:
+            bounds = (sid[1], sid[2])
+            cached = view.get(bounds)
+            if cached is not None:
+                view[bounds] = (cached[0], True)
         if forward is not None:
             forward(session, value, old)
 
     def _flush_key(self, key: Any) -> None:
         if self._closed_rows:
             self._write_closed(None)
-        for session in [s for s in self._dirty if s.key == key]:
-            self._flush_one(session)
+        for sid in [s for s in self._dirty if s[0] == key]:
+            self._flush_one(sid)
 
     def evict(self) -> None:
         """Write every change and forget every cached session."""
@@ -509,9 +556,9 @@ class CachingSessionStore:
     def fetch_session(self, key: Any, start_ms: int, end_ms: int) -> Any:
         if self._closed_rows:
             self._write_closed(None)
-        session = Session(key, start_ms, end_ms)
-        if session in self._dirty:
-            value = self._dirty[session]
+        sid = (key, start_ms, end_ms)
+        if sid in self._dirty:
+            value = self._dirty[sid]
             return None if value is _TOMBSTONE else value
         view = self._views.get(key)
         if view is not None and end_ms > self._floors[key]:
@@ -556,7 +603,7 @@ class CachingSessionStore:
         self._views.clear()
         self._floors.clear()
         self._dirty.clear()
-        self._pending.clear()
+        self._pending = None
         self._size = 0
         self._closed_rows.clear()
         self._by_end.clear()
@@ -619,6 +666,12 @@ class CachingSessionStore:
 
     def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
         return self.wrapped.expiry_boundary_ms(stream_time_ms)  # type: ignore[no-any-return]
+
+
+def _plain(session: Any) -> tuple[Any, int, int]:
+    """A session as the plain ``(key, start, end)`` tuple the cache keeps (see the module
+    docstring); equal to, and hashing as, the :class:`Session` it came from."""
+    return session if type(session) is tuple else (session[0], session[1], session[2])
 
 
 def _has_bulk_writes(store: Any) -> bool:
