@@ -49,6 +49,8 @@ ENGINE_METADATA_KEY = "sessionstore.engine"
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 _new_emit = functools.partial(tuple.__new__, Emit)
 USER_METADATA_KEY = "user"
+_MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
+_MSGPACK_INT_MAX = (1 << 64) - 1
 
 
 def check_aggregation(aggregation: Any) -> None:
@@ -266,8 +268,10 @@ class SessionAggregator:
             kind = type(key)
             if not ((kind is str or kind is int) and key in self._held_keys):
                 keyschema.encode_key(key)  # a key the cache holds passed this already
-            if value is not None:
-                check_encodable(value, "value")
+            vkind = type(value)
+            if not (value is None or vkind is float or vkind is bool
+                    or (vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)):
+                check_encodable(value, "value")  # the scalars above always encode
             emits: list[Emit] = []
             self._process_lean(key, value, timestamp_ms, emits, None)
             if self._forwarded:
@@ -798,13 +802,17 @@ class SessionAggregator:
         latencies = []
         append = out.append
         new_emit = _new_emit
+        count = self._count
         for session, raw in taken:
             acc = raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5) \
                 else SessionRecord.from_wire(raw).acc
-            if type(acc) is not int:
-                acc = as_stored(acc)
             end = session[2]
-            append(new_emit((session, result(acc), None, False, end - 1)))
+            if count and type(acc) is int:  # count's result is its accumulator
+                append(new_emit((session, acc, None, False, end - 1)))
+            else:
+                if type(acc) is not int:
+                    acc = as_stored(acc)
+                append(new_emit((session, result(acc), None, False, end - 1)))
             latency = w - end - grace
             latencies.append(latency if latency > 0 else 0)
         self._metrics.emitted += len(taken)
