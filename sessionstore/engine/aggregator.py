@@ -620,7 +620,10 @@ class SessionAggregator:
                 floor, latest_start = t + 1, own_end - 1
             if floor <= closed_before:
                 floor = closed_before + 1
-            joined: Any = [b for b in view if b[1] >= floor and b[0] <= latest_start]
+            joined: Any = []  # a loop: a comprehension is a call, and views hold 1-2 sessions
+            for b in view:
+                if b[1] >= floor and b[0] <= latest_start:
+                    joined.append(b)
         else:
             joined = ()
         seq = times.seq + 1
