@@ -260,6 +260,21 @@ def _time_records(cf: Any, earliest_end: int, latest_end: int) -> list[tuple[int
             for end, encoded, start, _ in _time_rows(cf, earliest_end, latest_end)]
 
 
+def _index_block_records(cf: Any) -> Iterator[tuple[bytes, Any]]:
+    """Each index block record of one segment, in key order: ``(record key, the RocksDB
+    iterator positioned on it)``. A read error of the iterator raises once it ends."""
+    tag = keyschema.INDEX_BLOCK
+    it = cf.iter()
+    it.seek(tag)
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            return
+        yield record, it
+        it.next()
+    it.status()
+
+
 def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where: Path,
                 blocks: dict[int, dict[bytes, keyschema.IndexBlock]] | None
                 ) -> list[tuple[int, bytes, int]]:
@@ -271,13 +286,7 @@ def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where
     """
     cached = None if blocks is None else blocks.get(segment)
     rows: list[tuple[int, bytes, int]] = []
-    tag = keyschema.INDEX_BLOCK
-    it = cf.iter()
-    it.seek(tag)
-    while it.valid():
-        record = it.key()
-        if not record.startswith(tag):
-            break
+    for record, it in _index_block_records(cf):
         try:
             low, high, _block_id = keyschema.split_index_block_key(record)
             if low <= latest_end and high >= earliest_end:
@@ -291,28 +300,16 @@ def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where
         except ValueError as exc:
             raise StoreCorruptedError(
                 where, f"segment {segment}: index block {record.hex()[:60]}: {exc}") from None
-        it.next()
-    else:
-        it.status()
-    del it
     return rows
 
 
 def max_block_id(cfs: dict[int, Any]) -> int:
     """The largest index block id in any segment, or -1 when there is none."""
     found = -1
-    tag = keyschema.INDEX_BLOCK
     for cf in cfs.values():
-        it = cf.iter()
-        it.seek(tag)
-        while it.valid():
-            record = it.key()
-            if not record.startswith(tag):
-                break
+        for record, _ in _index_block_records(cf):
             with contextlib.suppress(ValueError):  # reported by the read that meets it
                 found = max(found, keyschema.split_index_block_key(record)[2])
-            it.next()
-        del it
     return found
 
 
