@@ -4,12 +4,13 @@ Two sweeps over q11-like streams (20k skewed keys, batches of 100k events, a com
 batch): out-of-orderness 0, 200 ms, 2 s and 10 s at about 2.5 events per session, and about 1.5,
 2.5 and 17 events per session at 2 s out of order. Each row runs, in one process on one stream,
 a plain-Python dict sessionizer written as a user would, the event-at-a-time path (``process``)
-and the batch path (``process_batch``), the engine on the RocksDB store and in memory. Then
-Nexmark q11 (10 s gap) with emit-on-close and with a Beam trigger. It reports numbers and
-asserts none::
+and both batch paths (``process_batch`` on Python values, ``process_table`` on an Arrow table),
+the engine on the RocksDB store and in memory, ``--repeat`` times in turn; it reports medians in
+wall-clock time and in CPU time. Then Nexmark q11 (10 s gap) with emit-on-close and with a Beam
+trigger. It reports numbers and asserts none::
 
-    python -m benchmarks.engine_bench --events 200000      # quick
-    python -m benchmarks.engine_bench                        # full, as make bench runs it
+    python -m benchmarks.engine_bench --events 50000 --repeat 1 --skip-q11   # quick
+    python -m benchmarks.engine_bench                                         # as make bench
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gc
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -134,74 +136,72 @@ def _open_store(store_kind: str, root: Path, name: str, retention_ms: int) -> An
     return InMemorySessionStore(retention_ms=retention_ms)
 
 
-def run_sweep_engine(keys: list[int], times: list[int], gap_ms: int, disorder_ms: int,
-                     store_kind: str, batched: bool, root: Path,
-                     batch_events: int = BATCH_EVENTS) -> tuple[float, int]:
-    """The engine, emit-on-close, counting per key, with a commit after every batch."""
-    windows = SessionWindows(gap_ms)
-    store = _open_store(store_kind, root, f"sweep-{gap_ms}-{disorder_ms}-{batched}",
-                        windows.retention_ms + disorder_ms)
-    engine = SessionAggregator(store, windows, aggregations.count(),
-                               max_out_of_orderness_ms=disorder_ms,
-                               emit=EmitStrategy.ON_WINDOW_CLOSE)
-    emitted = 0
-    gc.collect()
-    start = time.perf_counter()
-    process = engine.process
-    for i in range(0, len(keys), batch_events):
-        batch_keys, batch_times = keys[i:i + batch_events], times[i:i + batch_events]
-        if batched:
-            emitted += len(engine.process_batch(batch_keys, batch_keys, batch_times))
-        else:
-            for key, t in zip(batch_keys, batch_times, strict=True):
-                emitted += len(process(key, key, t))
-        engine.commit()
-    emitted += len(engine.advance_watermark(INT64_MAX))
-    engine.commit()
-    elapsed = time.perf_counter() - start
-    store.close()
-    return elapsed, emitted
+SWEEP_PATHS = ("event", "process_batch", "process_table")
 
 
-def sweep_rows(n_events: int, n_keys: int, root: Path) -> list[dict[str, Any]]:
-    """Both sweeps; the row they share (2 s, 2.5 events per session) is run once."""
+def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[dict[str, Any]]:
+    """Both sweeps; the row they share (2 s, 2.5 events per session) is run once.
+
+    Each row runs the dict sessionizer and every path on both stores ``repeat`` times, in turn,
+    on one stream (``benchmarks.batch_paths.run_path``: count per key, emit-on-close, a commit
+    per batch). It records the median rate of each and, per path, the median of the per-round
+    ratios to the dict sessionizer, in wall-clock time and in CPU time of this process."""
+    from .batch_paths import _timed_dict_cpu, _warm_up, run_path  # batch_paths imports us
+
     configs = [(d, SWEEP_EVENTS_PER_SESSION) for d in DISORDER_SWEEP_MS]
     configs += [(SWEEP_DISORDER_MS, e) for e in EVENTS_PER_SESSION_SWEEP
                 if (SWEEP_DISORDER_MS, e) not in configs]
     rows = []
-    # one small run of each batch path first, so that loading the compiled kernels (and other
-    # first-call costs) is not timed in the first row
-    warm_keys, warm_times = q11_like_stream(20_000, 2_000, 2_000)
-    for store_kind in ("rocksdb", "memory"):
-        run_sweep_engine(warm_keys.tolist(), warm_times.tolist(), 1_000, 2_000, store_kind, True,
-                         root / "warm-up")
+    # every batch path runs once on a small stream first, so that loading the compiled kernels
+    # (and other first-call costs) is not timed in the first row
+    _warm_up(root)
     for disorder_ms, target in configs:
         key_array, time_array = q11_like_stream(n_events, n_keys, disorder_ms)
         gap_ms = gap_for(key_array, time_array, target)
         keys, times = key_array.tolist(), time_array.tolist()
+        walls: dict[str, list[float]] = {}
+        cpus: dict[str, list[float]] = {}
+        wall_ratios: dict[str, list[float]] = {}
+        cpu_ratios: dict[str, list[float]] = {}
+        emitted: dict[str, set[int]] = {}
+        for _ in range(repeat):
+            base, base_cpu, count = _timed_dict_cpu(keys, times, gap_ms, disorder_ms)
+            walls.setdefault("dict", []).append(base)
+            cpus.setdefault("dict", []).append(base_cpu)
+            emitted.setdefault("dict", set()).add(count)
+            for store_kind in ("rocksdb", "memory"):
+                for path in SWEEP_PATHS:
+                    name = f"{path}/{store_kind}"
+                    wall, count, cpu = run_path(path, key_array, time_array, gap_ms,
+                                                disorder_ms, store_kind, root)
+                    walls.setdefault(name, []).append(wall)
+                    cpus.setdefault(name, []).append(cpu)
+                    wall_ratios.setdefault(name, []).append(base / wall)
+                    cpu_ratios.setdefault(name, []).append(base_cpu / cpu)
+                    emitted.setdefault(name, set()).add(count)
         row: dict[str, Any] = {
             "disorder_ms": disorder_ms, "target_events_per_session": target, "gap_ms": gap_ms,
             "events_per_session": events_per_session(key_array, time_array, gap_ms),
             "sweep": ("disorder" if target == SWEEP_EVENTS_PER_SESSION else "") + (
                 "+" if target == SWEEP_EVENTS_PER_SESSION and disorder_ms == SWEEP_DISORDER_MS
                 else "") + ("events_per_session" if disorder_ms == SWEEP_DISORDER_MS else ""),
-            "events_per_s": {}, "emitted": {},
+            "repeat": repeat,
+            "events_per_s": {name: n_events / statistics.median(w) for name, w in walls.items()},
+            "cpu_events_per_s": {name: n_events / statistics.median(c)
+                                 for name, c in cpus.items()},
+            "ratio": {name: statistics.median(r) for name, r in wall_ratios.items()},
+            "ratio_range": {name: [min(r), max(r)] for name, r in wall_ratios.items()},
+            "cpu_ratio": {name: statistics.median(r) for name, r in cpu_ratios.items()},
+            "emitted": {name: sorted(counts) for name, counts in emitted.items()},
+            "load_average": list(os.getloadavg()),
         }
-        timings = {"dict": _timed_dict(keys, times, gap_ms, disorder_ms)}
-        for store_kind in ("rocksdb", "memory"):
-            for batched in (False, True):
-                timings[f"{'batch' if batched else 'event'}/{store_kind}"] = run_sweep_engine(
-                    keys, times, gap_ms, disorder_ms, store_kind, batched, root)
-        for name, (elapsed, emitted) in timings.items():
-            row["events_per_s"][name] = n_events / elapsed
-            row["emitted"][name] = emitted
         rows.append(row)
-        if len(set(row["emitted"].values())) != 1:
+        if len({c for counts in emitted.values() for c in counts}) != 1:
             log.warning("the runs emitted different numbers of sessions: %s", row["emitted"])
-        base = row["events_per_s"]["dict"]
         log.info("disorder %6d ms, %5.1f events/session (gap %d ms): %s", disorder_ms,
                  row["events_per_session"], gap_ms, ", ".join(
-                     f"{name} {rate / base:.2f}x" for name, rate in row["events_per_s"].items()))
+                     f"{name} {row['ratio'][name]:.2f}x/{row['cpu_ratio'][name]:.2f}x cpu"
+                     for name in row["ratio"]))
     return rows
 
 
@@ -239,8 +239,10 @@ def run_engine(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000,
-                        help="events per sweep row (and for q11)")
+    parser.add_argument("--events", type=int, default=200_000, help="events per sweep row")
+    parser.add_argument("--q11-events", type=int, default=300_000, help="events for q11")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each sweep cell (medians are reported)")
     parser.add_argument("--bidders", type=int, default=20_000)
     parser.add_argument("--skip-q11", action="store_true", help="run the sweeps only")
     parser.add_argument("--no-write", action="store_true")
@@ -250,16 +252,17 @@ def main(argv: list[str] | None = None) -> None:
     conditions: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
                                   "load_average_start": list(os.getloadavg())}
     try:
-        sweeps = sweep_rows(args.events, args.bidders, root)
+        sweeps = sweep_rows(args.events, args.bidders, root, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows: list[dict[str, Any]] = []
     if not args.skip_q11:
-        rows = q11_rows(args.events, args.bidders)
+        rows = q11_rows(args.q11_events, args.bidders)
     if not args.no_write:
         conditions["load_average_end"] = list(os.getloadavg())
         path = write_results("engine", {**conditions,
-                                        "events": args.events, "bidders": args.bidders,
+                                        "events": args.events, "q11_events": args.q11_events,
+                                        "repeat": args.repeat, "bidders": args.bidders,
                                         "gap_ms": GAP_MS, "batch_events": BATCH_EVENTS,
                                         "sweeps": sweeps, "runs": rows})
         log.info("wrote %s", path)

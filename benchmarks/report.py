@@ -40,9 +40,14 @@ def _conditions(data: dict[str, Any]) -> str:
         return ""
     start = "/".join(f"{x:.1f}" for x in data["load_average_start"])
     end = "/".join(f"{x:.1f}" for x in data.get("load_average_end", []))
+    loads = [*data["load_average_start"], *data.get("load_average_end", [])]
+    if max(loads) <= 2.5:
+        note = "the machine was otherwise idle"
+    else:
+        note = ("on 2 cores shared with other work: ratios within one row are comparable, "
+                "absolute rates and rows against each other much less")
     return (f" Run on {data.get('date', '?')} with load averages {start} at the start and "
-            f"{end} at the end (1/5/15 minutes, on 2 cores shared with other work): ratios within "
-            f"one row are comparable, absolute rates and rows against each other much less.")
+            f"{end} at the end (1/5/15 minutes); {note}.")
 
 
 def _machine(data: dict[str, Any]) -> str:
@@ -113,46 +118,47 @@ def store_section() -> list[str]:
     return lines
 
 
-SWEEP_RUNS = [("event/rocksdb", "event path, RocksDB"), ("batch/rocksdb", "batch path, RocksDB"),
-              ("event/memory", "event path, memory"), ("batch/memory", "batch path, memory")]
+SWEEP_RUNS = [(f"{path}/{store}", f"{label}, {store_label}")
+              for store, store_label in (("rocksdb", "RocksDB"), ("memory", "memory"))
+              for path, label in (("event", "event path"), ("process_batch", "process_batch"),
+                                  ("process_table", "process_table"))]
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One table row per stream: the dict sessionizer's rate, then each run as a multiple."""
+    """One table row per stream: the dict sessionizer's rate, then each run as a multiple of it
+    in wall-clock time / CPU time (medians over the row's rounds)."""
     lines = [
         "| out of order | events/session | gap | plain-Python dict (events/s) | "
         + " | ".join(label for _, label in SWEEP_RUNS) + " | sessions |",
         "|---:|---:|---:|---:|" + "---:|" * len(SWEEP_RUNS) + "---|",
     ]
     for row in rows:
-        rates = row["events_per_s"]
-        base = rates["dict"]
-        emitted = set(row["emitted"].values())
-        check = f"{emitted.pop():,} (all equal)" if len(emitted) == 1 else "differ: " + ", ".join(
-            f"{name} {count:,}" for name, count in row["emitted"].items())
+        counts = {c for emitted in row["emitted"].values() for c in emitted}
+        check = f"{counts.pop():,} (all equal)" if len(counts) == 1 else "differ: " + ", ".join(
+            f"{name} {emitted}" for name, emitted in row["emitted"].items())
         lines.append(
             f"| {row['disorder_ms']:,} ms | {row['events_per_session']:.1f} | "
-            f"{row['gap_ms']:,} ms | {_fmt(base)} | "
-            + " | ".join(f"{rates[name] / base:.2f}x" for name, _ in SWEEP_RUNS)
+            f"{row['gap_ms']:,} ms | {_fmt(row['events_per_s']['dict'])} | "
+            + " | ".join(f"{row['ratio'][name]:.2f}x / {row['cpu_ratio'][name]:.2f}x"
+                         for name, _ in SWEEP_RUNS)
             + f" | {check} |"
         )
     return lines
 
 
 def sweep_plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(SWEEP_RUNS)
     for i, (name, label) in enumerate(SWEEP_RUNS):
         ax.bar([x + i * width for x in range(len(rows))],
-               [row["events_per_s"][name] / row["events_per_s"]["dict"] for row in rows],
-               width, label=label)
+               [row["ratio"][name] for row in rows], width, label=label)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
     ax.set_xticklabels([f"{row['disorder_ms']:,} ms\n{row['events_per_session']:.1f} ev/session"
                         for row in rows])
-    ax.set_ylabel("x plain-Python dict sessionizer")
+    ax.set_ylabel("x plain-Python dict sessionizer (wall-clock)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -176,9 +182,13 @@ def engine_section() -> list[str]:
             f"the given time out of order; the gap is chosen to give the events per session shown. "
             f"The engine counts per key with emit-on-close and `max_out_of_orderness_ms` equal to "
             f"the disorder, in batches of {data.get('batch_events', 100_000):,} events with a "
-            f"commit after every batch (event path too). Every run of a row is in one process on "
-            f"one stream ({_machine(data)}); multiples are against the plain-Python dict "
-            f"sessionizer of that row.{_conditions(data)}",
+            f"commit after every batch (event path too): the event path is a loop of `process`, "
+            f"`process_batch` takes Python or numpy columns and returns `Emit` objects, "
+            f"`process_table` takes and returns Arrow tables. Every run of a row is in one "
+            f"process on one stream ({_machine(data)}), {data.get('repeat', 1)} rounds in turn; "
+            f"each cell is the median ratio to the plain-Python dict sessionizer of the same "
+            f"round, in wall-clock time / in CPU time of the process (commits wait for fsync, "
+            f"which CPU time does not count).{_conditions(data)}",
             "",
             "### Out-of-orderness sweep",
             "",
@@ -201,13 +211,14 @@ def engine_section() -> list[str]:
     if not runs:
         return lines
     baseline = next(r for r in runs if r["name"].startswith("process_batch on rocksdb, ON_WIN"))
+    q11_events = data.get("q11_events", data["events"])
     plot = DOCS / "bench" / "engine_q11.png"
     _bar_plot(plot, [r["name"] for r in runs], [r["events_per_s"] for r in runs],
-              f"Nexmark q11, {data['events']:,} events, one core", "events/s")
+              f"Nexmark q11, {q11_events:,} events, one core", "events/s")
     lines += [
         "## Engine: Nexmark q11 (bids per bidder, 10 s session gap), one core",
         "",
-        f"`python -m benchmarks.engine_bench`: {data['events']:,} generated bids over "
+        f"`python -m benchmarks.engine_bench`: {q11_events:,} generated bids over "
         f"{data['bidders']:,} skewed bidders, up to 200 ms out of order; every run in the same "
         f"process on the same stream ({_machine(data)}). Each run ends with a commit."
         f"{_conditions(data)}",
