@@ -29,7 +29,7 @@ import numpy as np
 from .. import keyschema
 from ..aggregations import Aggregation, Combined, _Count
 from ..serde import MsgpackSerde
-from ..store.caching import CachingSessionStore
+from ..store.caching import CachingSessionStore, ClosedRow
 from ..store.metered import MeteredSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
 from ..timeutil import timestamp_ms as to_timestamp_ms
@@ -39,6 +39,7 @@ from ..windows import SessionWindows
 from .columnar import OpenTable, columnar_parts
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
+from .fast_event import bind_event_step
 from .max_duration import MaxDuration
 from .merge import END_START, merge_event
 from .record import Phase, SessionRecord, as_stored, check_encodable
@@ -204,6 +205,17 @@ class SessionAggregator:
                               else MaxDuration(self, windows.max_duration_ms))
         self._reset_indexes()
         self._restore()
+        self._bind_event_step()
+
+    def _bind_event_step(self) -> None:
+        """Install the fused event step of :mod:`.fast_event` as this engine's ``process``
+        (an instance attribute over the class's method), or remove it where it does not apply.
+        Called again whenever the engine replaces an object the step holds (an abort)."""
+        step = bind_event_step(self)
+        if step is None:
+            self.__dict__.pop("process", None)
+        else:
+            self.__dict__["process"] = step
 
     def _reset_indexes(self) -> None:
         # in-memory indexes, rebuilt from the store on start: they only save store queries
@@ -446,6 +458,7 @@ class SessionAggregator:
             self._runner.times = self._times
         self._reset_indexes()
         self._restore()
+        self._bind_event_step()
 
     @property
     def committed_metadata(self) -> Any:
@@ -774,7 +787,7 @@ class SessionAggregator:
         metrics = self._metrics
         runner = self._runner
         if self._closes_in_cache:
-            taken = self._state.take_closed(times.last_close + 1, upto)
+            taken = self._state.take_closed_rows(times.last_close + 1, upto)
             if taken is not None:
                 self._emit_taken(taken, out)
                 times.last_close = upto
@@ -794,32 +807,39 @@ class SessionAggregator:
                 runner.fire_closing(session, SessionRecord.from_wire(raw), out)
         times.last_close = upto
 
-    def _emit_taken(self, taken: list[tuple[Session, Any]], out: list[Emit]) -> None:
-        """Emit the closed sessions the cache handed from memory, with the values a read from
-        the store would give (:func:`~sessionstore.engine.record.as_stored`)."""
+    def _emit_taken(self, taken: list[ClosedRow], out: list[Emit]) -> None:
+        """Emit the closed sessions the cache handed from memory (its rows ``(end, key bytes,
+        start, (key, start, end), value, changed)``), with the values a read from the store
+        would give (:func:`~sessionstore.engine.record.as_stored`)."""
         if not taken:
             return
         result = self.aggregation.result
-        w = self._times.watermark
-        grace = self.config.grace_ms
+        w_grace = self._times.watermark - self.config.grace_ms
         latencies = []
         append = out.append
         new_emit = _new_emit
+        new_session = _new_session
         count = self._count
-        for session, raw in taken:
+        top = 0
+        for row in taken:
+            raw = row[4]
             acc = raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5) \
                 else SessionRecord.from_wire(raw).acc
-            end = session[2]
+            end = row[0]
             if count and type(acc) is int:  # count's result is its accumulator
-                append(new_emit((session, acc, None, False, end - 1)))
+                append(new_emit((new_session(row[3]), acc, None, False, end - 1)))
             else:
                 if type(acc) is not int:
                     acc = as_stored(acc)
-                append(new_emit((session, result(acc), None, False, end - 1)))
-            latency = w - end - grace
-            latencies.append(latency if latency > 0 else 0)
-        self._metrics.emitted += len(taken)
-        self._metrics.record_finals(latencies)
+                append(new_emit((new_session(row[3]), result(acc), None, False, end - 1)))
+            latency = w_grace - end
+            if latency > 0:
+                latencies.append(latency)
+                if latency > top:
+                    top = latency
+        metrics = self._metrics
+        metrics.emitted += len(taken)
+        metrics.record_final_sum(len(taken), sum(latencies), top)
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:
         times = self._times

@@ -72,6 +72,16 @@ class EngineMetrics:
         self.final_latency_sum += int(latencies_ms.sum())
         self.final_latency_max = max(self.final_latency_max, int(latencies_ms.max()))
 
+    def record_final_sum(self, count: int, latency_sum_ms: int, latency_max_ms: int) -> None:
+        """:meth:`record_finals` for ``count`` sessions whose latencies (each ``>= 0``) add up
+        to ``latency_sum_ms``, the largest ``latency_max_ms``."""
+        if count == 0:
+            return
+        self.final.record(count)
+        self.final_latency_sum += latency_sum_ms
+        if latency_max_ms > self.final_latency_max:
+            self.final_latency_max = latency_max_ms
+
     def snapshot(self, store_metrics: Mapping[str, float]) -> dict[str, float]:
         rate, _, _ = self.final.snapshot()
         total = self.final.total

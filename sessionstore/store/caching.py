@@ -54,6 +54,12 @@ _BULK_FLUSH_MIN = 256
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 _STORE_ORDER = operator.itemgetter(0, 1, 2)  # (end, key bytes, start): find_sessions' order
 
+_KEY_BYTES_LIMIT = 1 << 16
+
+ClosedRow = tuple[int, bytes, int, tuple[Any, int, int], Any, bool]
+"""A session :meth:`CachingSessionStore.take_closed_rows` hands out: ``(end, key bytes, start,
+(key, start, end), value, changed)``."""
+
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
 
@@ -103,7 +109,10 @@ class CachingSessionStore:
         # the changed sessions take_closed handed out, with their values, in store order: no
         # longer dirty or in a view (still counted in the size), written first by the next
         # flush, or before any read that could miss them (see _write_closed)
-        self._closed_rows: list[tuple[tuple[Any, int, int], Any]] = []
+        self._closed_rows: list[ClosedRow] = []
+        # key -> its encoding (a pure function of the key), for take_closed's store order;
+        # keyed as the views are, bounded by _KEY_BYTES_LIMIT
+        self._key_bytes: dict[Any, bytes] = {}
         # a cap_expiry_time() call held back until the changes cached before it are written
         self._deferred_cap: Any = _NO_CAP_CHANGE
         self._reset_completeness()
@@ -149,6 +158,16 @@ class CachingSessionStore:
         to ask about those ends again (its close cursor moves to ``upto_ms``). The sessions
         returned leave the cache's views; their changes stay dirty until the next flush.
         """
+        rows = self.take_closed_rows(low_ms, upto_ms)
+        if rows is None:
+            return None
+        new_session = _new_session
+        return [(new_session(row[3]), row[4]) for row in rows]
+
+    def take_closed_rows(self, low_ms: int, upto_ms: int) -> list[ClosedRow] | None:
+        """:meth:`take_closed` as the cache's own rows, ``(end, key bytes, start, (key, start,
+        end), value, changed)``, in the same order (the engine's emit-on-close reads them
+        without a :class:`Session` per row). Read only: the cache may keep the rows."""
         heap = self._end_heap
         if not heap or heap[0] > upto_ms:
             return [] if self._complete_above < low_ms else None
@@ -157,10 +176,11 @@ class CachingSessionStore:
         views = self._views
         floors = self._floors
         dirty = self._dirty
-        encode = keyschema.encode_key
+        key_bytes = self._key_bytes
         heappop = heapq.heappop
-        # (end, key bytes, start, sid, value, changed): sorted once into store order below
-        found: list[tuple[int, bytes, int, tuple[Any, int, int], Any, bool]] = []
+        # sorted once into store order below; (end, key bytes, start) is unique per session,
+        # so the tuples compare on those three only
+        found: list[ClosedRow] = []
         append = found.append
         left = 0  # clean sessions that leave the views
         while heap and heap[0] <= upto_ms:
@@ -181,21 +201,33 @@ class CachingSessionStore:
                 value = dirty.pop(sid, _CLEAN)
                 if floors[key] < upto_ms:
                     floors[key] = upto_ms
+                kb = key_bytes.get(key)
+                if kb is None:
+                    kb = self._encode_key(key)
                 if value is _CLEAN:
                     left += 1  # already in the wrapped store: it just leaves the view
-                    append((end, encode(key), start, sid, cached[0], False))
+                    append((end, kb, start, sid, cached[0], False))
                 else:
-                    append((end, encode(key), start, sid, value, True))
+                    append((end, kb, start, sid, value, True))
         self._size -= left
         if not complete:
             return None
         if len(found) > 1:
-            found.sort(key=_STORE_ORDER)
-        new_session = _new_session
-        rows = [(new_session(row[3]), row[4]) for row in found]
-        if left < len(found):
-            self._closed_rows.extend([(row[3], row[4]) for row in found if row[5]])
-        return rows
+            found.sort()
+        if left == 0:
+            self._closed_rows.extend(found)
+        elif left < len(found):
+            self._closed_rows.extend([row for row in found if row[5]])
+        return found
+
+    def _encode_key(self, key: Any) -> bytes:
+        """``keyschema.encode_key``, remembered for the keys the cache holds."""
+        encoded = keyschema.encode_key(key)
+        key_bytes = self._key_bytes
+        if len(key_bytes) >= _KEY_BYTES_LIMIT:
+            key_bytes.clear()
+        key_bytes[key] = encoded
+        return encoded
 
     # -- the engine's view ------------------------------------------------------------------
 
@@ -288,10 +320,7 @@ class CachingSessionStore:
             self._track(sid)
         self._dirty[sid] = value
         if self._size > self.max_sessions:
-            if self._closed_rows:  # first write what closed; it leaves the cache then
-                self._write_closed(None)
-            if self._size > self.max_sessions:
-                self.evict()
+            self._overflow()
         return True
 
     @property
@@ -349,10 +378,14 @@ class CachingSessionStore:
             self._track(session)
         dirty[session] = value
         if self._size > self.max_sessions:
-            if self._closed_rows:  # first write what closed; it leaves the cache then
-                self._write_closed(None)
-            if self._size > self.max_sessions:
-                self.evict()
+            self._overflow()
+
+    def _overflow(self) -> None:
+        """Make room when a put took the cache past ``max_sessions``."""
+        if self._closed_rows:  # first write what closed; it leaves the cache then
+            self._write_closed(None)
+        if self._size > self.max_sessions:
+            self.evict()
 
     def remove(self, session: Session) -> None:
         """Remove ``session``; the removal reaches the wrapped store (and ``forward``) on flush,
@@ -469,22 +502,22 @@ class CachingSessionStore:
         rows = self._closed_rows
         if not rows:
             return
-        top = rows[-1][0][2]
+        top = rows[-1][0]
         boundary = self.wrapped.expiry_boundary_ms(
             top if next_end_ms is None or next_end_ms < top else next_end_ms)
         first = 0
-        if boundary is not None and rows[0][0][2] < boundary:
-            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0][2])
+        if boundary is not None and rows[0][0] < boundary:
+            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0])
         live = rows[first:] if first else rows
         if live:
             if self._bulk and len(live) >= _BULK_FLUSH_MIN:
-                self.wrapped.put_many([r[0][0] for r in live], [r[0][1] for r in live],
-                                      [r[0][2] for r in live], [r[1] for r in live])
+                self.wrapped.put_many([r[3][0] for r in live], [r[2] for r in live],
+                                      [r[0] for r in live], [r[4] for r in live])
             else:
                 put = self.wrapped.put
-                for index, (sid, value) in enumerate(live):
+                for index, row in enumerate(live):
                     try:
-                        put(_new_session(sid), value)
+                        put(_new_session(row[3]), row[4])
                     except BaseException:
                         self._size -= first + index
                         del rows[:first + index]

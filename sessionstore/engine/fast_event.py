@@ -1,0 +1,243 @@
+"""The event path's common step, fused into one function: :meth:`SessionAggregator.process`
+for the lean engine (a fixed gap, no trigger, no maximum duration, no write cache).
+
+:meth:`~sessionstore.engine.aggregator.SessionAggregator.process` is a chain of calls (the
+checks, ``_process_lean``, the cache's ``sessions_of`` and ``put_merged``, the close index).
+A plain-Python sessionizer does the same work in one loop body; a call, or an attribute read of
+``self``, costs about as much as a dict operation, and each event made a dozen of them. Here
+the whole step is one closure over the objects it touches (the engine, its clock and counters,
+the cache's containers), built once per engine and rebuilt when the engine replaces any of them
+(:meth:`~sessionstore.engine.aggregator.SessionAggregator.abort`).
+
+It only takes the common case, and takes it exactly as the chain would: an ``int`` or ``str``
+key, an ``int`` time in range, no ``gap_ms``, no columnar table, a key whose view the cache
+holds (or a key it knows the store has nothing for) and an event that joins at most one
+session. Everything else (and every case the chain would handle differently) is handed, before
+anything changes, to the chain itself: the class's ``process`` or ``_process_lean``. The
+property tests in ``tests/engine`` run both against each other and against an independent
+oracle with every cache size, segment size and watermark mode.
+
+The fused step reaches into :class:`~sessionstore.store.caching.CachingSessionStore`'s
+containers (``_views``, ``_floors``, ``_dirty``, the end index): it is
+:meth:`~sessionstore.store.caching.CachingSessionStore.sessions_of` and
+:meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` inlined, and must change with
+them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..aggregations import _Count
+from ..store.caching import _TOMBSTONE
+from ..timeutil import INT64_MIN
+from ..types import Session
+from .emit import Emit, make_emit
+from .record import SessionRecord, check_encodable
+
+if TYPE_CHECKING:
+    from .aggregator import SessionAggregator
+
+_MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
+_MSGPACK_INT_MAX = (1 << 64) - 1
+
+_SHARED_COUNTS = 256
+
+EventStep = Callable[..., list[Emit]]
+
+
+def bind_event_step(engine: SessionAggregator) -> EventStep | None:
+    """The fused ``process(key, value, timestamp_ms, gap_ms=None)`` of ``engine``, or None when
+    the engine is not one it applies to (then the class's ``process`` does everything)."""
+    if not engine._fixed_lean or engine.write_cache:
+        return None
+    state = engine._state
+    if state.max_sessions == 0:
+        return None  # write-through: no view is kept, every event reads the store
+    slow = type(engine).process
+    lean = engine._process_lean
+    drop = engine._drop
+    on_watermark = engine._on_watermark
+    times = engine._times
+    metrics = engine._metrics
+    close_heap = engine._close_heap
+    heappush = heapq.heappush
+    cfg = engine.config
+    max_t = cfg.max_timestamp_ms
+    gap = cfg.max_gap_ms  # the fixed gap
+    grace = cfg.grace_ms
+    inclusive = cfg.inclusive_gap
+    event_time = cfg.watermark == "event_time"
+    ooo = cfg.max_out_of_orderness_ms
+    updates = engine._updates
+    closes_in_cache = engine._closes_in_cache
+    check_acc = engine._check_acc
+    agg = engine.aggregation
+    count = type(agg) is _Count
+    result = agg.result
+    views = state._views
+    views_get = views.get
+    floors = state._floors
+    dirty = state._dirty
+    index_ends = state._index_ends
+    by_end = state._by_end
+    end_heap = state._end_heap
+    max_sessions = state.max_sessions
+    forget_before = state._forget_before
+    encode_key = state._encode_key  # keyschema.encode_key, remembered by the cache
+    key_bytes_get = state._key_bytes.get
+    # count's records and new view entries, shared: a tuple of scalars made once instead of
+    # per event (fewer allocations the collector tracks until its next pass)
+    count_records = [(n, 0, 0, 0, None) for n in range(_SHARED_COUNTS)]
+    count_entries = [(record, False) for record in count_records]
+    tombstone = _TOMBSTONE
+
+    def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
+        kind = type(key)
+        t = timestamp_ms
+        if (kind is not int and kind is not str) or type(t) is not int or gap_ms is not None \
+                or t > max_t or t < INT64_MIN or engine._table is not None:
+            return slow(engine, key, value, timestamp_ms, gap_ms)
+        view = views_get(key)
+        if view is None and key_bytes_get(key) is None:
+            encode_key(key)  # a key the cache holds, or has encoded, passed this already
+        vkind = type(value)
+        if not ((vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)
+                or value is None or vkind is float or vkind is bool):
+            check_encodable(value, "value")  # the scalars above always encode
+        own_end = t + gap
+        w = times.watermark
+        if w >= own_end + grace:  # late: its own window closed before it arrived
+            metrics.records_in += 1
+            drop(key, value, t)
+            return []
+        closed_before = w - grace
+        last_close = times.last_close
+        if closed_before < last_close:
+            closed_before = last_close
+        # CachingSessionStore.sessions_of, inlined for a held view or a key the store lacks
+        if view is not None:
+            held_floor = floors[key]
+            if closed_before != held_floor:
+                if closed_before < held_floor:
+                    view = None  # older sessions wanted than held: the cache reloads
+                elif len(view) > 2:
+                    forget_before(key, view, closed_before)
+        elif closed_before >= state._complete_above:
+            view = {}  # complete: the wrapped store holds nothing of this key above the floor
+            views[key] = view
+            floors[key] = closed_before
+        if view is None:
+            out: list[Emit] = []
+            lean(key, value, t, out, None)
+            return out
+        joined: Any = None
+        if view:
+            if inclusive:
+                floor, latest_start = t, own_end
+            else:
+                floor, latest_start = t + 1, own_end - 1
+            if floor <= closed_before:
+                floor = closed_before + 1
+            for b in view:
+                if b[1] >= floor and b[0] <= latest_start:
+                    if joined is not None:  # a merge of several sessions: the full step
+                        out = []
+                        lean(key, value, t, out, None)
+                        return out
+                    joined = b
+        metrics.records_in += 1
+        seq = times.seq + 1
+        if joined is None:
+            start, end = t, own_end
+            acc: Any = 1 if count else agg.add(key, value, t, seq, agg.initial())
+            entry: Any = None
+        else:
+            start, end = joined
+            if t < start:
+                start = t
+            if own_end > end:
+                end = own_end
+            entry = view[joined]
+            raw = entry[0]
+            old = (raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
+                   else SessionRecord.from_wire(raw).acc)
+            if not count:
+                acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), old))
+            elif type(old) is int:
+                acc = old + 1  # sum((old,)) + 1, as the full step adds
+            else:
+                acc = sum((old,)) + 1
+        if check_acc:
+            check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
+        times.seq = seq
+        shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
+        record = count_records[acc] if shared else (acc, 0, 0, 0, None)
+        sid = (key, start, end)
+        pending = state._pending
+        # CachingSessionStore.put_merged, inlined
+        if entry is not None and joined[0] == start and joined[1] == end:  # the same session
+            same = True
+            view[joined] = (record, entry[1])
+        else:
+            same = False
+            bounds = (start, end)
+            grown = True
+            if entry is not None:
+                del view[joined]
+                grown = False
+                old_sid = (key, joined[0], joined[1])
+                if entry[1]:
+                    if pending is not None and old_sid not in dirty:
+                        state._track(old_sid)
+                    dirty[old_sid] = tombstone
+                else:
+                    dirty.pop(old_sid, None)  # never written: nothing to undo downstream
+            cached = view.get(bounds)
+            if cached is None:
+                view[bounds] = count_entries[acc] if shared else (record, False)
+                if grown:
+                    state._size += 1
+                if index_ends:
+                    bucket = by_end.get(end)
+                    if bucket is None:
+                        by_end[end] = [key, start]
+                        heappush(end_heap, end)
+                    else:
+                        bucket.append(key)
+                        bucket.append(start)
+            else:
+                view[bounds] = (record, cached[1])
+                if not grown:
+                    state._size -= 1
+        if pending is not None and sid not in dirty:
+            state._track(sid)
+        dirty[sid] = record
+        if not same and state._size > max_sessions:
+            state._overflow()
+        out = []
+        if updates:
+            if entry is not None and not same:
+                out.append(make_emit(Session(key, joined[0], joined[1]), result(old),
+                                     retraction=True))
+                metrics.emitted += 2
+            else:
+                metrics.emitted += 1
+            out.append(make_emit(Session(key, start, end), result(acc)))
+        elif not same:
+            if not closes_in_cache:
+                heappush(close_heap, end)
+            if engine._record_close_times:
+                engine._new_close_times.append(end)
+        if event_time:  # TimeKeeper.observe, inlined
+            met = times.max_event_time
+            if met is None or t > met:
+                times.max_event_time = t
+            if t - ooo > times.watermark:
+                times.watermark = t - ooo
+                on_watermark(out)
+        return out
+
+    return process

@@ -1,0 +1,120 @@
+"""The fused event step (sessionstore/engine/fast_event.py) against the chain of calls it
+replaces (the class's ``process``): the same emits, counters, stored sessions and committed
+state, step by step, over configurations varied as hard as the input (cache sizes 1, 2 and
+large, 1 ms segments, minimum retention, both watermark modes and gap conventions, both emit
+strategies, count and custom aggregations, commits and aborts, late and rejected events).
+
+The oracle comparison of the event path is in test_engine_properties.py; this test pins the
+fused step to the full step, which is the definition it must keep."""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionWindows,
+    aggregations,
+)
+from sessionstore.engine import required_retention_ms
+from sessionstore.timeutil import INT64_MAX
+from tests.strategies import engine_configs, engine_steps
+
+AGGREGATIONS = {
+    "count": aggregations.count,
+    "sum": aggregations.sum_of,
+    "combined": lambda: aggregations.combine(
+        {"n": aggregations.count(), "values": aggregations.collect()}),
+}
+
+
+def _engine(cfg: dict[str, Any], emit: EmitStrategy, agg: str) -> SessionAggregator:
+    windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"])
+    retention = required_retention_ms(windows, cfg["ooo"], cfg["watermark"])
+    store = InMemorySessionStore(retention_ms=retention + cfg["extra_retention"],
+                                 segment_interval_ms=cfg["segment"])
+    return SessionAggregator(store, windows, AGGREGATIONS[agg](), emit=emit,
+                             watermark=cfg["watermark"], max_out_of_orderness_ms=cfg["ooo"],
+                             cache_max_sessions=cfg["cache"])
+
+
+def _counters(engine: SessionAggregator) -> dict[str, float]:
+    return {name: value for name, value in engine.metrics.items()
+            if not name.endswith(("-rate", "-latency-avg", "-latency-max"))
+            or name.startswith("emit-final-latency")}
+
+
+def _call(process: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", process(*args)
+    except (TypeError, ValueError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@given(cfg=engine_configs(), steps=engine_steps(max_events=60),
+       emit=st.sampled_from([EmitStrategy.ON_WINDOW_CLOSE, EmitStrategy.ON_WINDOW_UPDATE]),
+       agg=st.sampled_from(sorted(AGGREGATIONS)),
+       odd=st.lists(st.sampled_from([None, "float", "bad value", "bool key", "far"]),
+                    min_size=1, max_size=8))
+def test_the_fused_step_equals_the_full_step(cfg: dict[str, Any], steps: list[Any],
+                                             emit: EmitStrategy, agg: str,
+                                             odd: list[Any]) -> None:
+    fused = _engine(cfg, emit, agg)
+    full = _engine(cfg, emit, agg)
+    uses_fused = "process" in vars(fused)
+    assert uses_fused == (cfg["cache"] > 0)  # the fused step is installed where it applies
+    keys: set[Any] = set()
+    for i, step in enumerate(steps):
+        kind = step[0]
+        if kind == "event":
+            key, value, t = step[1:4]
+            twist = odd[i % len(odd)]
+            if agg == "sum" and value is not None and twist == "float":
+                value = value + 0.5
+            elif twist == "bad value":
+                value = decimal.Decimal(1)
+            elif twist == "bool key":
+                key = True
+            elif twist == "far":
+                t = INT64_MAX
+            keys.add(key)
+            got = _call(fused.process, key, value, t)
+            want = _call(lambda *a: SessionAggregator.process(full, *a), key, value, t)
+            assert got == want
+        elif kind == "watermark":
+            assert fused.advance_watermark(step[1]) == full.advance_watermark(step[1])
+        elif kind == "commit":
+            assert fused.commit(i) == full.commit(i)
+        else:  # abort and reopen: both abort (a reopen is the abort's restore path)
+            fused.abort()
+            full.abort()
+            assert ("process" in vars(fused)) == uses_fused
+        assert fused.watermark == full.watermark
+        assert _counters(fused) == _counters(full)
+    for key in keys:
+        if key is not True:
+            assert fused.sessions(key) == full.sessions(key)
+    assert fused.advance_watermark(INT64_MAX) == full.advance_watermark(INT64_MAX)
+    assert fused.commit("end") == full.commit("end")
+    assert _counters(fused) == _counters(full)
+
+
+def test_an_unencodable_value_changes_nothing_on_the_fused_step() -> None:
+    store = InMemorySessionStore(retention_ms=1_000)
+    engine = SessionAggregator(store, SessionWindows(10), aggregations.collect(),
+                               emit=EmitStrategy.ON_WINDOW_CLOSE)
+    assert "process" in vars(engine)
+    engine.process("k", 1, 5)
+    with pytest.raises(TypeError, match="value"):
+        engine.process("k", {1, 2}, 6)
+    assert engine.metrics["records-in"] == 1
+    assert [s for s, _ in engine.sessions("k")] == [s for s, _ in engine.sessions("k")]
+    emits = engine.advance_watermark(100)
+    assert [(e.session.start, e.session.end, e.value) for e in emits] == [(5, 15, [1])]
