@@ -92,6 +92,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     # per event (fewer allocations the collector tracks until its next pass)
     count_records = [(n, 0, 0, 0, None) for n in range(_SHARED_COUNTS)]
     count_entries = [(record, False) for record in count_records]
+    count_stored = [(record, True) for record in count_records]
     tombstone = _TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
@@ -180,7 +181,10 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
         # CachingSessionStore.put_merged, inlined
         if entry is not None and joined[0] == start and joined[1] == end:  # the same session
             same = True
-            view[joined] = (record, entry[1])
+            if shared:
+                view[joined] = (count_stored if entry[1] else count_entries)[acc]
+            else:
+                view[joined] = (record, entry[1])
         else:
             same = False
             bounds = (start, end)
@@ -209,7 +213,8 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
                         bucket.append(key)
                         bucket.append(start)
             else:
-                view[bounds] = (record, cached[1])
+                view[bounds] = ((count_stored if cached[1] else count_entries)[acc] if shared
+                                else (record, cached[1]))
                 if not grown:
                     state._size -= 1
         if pending is not None and sid not in dirty:

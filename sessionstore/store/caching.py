@@ -35,7 +35,6 @@ import bisect
 import functools
 import gc
 import heapq
-import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +51,6 @@ _NO_CAP_CHANGE = object()
 _BULK_FLUSH_MIN = 256
 
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
-_STORE_ORDER = operator.itemgetter(0, 1, 2)  # (end, key bytes, start): find_sessions' order
 
 _KEY_BYTES_LIMIT = 1 << 16
 
@@ -188,12 +186,11 @@ class CachingSessionStore:
             bucket = by_end.pop(end)
             if not complete or end < low_ms:
                 continue
-            for i in range(0, len(bucket), 2):
-                key = bucket[i]
+            pairs = iter(bucket)
+            for key, start in zip(pairs, pairs, strict=True):
                 view = views.get(key)
                 if view is None:
                     continue
-                start = bucket[i + 1]
                 cached = view.pop((start, end), None)
                 if cached is None:
                     continue  # merged away, or a second index entry of the same session
@@ -474,8 +471,12 @@ class CachingSessionStore:
     def _write_batch(self, batch: list[tuple[Any, int, int]]) -> None:
         """Write dirty sessions, in (end, key bytes, start) order."""
         if len(batch) > 1:
-            encode = keyschema.encode_key
-            order = sorted([(s[2], encode(s[0]), s[1], s) for s in batch], key=_STORE_ORDER)
+            # encodings are never empty (length-prefixed); (end, key bytes, start) is unique
+            # per session, so the rows compare on those three only
+            known = self._key_bytes.get
+            encode = self._encode_key
+            order = [(s[2], known(s[0]) or encode(s[0]), s[1], s) for s in batch]
+            order.sort()
             batch[:] = [row[3] for row in order]
         if self._bulk and len(batch) >= _BULK_FLUSH_MIN and self.forward is None:
             self._flush_bulk(batch)
