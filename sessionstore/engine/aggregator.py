@@ -815,31 +815,34 @@ class SessionAggregator:
             return
         result = self.aggregation.result
         w_grace = self._times.watermark - self.config.grace_ms
-        latencies = []
         append = out.append
         new_emit = _new_emit
         new_session = _new_session
         count = self._count
-        top = 0
         for row in taken:
             raw = row[4]
-            acc = raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5) \
-                else SessionRecord.from_wire(raw).acc
-            end = row[0]
+            if type(raw) is tuple or (type(raw) is list and len(raw) == 5):
+                acc = raw[0]
+            else:
+                acc = SessionRecord.from_wire(raw).acc
             if count and type(acc) is int:  # count's result is its accumulator
-                append(new_emit((new_session(row[3]), acc, None, False, end - 1)))
+                append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
             else:
                 if type(acc) is not int:
                     acc = as_stored(acc)
-                append(new_emit((new_session(row[3]), result(acc), None, False, end - 1)))
-            latency = w_grace - end
-            if latency > 0:
-                latencies.append(latency)
-                if latency > top:
-                    top = latency
+                append(new_emit((new_session(row[3]), result(acc), None, False, row[0] - 1)))
+        # the rows are in end order; each latency is max(0, W - grace - end)
+        n = len(taken)
+        if taken[-1][0] <= w_grace:  # every latency >= 0 (always, when closing up to W - grace)
+            total = n * w_grace - sum([row[0] for row in taken])
+            top = w_grace - taken[0][0]
+        else:
+            latencies = [w_grace - row[0] for row in taken]
+            total = sum([latency for latency in latencies if latency > 0])
+            top = max(0, latencies[0])
         metrics = self._metrics
-        metrics.emitted += len(taken)
-        metrics.record_final_sum(len(taken), sum(latencies), top)
+        metrics.emitted += n
+        metrics.record_final_sum(n, total, top)
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:
         times = self._times

@@ -199,24 +199,20 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
                     dirty[old_sid] = tombstone
                 else:
                     dirty.pop(old_sid, None)  # never written: nothing to undo downstream
-            cached = view.get(bounds)
-            if cached is None:
-                view[bounds] = count_entries[acc] if shared else (record, False)
-                if grown:
-                    state._size += 1
-                if index_ends:
-                    bucket = by_end.get(end)
-                    if bucket is None:
-                        by_end[end] = [key, start]
-                        heappush(end_heap, end)
-                    else:
-                        bucket.append(key)
-                        bucket.append(start)
-            else:
-                view[bounds] = ((count_stored if cached[1] else count_entries)[acc] if shared
-                                else (record, cached[1]))
-                if not grown:
-                    state._size -= 1
+            # the view holds no other session with these bounds: one ending after
+            # closed_before would overlap the event's window (it ends at or after own_end and
+            # starts at or before t) and have joined it; the others end before own_end
+            view[bounds] = count_entries[acc] if shared else (record, False)
+            if grown:
+                state._size += 1
+            if index_ends:
+                bucket = by_end.get(end)
+                if bucket is None:
+                    by_end[end] = [key, start]
+                    heappush(end_heap, end)
+                else:
+                    bucket.append(key)
+                    bucket.append(start)
         if pending is not None and sid not in dirty:
             state._track(sid)
         dirty[sid] = record

@@ -118,3 +118,55 @@ def test_an_unencodable_value_changes_nothing_on_the_fused_step() -> None:
     assert [s for s, _ in engine.sessions("k")] == [s for s, _ in engine.sessions("k")]
     emits = engine.advance_watermark(100)
     assert [(e.session.start, e.session.end, e.value) for e in emits] == [(5, 15, [1])]
+
+
+@given(cfg=engine_configs(), steps=engine_steps(max_events=60))
+def test_closing_from_the_cache_counts_finals_as_reading_the_store(
+        cfg: dict[str, Any], steps: list[Any]) -> None:
+    """Emit-on-close from the cache's memory (a cache) and from store reads (no cache): the same
+    emits and the same emit-final counters (count, latency sum and maximum)."""
+    cached = _engine({**cfg, "cache": 100_000}, EmitStrategy.ON_WINDOW_CLOSE, "count")
+    direct = _engine({**cfg, "cache": 0}, EmitStrategy.ON_WINDOW_CLOSE, "count")
+    for i, step in enumerate(steps):
+        kind = step[0]
+        if kind == "event":
+            assert cached.process(*step[1:4]) == direct.process(*step[1:4])
+        elif kind == "watermark":
+            assert cached.advance_watermark(step[1]) == direct.advance_watermark(step[1])
+        elif kind == "commit":
+            cached.commit(i)
+            direct.commit(i)
+        else:
+            cached.abort()
+            direct.abort()
+        got, want = cached.metrics, direct.metrics
+        for name in ("emitted-records", "emit-final-records-total", "emit-final-latency-max",
+                     "emit-final-latency-avg", "records-in", "dropped-records"):
+            assert got[name] == want[name], name
+    assert cached.advance_watermark(INT64_MAX) == direct.advance_watermark(INT64_MAX)
+    assert cached.metrics["emit-final-latency-avg"] == direct.metrics["emit-final-latency-avg"]
+
+
+@pytest.mark.parametrize("emit", [EmitStrategy.ON_WINDOW_CLOSE, EmitStrategy.ON_WINDOW_UPDATE])
+@pytest.mark.parametrize("inclusive", [False, True])
+@pytest.mark.parametrize("grace", [0, 3])
+def test_a_session_ending_at_the_close_cursor_never_joins(emit: EmitStrategy, inclusive: bool,
+                                                          grace: int) -> None:
+    """The boundary the random steps rarely hit: an event at exactly ``W - grace`` touching a
+    session that ends there (closed, so it must not join), on both steps."""
+    cfg = {"gap": 10, "grace": grace, "inclusive": inclusive, "ooo": 0,
+           "watermark": "external", "cache": 100_000, "segment": None, "extra_retention": 0}
+    fused = _engine(cfg, emit, "count")
+    full = _engine(cfg, emit, "count")
+    steps: list[tuple[Any, ...]] = [("event", "k", 1, 0), ("watermark", 10 + grace),
+                                    ("event", "k", 2, 10), ("event", "k", 3, 9 + grace),
+                                    ("watermark", 30 + grace), ("event", "k", 4, 30)]
+    for step in steps:
+        if step[0] == "event":
+            got = fused.process(*step[1:])
+            assert got == SessionAggregator.process(full, *step[1:])
+        else:
+            assert fused.advance_watermark(step[1]) == full.advance_watermark(step[1])
+        assert fused.sessions("k") == full.sessions("k")
+    assert [s for s, _ in fused.sessions("k")] == [s for s, _ in full.sessions("k")]
+    assert fused.advance_watermark(INT64_MAX) == full.advance_watermark(INT64_MAX)
