@@ -210,7 +210,9 @@ class SessionAggregator:
     def _bind_event_step(self) -> None:
         """Install the fused event step of :mod:`.fast_event` as this engine's ``process``
         (an instance attribute over the class's method), or remove it where it does not apply.
-        Called again whenever the engine replaces an object the step holds (an abort)."""
+        Called again whenever the engine replaces an object the step holds (an abort). The
+        step refers to the engine, so an engine is a reference cycle: dropped, it is freed by
+        the collector rather than at once (close its store explicitly, as always)."""
         step = bind_event_step(self)
         if step is None:
             self.__dict__.pop("process", None)
