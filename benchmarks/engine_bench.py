@@ -239,7 +239,8 @@ def run_engine(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000, help="events per sweep row")
+    parser.add_argument("--events", type=int, default=400_000,
+                        help="events per sweep row (400k: enough for 17 events per session)")
     parser.add_argument("--q11-events", type=int, default=300_000, help="events for q11")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each sweep cell (medians are reported)")
