@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -225,23 +226,35 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
     watermarks = WatermarkLog(location, config.operator, config.n_partitions)
     store = provider.load(batch_id - 1)
     try:
-        engine = SessionAggregator(store, config.windows(), config.aggregation,
-                                   watermark="external", **config.engine_options())
+        # the columnar path when every aggregation is a built-in the engine keeps as columns;
+        # sessionize pins that choice in the configuration digest (see static_columnar)
+        parts = static_columnar.columnar_parts(config)
+        engine = SessionAggregator(
+            store, config.windows(),
+            config.aggregation if parts is None else static_columnar.columnar_aggregation(parts),
+            watermark="external", **config.engine_options())
+        runner = None if parts is None else static_columnar.ColumnarRunner(config, parts, engine)
+        to_rows: Callable[[list[Emit]], pa.RecordBatch] = (
+            partial(emits_batch, config) if runner is None else runner.rows)
         previous = previous_metadata(engine.committed_metadata)
         previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
         opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
         table = pa.Table.from_batches(list(batches), config.arrow_input_schema())
-        out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
+        if runner is None:
+            out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
+        else:
+            counts, max_us = runner.feed(table)
+            out = None
         if opening:
-            yield emits_batch(config, opening)
-        if out.num_rows:
+            yield to_rows(opening)
+        if out is not None and out.num_rows:
             yield out
         closing: list[Emit] = engine.advance_watermark(watermark_ms * 1000)
         if config.trigger is not None:
             closing += engine.poll()  # processing-time triggers fire at micro-batch boundaries
         if closing:
-            yield emits_batch(config, closing)
+            yield to_rows(closing)
         max_event_ms = previous.get("max_event_ms")
         if max_us is not None:
             batch_max = columns.micros_to_millis_java(max_us)

@@ -313,14 +313,14 @@ def sessionize(
     else:  # the gap is computed on the input, whose columns the expression may read
         selected = dynamic[0].select(*key_columns, timestamp, *carried, GAP_COLUMN)
 
+    config.extra[static_columnar.PARTS_KEY] = [
+        (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
     if not df.isStreaming:
         nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
             if len(key_columns) > 1 else df.filter(F.col(key_columns[0]).isNull()).limit(1).count()
         if nulls:
             raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
                              f"key set")
-        config.extra[static_columnar.PARTS_KEY] = [
-            (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
         if engine == "processor":
             from .processor import static_frame
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
@@ -354,6 +354,9 @@ def sessionize(
         pinned["gap"], pinned["max_gap_us"] = dynamic[1], max_gap_us
     if max_duration_us is not None:
         pinned["max_duration_us"] = max_duration_us
+    if engine == "arrow" and static_columnar.columnar_parts(config) is not None:
+        # the stored accumulators are the columnar path's (see static_columnar)
+        pinned["state_layout"] = "columnar"
     config.layout_digest = config_digest(pinned)
     if engine == "processor":
         return _processor_stream(spark, selected, config, n_buckets)

@@ -1,11 +1,14 @@
-"""The static Arrow engine's columnar path: a partition's Arrow batches go to the engine's
-``process_table`` whole, never as Python rows.
+"""The Arrow engine's columnar path: a partition's Arrow batches go to the engine's
+``process_table`` whole, never as Python rows, in static queries and in streaming ones.
 
 It serves the common case, every aggregation ``count`` or ``sum``/``min``/``max`` over an integer
 or floating column, with the default emission (each session once, when it is complete). The
 engine's built-in aggregations then keep their accumulators as columns (its *fast path*), so a
 batch costs array operations; other configurations take the row path of
-:func:`spark_adapter.arrow.static_partition`, with the same results.
+:func:`spark_adapter.arrow.static_partition` and :func:`spark_adapter.arrow.stream_partition`,
+with the same results. A streaming query's stored sessions hold this path's accumulators, so
+``sessionize`` pins the choice in the query's configuration digest: state written by one path is
+never read by the other.
 
 Spark's null rule for ``sum``, ``min`` and ``max`` (a null is no input; a session of nulls gives
 null) is kept without a per-row branch: a null becomes the operation's identity (0, the largest
@@ -26,6 +29,7 @@ from pyspark.sql import types as T
 
 from sessionstore import InMemorySessionStore, SessionAggregator, aggregations
 from sessionstore.aggregations import Aggregation
+from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns
@@ -53,7 +57,7 @@ class _Part:
     data_type: T.DataType | None
 
 
-def _parts(config: SessionizeConfig) -> list[_Part] | None:
+def columnar_parts(config: SessionizeConfig) -> list[_Part] | None:
     """The aggregations, if every one can take the columnar path; else None."""
     if config.trigger is not None or config.emit != "final" or config.json_outputs:
         return None
@@ -83,39 +87,61 @@ def _identity(kind: str, floating: bool) -> float | int:
     return int(info.max) if kind == "min" else int(info.min)
 
 
-class ColumnarStatic:
-    """The engine and the input columns for one partition (see the module docstring)."""
+def columnar_aggregation(parts: list[_Part]) -> Aggregation:
+    """The engine's aggregation for ``parts``: per part its value column and, for ``sum``,
+    ``min`` and ``max``, a count of the rows that were not null (see the module docstring)."""
+    engine_parts: dict[str, Aggregation] = {}
+    for i, part in enumerate(parts):
+        if part.kind == "count":
+            engine_parts[f"{_PREFIX}v{i}"] = aggregations.count()
+            continue
+        build = {"sum": aggregations.sum_of, "min": aggregations.min_of,
+                 "max": aggregations.max_of}[part.kind]
+        engine_parts[f"{_PREFIX}v{i}"] = build(column=f"{_PREFIX}v{i}")
+        engine_parts[f"{_PREFIX}n{i}"] = aggregations.sum_of(column=f"{_PREFIX}n{i}")
+    return aggregations.combine(engine_parts)
 
-    def __init__(self, config: SessionizeConfig, parts: list[_Part]) -> None:
+
+class ColumnarRunner:
+    """Feeds one partition's input columns to an engine built with :func:`columnar_aggregation`
+    and turns what it emits into output rows (see the module docstring)."""
+
+    def __init__(self, config: SessionizeConfig, parts: list[_Part],
+                 engine: SessionAggregator) -> None:
         self.config = config
         self.parts = parts
-        engine_parts: dict[str, Aggregation] = {}
-        for i, part in enumerate(parts):
-            if part.kind == "count":
-                engine_parts[f"{_PREFIX}v{i}"] = aggregations.count()
-                continue
-            build = {"sum": aggregations.sum_of, "min": aggregations.min_of,
-                     "max": aggregations.max_of}[part.kind]
-            engine_parts[f"{_PREFIX}v{i}"] = build(column=f"{_PREFIX}v{i}")
-            engine_parts[f"{_PREFIX}n{i}"] = aggregations.sum_of(column=f"{_PREFIX}n{i}")
-        self.engine = SessionAggregator(
-            InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
-            aggregations.combine(engine_parts), watermark="external", **config.engine_options(),
-        )
+        self.engine = engine
         self.key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
 
-    def feed(self, table: pa.Table) -> None:
-        """One chunk of the partition's rows (rows without an event time are dropped)."""
+    def feed(self, table: pa.Table) -> tuple[dict[str, int], int | None]:
+        """One chunk of the partition's rows. Rows without an event time or a key are dropped
+        and counted. Returns the counts (``null_times_dropped``, ``null_keys_dropped``) and the
+        largest event time fed (us), or None for no row.
+
+        Raises:
+            ValueError: a row's gap exceeds ``max_gap`` (see :func:`check_gap_bound`); nothing
+                has reached the engine then.
+            RuntimeError: the engine emitted while taking rows, which it cannot with a
+                watermark that only :meth:`SessionAggregator.advance_watermark` moves.
+        """
         cfg = self.config
-        times = table.column(cfg.time_column)
-        if times.null_count:
-            table = table.filter(pc.is_valid(times))
-            times = table.column(cfg.time_column)
+        valid = pc.is_valid(table.column(cfg.time_column))
+        null_times = table.num_rows - int(pc.sum(valid).as_py() or 0)
+        for name in cfg.key_columns:
+            valid = pc.and_(valid, pc.is_valid(table.column(name)))
+        kept = int(pc.sum(valid).as_py() or 0)
+        null_keys = table.num_rows - null_times - kept
+        if kept != table.num_rows:
+            table = table.filter(valid)
+        counts = {"null_times_dropped": null_times, "null_keys_dropped": null_keys}
+        if not kept:
+            return counts, None
+        times = table.column(cfg.time_column).cast(pa.int64())
         arrays: dict[str, pa.ChunkedArray] = {}
         for name, column, data_type in zip(self.key_names, cfg.key_columns, cfg.key_types,
                                            strict=True):
             arrays[name] = _engine_key(table.column(column), data_type)
-        arrays[_TIME] = times.cast(pa.int64())
+        arrays[_TIME] = times
         if cfg.gap_column is not None:  # a gap per row (us); over max_gap is refused, naming it
             check_gap_bound(cfg, table)
             arrays[_GAP] = table.column(cfg.gap_column)
@@ -131,14 +157,14 @@ class ColumnarStatic:
             arrays[f"{_PREFIX}n{i}"] = pc.is_valid(values).cast(pa.int64())
         emitted = self.engine.process_table(pa.table(arrays), key=self.key_names, time=_TIME,
                                             gap=None if cfg.gap_column is None else _GAP)
-        if emitted.num_rows:  # the watermark never moves before close(): cannot happen
+        if emitted.num_rows:
             raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
-                               f"end of a static partition")
+                               f"watermark moved")
+        return counts, int(pc.max(times).as_py())
 
-    def close(self) -> pa.RecordBatch:
-        """Every session, as the output rows."""
+    def rows(self, emits: list[Emit]) -> pa.RecordBatch:
+        """The output rows of ``emits`` (sessions the engine closed)."""
         cfg = self.config
-        emits = self.engine.advance_watermark(INT64_MAX)
         tz = cfg.timezone
         arrays: list[pa.Array] = []
         keys = [e.session.key for e in emits]
@@ -169,13 +195,17 @@ def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
     """The columnar ``mapInArrow`` function for a static partition, or None when the
     configuration needs the row path."""
-    parts = _parts(config)
+    parts = columnar_parts(config)
     if parts is None:
         return None
-    return _run(ColumnarStatic(config, parts), config, batches)
+    engine = SessionAggregator(
+        InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+        columnar_aggregation(parts), watermark="external", **config.engine_options(),
+    )
+    return _run(ColumnarRunner(config, parts, engine), config, batches)
 
 
-def _run(runner: ColumnarStatic, config: SessionizeConfig,
+def _run(runner: ColumnarRunner, config: SessionizeConfig,
          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     rows = 0
@@ -187,6 +217,6 @@ def _run(runner: ColumnarStatic, config: SessionizeConfig,
             pending, rows = [], 0
     if rows:
         runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
-    out = runner.close()
+    out = runner.rows(runner.engine.advance_watermark(INT64_MAX))
     if out.num_rows:
         yield out
