@@ -69,13 +69,13 @@ $(SPARK35_STAMP): pyproject.toml Makefile | $(SPARK35)/bin/python
 	@touch $@
 
 # The oracle (native session_window parity, micro-batch by micro-batch; the static columnar
-# path; per-row gaps and max duration) and exactly-once (driver-kill replay) Spark tests on
-# Spark 3.5; part of `make test`. The processor engine needs Spark 4
+# path; per-row gaps and max duration; partitions kept open between micro-batches) and
+# exactly-once (driver-kill replay) Spark tests on Spark 3.5; part of `make test`. The processor engine needs Spark 4
 # (transformWithStateInPandas), so its cases are left out here.
 test-spark35: $(SPARK35_STAMP)
 	$(SPARK35)/bin/python -m pytest -p no:cacheprovider -q tests/spark/test_parity.py \
 		tests/spark/test_static_columnar.py tests/spark/test_dynamic_gap.py \
-		tests/spark/test_replay.py -k 'not processor'
+		tests/spark/test_replay.py tests/spark/test_kept.py -k 'not processor'
 
 # The cluster test (local-cluster[2,1,1024], state on moto S3) runs once in `make test`; this
 # repeats its executor and driver SIGKILL runs with more kill points.

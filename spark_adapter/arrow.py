@@ -3,7 +3,9 @@
 Streaming (``repartition(n, key).mapInArrow``): every micro-batch runs one task per partition,
 rows or not, because the input is shuffled to a fixed ``n``. A task
 
-1. opens its partition's store at exactly version ``batchId - 1`` (the provider);
+1. opens its partition's store at exactly version ``batchId - 1`` (the provider), or takes back
+   the store and engine its worker process kept open after committing ``batchId - 1`` when that
+   commit is still the published one (:mod:`spark_adapter.kept`);
 2. decides the micro-batch's watermark ``W_b`` (below) and keeps the previous one, ``W_{b-1}``,
    which the store already holds, for lateness;
 3. feeds its rows to the engine: a row whose own window ``[t, t + gap)`` ended at or before
@@ -48,7 +50,7 @@ from sessionstore import InMemorySessionStore, SessionAggregator
 from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
-from . import columns, static_columnar
+from . import columns, kept, static_columnar
 from .config import SessionizeConfig, emits_batch, engine_rows
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
@@ -219,23 +221,21 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
     batch_id = _task_batch()
     location = query_location(config)
     partition = task_partition(config)
-    provider = SessionStoreProvider(
-        location, config.operator, partition, local_root=config.local_dir,
-        retention_ms=config.retention_us, keep_versions=config.keep_versions,
-    )
     watermarks = WatermarkLog(location, config.operator, config.n_partitions)
-    store = provider.load(batch_id - 1)
+    parts = static_columnar.columnar_parts(config)
+    key = kept.key_of(config, location, partition)
+    opened = kept.take(key, batch_id - 1) or _open_partition(config, location, partition,
+                                                             batch_id - 1, parts)
+    provider, engine = opened.provider, opened.engine
+    committed = False
     try:
         # the columnar path when every aggregation is a built-in the engine keeps as columns;
         # sessionize pins that choice in the configuration digest (see static_columnar)
-        parts = static_columnar.columnar_parts(config)
-        engine = SessionAggregator(
-            store, config.windows(),
-            config.aggregation if parts is None else static_columnar.columnar_aggregation(parts),
-            watermark="external", **config.engine_options())
         runner = None if parts is None else static_columnar.ColumnarRunner(config, parts, engine)
         to_rows: Callable[[list[Emit]], pa.RecordBatch] = (
             partial(emits_batch, config) if runner is None else runner.rows)
+        # a kept engine's metrics count every task it ran: this task's are the difference
+        before = engine.metrics
         previous = previous_metadata(engine.committed_metadata)
         previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
         opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
@@ -259,7 +259,8 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         if max_us is not None:
             batch_max = columns.micros_to_millis_java(max_us)
             max_event_ms = batch_max if max_event_ms is None else max(max_event_ms, batch_max)
-        totals = running_totals(previous, engine.metrics, counts)
+        metrics = {name: value - before.get(name, 0) for name, value in engine.metrics.items()}
+        totals = running_totals(previous, metrics, counts)
         provider.commit(engine.commit, batch_id, {
             **totals, "watermark_ms": watermark_ms, "max_event_ms": max_event_ms,
         })
@@ -267,9 +268,32 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         if partition == 0 and batch_id % 10 == 0:
             watermarks.purge(batch_id - config.keep_versions)
         if observed is not None:
-            observed.update(batch_counters(engine.metrics, counts))
+            observed.update(batch_counters(metrics, counts))
+        committed = True
     finally:
+        if committed:  # for this partition's next task in this worker (see spark_adapter.kept)
+            kept.keep(key, opened)
+        else:  # uncommitted writes are discarded; the next task loads afresh
+            opened.close()
+
+
+def _open_partition(config: SessionizeConfig, location: str, partition: int, version: int,
+                    parts: list[Any] | None) -> kept.OpenPartition:
+    """A fresh provider with its store at exactly ``version``, and an engine on it."""
+    provider = SessionStoreProvider(
+        location, config.operator, partition, local_root=config.local_dir,
+        retention_ms=config.retention_us, keep_versions=config.keep_versions,
+    )
+    store = provider.load(version)
+    try:
+        engine = SessionAggregator(
+            store, config.windows(),
+            config.aggregation if parts is None else static_columnar.columnar_aggregation(parts),
+            watermark="external", **config.engine_options())
+    except BaseException:
         provider.close()
+        raise
+    return kept.OpenPartition(provider, engine)
 
 
 # -- the counters in the query's progress (``df.observe``) ----------------------------------------

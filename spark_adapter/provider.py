@@ -77,6 +77,11 @@ _SEAL = re.compile(rb"^sessionstore-sealed (\d+) sha256=([0-9a-f]{64}) size=(\d{
 _IMMUTABLE_SUFFIXES = (".sst", ".blob")
 _STORE_DIR = "store"
 _LOCK_FILE = "provider.lock"
+#: Left beside the lock by a process that waits for it: "close your idle copy, I need it". A
+#: process that keeps committed providers open between tasks (``spark_adapter.kept``) watches
+#: for it; nothing else reads it.
+RELEASE_REQUEST = "release-requested"
+_LOCK_POLL_S = 0.01
 _STAGING_PREFIX = "staging-"
 _CHUNK = 1 << 20
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
@@ -285,9 +290,10 @@ class SessionStoreProvider:
 
     Attributes:
         metrics: counters of what the provider did (``loads_reused``, ``loads_restored``,
-            ``local_copies_discarded``, ``objects_uploaded``, ``bytes_uploaded``,
-            ``objects_reused``, ``manifests_deleted``, ``orphans_deleted``,
-            ``orphans_in_grace``, ``maintenance_skipped``, ``maintenance_failed``).
+            ``loads_resumed`` (see :meth:`resume`), ``local_copies_discarded``,
+            ``objects_uploaded``, ``bytes_uploaded``, ``objects_reused``, ``manifests_deleted``,
+            ``orphans_deleted``, ``orphans_in_grace``, ``maintenance_skipped``,
+            ``maintenance_failed``).
     """
 
     def __init__(
@@ -329,9 +335,10 @@ class SessionStoreProvider:
         self.segment_interval_ms = segment_interval_ms
         self.store: SessionStore | None = None
         self.metrics: dict[str, int] = dict.fromkeys(
-            ("loads_reused", "loads_restored", "local_copies_discarded", "objects_uploaded",
-             "bytes_uploaded", "objects_reused", "manifests_deleted", "orphans_deleted",
-             "orphans_in_grace", "maintenance_skipped", "maintenance_failed"), 0)
+            ("loads_reused", "loads_restored", "loads_resumed", "local_copies_discarded",
+             "objects_uploaded", "bytes_uploaded", "objects_reused", "manifests_deleted",
+             "orphans_deleted", "orphans_in_grace", "maintenance_skipped", "maintenance_failed"),
+            0)
         self._loaded: dict[str, Any] | None = None  # the manifest the open store descends from
         self._loaded_batch: int | None = None
         self._lock_handle: IO[bytes] | None = None
@@ -374,7 +381,11 @@ class SessionStoreProvider:
         return store
 
     def _lock(self) -> None:
-        """Take the partition's lock, so that no other process restores over this working copy."""
+        """Take the partition's lock, so that no other process restores over this working copy.
+
+        While it waits, a :data:`RELEASE_REQUEST` file asks a process that only keeps the copy
+        open between tasks to close it; a process working on it is never interrupted.
+        """
         path = self.local / _LOCK_FILE
         stale = _HELD_LOCKS.pop(path, None)
         if stale is not None:  # a task of this worker process that failed without close()
@@ -382,22 +393,70 @@ class SessionStoreProvider:
         self.local.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a+b")  # noqa: SIM115 - held until close()
         deadline = time.monotonic() + self.lock_timeout_ms / 1000
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    handle.close()
-                    raise StateLockedError(
-                        f"the working copy {self.local} of operator {self.operator!r} partition "
-                        f"{self.partition} is held by another process (waited "
-                        f"{self.lock_timeout_ms} ms); two tasks of one partition run on this "
-                        f"host at once, and neither may touch the other's files"
-                    ) from None
-                time.sleep(0.05)
+        request = self.local / RELEASE_REQUEST
+        requested = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        handle.close()
+                        raise StateLockedError(
+                            f"the working copy {self.local} of operator {self.operator!r} "
+                            f"partition {self.partition} is held by another process (waited "
+                            f"{self.lock_timeout_ms} ms); two tasks of one partition run on "
+                            f"this host at once, and neither may touch the other's files"
+                        ) from None
+                    if not requested:
+                        request.touch()
+                        requested = True
+                    time.sleep(_LOCK_POLL_S)
+        finally:
+            if requested:
+                request.unlink(missing_ok=True)
         _HELD_LOCKS[path] = handle
         self._lock_handle = handle
+
+    def holds_lock(self) -> bool:
+        """Whether this provider's lock still guards its working copy: it holds one, and the lock
+        file is the one it locked (not deleted since, say by an operator clearing the local
+        directory)."""
+        if self._lock_handle is None:
+            return False
+        try:
+            return os.stat(self.local / _LOCK_FILE).st_ino \
+                == os.fstat(self._lock_handle.fileno()).st_ino
+        except OSError:
+            return False
+
+    def resume(self, version: int) -> bool:
+        """Whether a provider kept open since it committed ``version`` may go on from its open
+        store, exactly as if it had loaded ``version`` afresh.
+
+        True only if it holds its lock, its store is open at ``version``, and the published
+        snapshot of ``version`` is the one it committed: the same unique id (another attempt
+        that published later makes it False) and the same files. False changes nothing; the
+        caller then closes it and loads afresh, which raises any error the snapshot has.
+        """
+        store = self.store
+        if store is None or self._loaded is None or self._loaded_batch != version \
+                or version < 0 or not self.holds_lock():
+            return False
+        try:
+            manifest = self.read_manifest(version)
+        except SnapshotError:
+            return False
+        reason = self._lineage_mismatch(store.committed_metadata, store.committed_version,
+                                        version, manifest) or self._files_mismatch(store, manifest)
+        if reason is not None:
+            log.info("not resuming the open store of %s partition %d: %s", self.operator,
+                     self.partition, reason)
+            return False
+        self._loaded = manifest
+        self.metrics["loads_resumed"] += 1
+        return True
 
     def _unlock(self) -> None:
         if self._lock_handle is not None:

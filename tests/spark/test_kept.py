@@ -1,0 +1,232 @@
+"""Partitions kept open between micro-batches (``spark_adapter.kept``).
+
+The streaming Arrow engine's task runs here in-process, under a stand-in ``TaskContext`` that
+carries what Spark sets (batch id, query id, partition), so that the test decides exactly when a
+kept partition is resumed and when the next task must load afresh (a worker swap, a replay). The
+oracle is the same task run with every partition closed after every micro-batch: the loading
+path that existed before partitions were kept. Resuming must change nothing a user or the next
+task can see: the emitted rows, the counters in the progress, and what is committed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark import TaskContext
+
+from sessionstore import SessionAggregator, aggregations
+from sessionstore.windows import SessionWindows
+from spark_adapter import arrow, kept
+from spark_adapter.config import SessionizeConfig
+from spark_adapter.provider import SessionStoreProvider, StateLockedError
+from tests.spark.test_static_columnar import AGGS, arrow_batches, config_for, make_rows
+
+QUERY_ID = "0f0e0d0c-0b0a-4909-8807-060504030201"
+
+
+def stream_config(spark: Any, root: Path, aggs: dict[str, Any], delay_ms: int
+                  ) -> SessionizeConfig:
+    config = config_for(spark, ["user"], aggs)
+    config.state_location = str(root / "state")
+    config.local_dir = str(root / "local")
+    config.delay_ms = delay_ms
+    config.n_partitions = config.n_buckets = 1
+    config.layout_digest = f"test-{sorted(aggs)}"
+    return config
+
+
+def run_task(config: SessionizeConfig, batch: int, rows: list[pa.RecordBatch]
+             ) -> tuple[list[tuple], dict[str, int]]:
+    """One micro-batch's task of partition 0, as Spark would run it: (rows out, counters)."""
+    context = TaskContext._getOrCreate()
+    context._partitionId = config.n_partitions  # the ticker's partitions come first
+    context._attemptNumber = 0
+    context._localProperties = {"streaming.sql.batchId": str(batch),
+                                "sql.streaming.queryId": QUERY_ID}
+    TaskContext._setTaskContext(context)
+    try:
+        observed: dict[str, int] = {}
+        out = [tuple(r.values()) for b in arrow.stream_partition(config, iter(rows), observed)
+               for r in b.to_pylist()]
+    finally:
+        TaskContext._setTaskContext(None)  # type: ignore[arg-type]
+    return sorted(out, key=repr), observed
+
+
+def key_of(config: SessionizeConfig) -> kept.Key:
+    return kept.key_of(config, f"{config.state_location}/query-{QUERY_ID}", 0)
+
+
+def committed(config: SessionizeConfig, batch: int) -> dict[str, Any]:
+    """What the partition committed at ``batch``, minus the per-attempt unique ids."""
+    assert config.state_location is not None
+    location = f"{config.state_location}/query-{QUERY_ID}"
+    provider = SessionStoreProvider(location, config.operator, 0, local_root=Path(
+        str(config.local_dir)) / "reader", retention_ms=config.retention_us)
+    try:
+        manifest = provider.read_manifest(batch)
+    finally:
+        provider.close()
+    return {k: v for k, v in manifest["spark"].items() if k not in ("id", "parent")}
+
+
+def micro_batches(spark: Any, config: SessionizeConfig, seed: int, n_batches: int
+                  ) -> list[list[pa.RecordBatch]]:
+    """The rows in arrival order, cut into micro-batches; some arrive out of order, some later
+    than the watermark allows."""
+    rng = random.Random(seed)
+    rows = make_rows(400, seed)
+    rows.sort(key=lambda r: r[3] + dt.timedelta(seconds=rng.choice([0, 0, 0, 7, 40])))
+    cuts = sorted(rng.sample(range(1, len(rows)), n_batches - 1))
+    parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
+    return [arrow_batches(spark, config, part, 64) if part else [] for part in parts]
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept() -> Iterator[None]:
+    kept.close_all()
+    yield
+    kept.close_all()
+
+
+@pytest.mark.parametrize("aggs", [AGGS, {"n": "count", "first_i": ("first", "i")}],
+                         ids=["columnar", "rows"])
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), swaps=st.sets(st.integers(0, 7)),
+       delay_ms=st.sampled_from([0, 5_000, 60_000]))
+def test_resumed_partition_equals_a_fresh_load_every_batch(spark, tmp_path_factory, aggs, seed,
+                                                           swaps, delay_ms):
+    root = tmp_path_factory.mktemp("kept")
+    fresh = stream_config(spark, root / "fresh", aggs, delay_ms)
+    resumed = stream_config(spark, root / "resumed", aggs, delay_ms)
+    batches = micro_batches(spark, fresh, seed, 8)
+    fresh_key, resumed_key = key_of(fresh), key_of(resumed)
+    for batch, rows in enumerate([*batches, [], []]):  # then two batches without rows
+        expected = run_task(fresh, batch, rows)
+        kept.discard(fresh_key)  # the oracle always loads afresh
+        if batch in swaps:  # the partition ran in another worker: nothing to resume
+            kept.discard(resumed_key)
+        held = kept.holds(resumed_key)
+        assert run_task(resumed, batch, rows) == expected, f"batch {batch}"
+        assert committed(resumed, batch) == committed(fresh, batch)
+        assert held == (batch > 0 and batch not in swaps)
+        assert kept.holds(resumed_key) and not kept.holds(fresh_key)
+
+
+def test_replayed_batch_loads_afresh_and_repeats_its_output(spark, tmp_path):
+    config = stream_config(spark, tmp_path, AGGS, 5_000)
+    batches = micro_batches(spark, config, 11, 4)
+    first = [run_task(config, b, rows) for b, rows in enumerate(batches)]
+    # a driver restart replays batch 3 in the same worker: the kept partition is at 3, not 2
+    assert run_task(config, 3, batches[3]) == first[3]
+    # and batch 2 again after that (an older replay): still exactly the first attempt's output
+    assert run_task(config, 2, batches[2]) == first[2]
+
+
+def test_a_task_that_fails_keeps_nothing(spark, tmp_path):
+    config = stream_config(spark, tmp_path, AGGS, 5_000)
+    batches = micro_batches(spark, config, 5, 3)
+    expected = [run_task(config, b, rows) for b, rows in enumerate(batches)]
+    kept.close_all()
+    other = stream_config(spark, tmp_path / "other", AGGS, 5_000)
+    run_task(other, 0, batches[0])
+    broken = [*batches[1], pa.RecordBatch.from_pylist([{"nope": 1}])]  # not the input schema
+    with pytest.raises(Exception):  # noqa: B017 - whatever Arrow raises; the point is below
+        run_task(other, 1, broken)
+    assert kept.kept_count() == 0  # the failed task's uncommitted writes are gone
+    assert run_task(other, 1, batches[1]) == expected[1]
+    assert run_task(other, 2, batches[2]) == expected[2]
+
+
+def test_another_configuration_never_resumes_a_kept_partition(spark, tmp_path):
+    config = stream_config(spark, tmp_path, AGGS, 5_000)
+    batches = micro_batches(spark, config, 3, 2)
+    run_task(config, 0, batches[0])
+    assert kept.kept_count() == 1
+    changed = stream_config(spark, tmp_path, AGGS, 5_000)
+    changed.delay_ms = 6_000  # not part of the test digest, but of the kept key
+    assert kept.take(key_of(changed), 0) is None
+    assert kept.kept_count() == 1  # the other configuration's partition is left alone
+
+
+# -- the working copy between processes -----------------------------------------------------------
+
+def _engine(store: Any) -> SessionAggregator:
+    """An engine on ``store`` that has seen one event (key "a" at 5 ms)."""
+    engine = SessionAggregator(store, SessionWindows(1_000), aggregations.count(),
+                               watermark="external")
+    engine.process("a", None, 5)
+    return engine
+
+
+def _provider(root: Path) -> SessionStoreProvider:
+    return SessionStoreProvider(str(root / "state"), "op", 0, local_root=root / "local",
+                                retention_ms=60_000, lock_timeout_ms=400)
+
+
+def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
+    """In another process: load and commit batch 0, then keep the partition (idle) or go on
+    holding it as a running task would."""
+    provider = _provider(Path(root))
+    engine = _engine(provider.load(-1))
+    provider.commit(engine.commit, 0, {})
+    if keep_it:
+        kept.keep(("test", 0), kept.OpenPartition(provider, engine))
+    ready.set()
+    done.wait(30)
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["kept-idle", "in-use"])
+def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle):
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(tmp_path), idle, ready, done))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        provider = _provider(tmp_path)
+        started = time.monotonic()
+        if idle:
+            store = provider.load(0)  # the holder's watcher closes its idle copy for us
+            assert time.monotonic() - started < 0.4
+            assert provider.metrics["loads_reused"] == 1  # its working copy, as it committed
+            assert [s.key for s, _ in store.find_sessions(0, 10_000)] == ["a"]
+            provider.close()
+        else:
+            with pytest.raises(StateLockedError, match="held by another process"):
+                provider.load(0)
+        assert not list((tmp_path / "local").rglob("release-requested"))  # withdrawn
+    finally:
+        done.set()
+        holder.join(30)
+
+
+def test_resume_refuses_after_another_attempt_published(tmp_path):
+    def attempt(local: str) -> SessionStoreProvider:
+        provider = SessionStoreProvider(str(tmp_path / "state"), "op", 0,
+                                        local_root=tmp_path / local, retention_ms=60_000)
+        provider.commit(_engine(provider.load(-1)).commit, 0, {})
+        return provider
+
+    first = attempt("executor-a")
+    assert first.resume(0) and first.metrics["loads_resumed"] == 1
+    assert not first.resume(1)  # another version
+    second = attempt("executor-b")  # a retry elsewhere published batch 0 again
+    assert not first.resume(0)  # its commit is no longer the published one
+    assert second.resume(0)
+    (second.local / "provider.lock").unlink()  # an operator cleared the working copy
+    assert not second.resume(0)
+    first.close()
+    second.close()
+    assert not first.resume(0)  # closed
