@@ -20,7 +20,7 @@ Watermark (kept equal to the Arrow engine's, hence to native ``session_window``'
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pandas as pd
@@ -162,6 +162,17 @@ class SessionizeProcessor(StatefulProcessor):
         finally:
             self.provider.close()
             self.engine = None
+
+
+def static_frames(config: SessionizeConfig) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """The function `applyInPandas` runs for the static path, bound to `config`.
+
+    A plain function with pandas type hints, so that PySpark infers its kind instead of warning
+    that it cannot read the hints of a `functools.partial`.
+    """
+    def frame_fn(frame: pd.DataFrame) -> pd.DataFrame:
+        return static_frame(config, frame)
+    return frame_fn
 
 
 def static_frame(config: SessionizeConfig, frame: pd.DataFrame) -> pd.DataFrame:

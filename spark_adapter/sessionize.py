@@ -322,10 +322,10 @@ def sessionize(
             raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
                              f"key set")
         if engine == "processor":
-            from .processor import static_frame
+            from .processor import static_frames
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
             return bucketed.groupBy(BUCKET_COLUMN).applyInPandas(
-                partial(static_frame, config), config.output_schema())
+                static_frames(config), config.output_schema())
         return selected.repartition(partitions, *key_columns).mapInArrow(
             partial(arrow.static_partition, config), config.output_schema())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import warnings
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,17 @@ def static_frame(spark, rows):
     return spark.createDataFrame(data, "user string, ts timestamp, amount long")
 
 
-def test_static_equals_native_session_window(spark):
+@pytest.mark.parametrize("engine", ["arrow", "processor"])
+def test_static_equals_native_session_window(spark, engine):
     rng = random.Random(3)
     rows = [(f"k{rng.randrange(5)}", rng.randrange(600), rng.randrange(50)) for _ in range(400)]
     rows += [("edge", 0, 1), ("edge", 10, 2), ("edge", 20, 3), ("edge", 31, 4)]
     df = static_frame(spark, rows)
-    ours = as_rows(sessionize(df, key="user", timestamp="ts", gap="10 seconds",
-                              aggregations=AGGS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PySpark warns about functions whose kind it cannot read
+        sessions = sessionize(df, key="user", timestamp="ts", gap="10 seconds",
+                              aggregations=AGGS, engine=engine)
+    ours = as_rows(sessions)
     native = as_rows(
         df.groupBy("user", F.session_window("ts", "10 seconds").alias("w"))
         .agg(F.count("*"), F.sum("amount"), F.min("amount"), F.max("amount"))
