@@ -394,7 +394,6 @@ class SessionStoreProvider:
         handle = open(path, "a+b")  # noqa: SIM115 - held until close()
         deadline = time.monotonic() + self.lock_timeout_ms / 1000
         request = self.local / RELEASE_REQUEST
-        requested = False
         try:
             while True:
                 try:
@@ -409,13 +408,15 @@ class SessionStoreProvider:
                             f"{self.lock_timeout_ms} ms); two tasks of one partition run on "
                             f"this host at once, and neither may touch the other's files"
                         ) from None
-                    if not requested:
+                    # asked again on every poll: another waiter that got the lock first has
+                    # withdrawn the request, and will keep the copy idle once its task is done
+                    if not request.exists():
                         request.touch()
-                        requested = True
                     time.sleep(_LOCK_POLL_S)
         finally:
-            if requested:
-                request.unlink(missing_ok=True)
+            # withdrawn whether this process asked or not: one left by a waiter that died would
+            # make every kept copy close at once; a waiter still waiting asks again
+            request.unlink(missing_ok=True)
         _HELD_LOCKS[path] = handle
         self._lock_handle = handle
 

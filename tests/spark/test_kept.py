@@ -212,6 +212,62 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
         holder.join(30)
 
 
+def _in_use_then_kept(root: str, ready: Any, release: Any, done: Any) -> None:
+    """In another process: hold batch 0 as a running task until ``release``, then keep it."""
+    provider = _provider(Path(root))
+    engine = _engine(provider.load(-1))
+    provider.commit(engine.commit, 0, {})
+    ready.set()
+    release.wait(60)
+    kept.keep(("test", 0), kept.OpenPartition(provider, engine))
+    done.wait(60)
+
+
+def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any) -> None:
+    """In another process: wait for the partition's lock, then keep it idle, as a task that
+    committed would."""
+    provider = SessionStoreProvider(str(Path(root) / "state"), "op", 0,
+                                    local_root=Path(root) / "local", retention_ms=60_000,
+                                    lock_timeout_ms=6_000)
+    waiting.set()
+    try:
+        store = provider.load(0)
+    except StateLockedError as exc:
+        results.put((name, f"locked: {exc}"))
+        return
+    kept.keep(("test", 0), kept.OpenPartition(provider, _engine(store)))
+    results.put((name, "got it"))
+    done.wait(60)
+
+
+def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
+    """The first waiter to get the lock withdraws the release request; the second must ask again,
+    or the first, keeping the copy idle once its task is done, never gives it up."""
+    context = multiprocessing.get_context("spawn")
+    ready, release, done = context.Event(), context.Event(), context.Event()
+    results = context.Queue()
+    holder = context.Process(target=_in_use_then_kept, args=(str(tmp_path), ready, release, done))
+    holder.start()
+    waiters = []
+    try:
+        assert ready.wait(60)
+        for name in ("first", "second"):
+            waiting = context.Event()
+            waiter = context.Process(target=_wait_then_keep,
+                                     args=(str(tmp_path), name, waiting, results, done))
+            waiter.start()
+            waiters.append(waiter)
+            assert waiting.wait(60)
+        time.sleep(0.3)  # both wait for the lock, the holder's task still runs
+        release.set()
+        outcomes = dict(results.get(timeout=30) for _ in waiters)
+        assert outcomes == {"first": "got it", "second": "got it"}
+    finally:
+        done.set()
+        for process in [holder, *waiters]:
+            process.join(30)
+
+
 def test_resume_refuses_after_another_attempt_published(tmp_path):
     def attempt(local: str) -> SessionStoreProvider:
         provider = SessionStoreProvider(str(tmp_path / "state"), "op", 0,
