@@ -92,9 +92,9 @@ def keep(key: Key, partition: OpenPartition) -> None:
         if not _WATCHER_PID or _WATCHER_PID[0] != os.getpid():
             _WATCHER_PID[:] = [os.getpid()]
             threading.Thread(target=_watch, name="sessionstore-kept", daemon=True).start()
-    for stale in ([previous] if previous is not None and previous is not partition else []) \
-            + evicted:
-        stale.close()
+    stale = evicted if previous is None or previous is partition else [previous, *evicted]
+    for partition_out in stale:
+        partition_out.close()
 
 
 def discard(key: Key) -> None:

@@ -268,6 +268,28 @@ def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
             process.join(30)
 
 
+def test_at_most_keep_max_partitions_stay_open_the_least_recent_closed_first(tmp_path):
+    opened = []
+    for partition in range(kept.KEEP_MAX + 2):
+        provider = SessionStoreProvider(str(tmp_path / "state"), "op", partition,
+                                        local_root=tmp_path / "local", retention_ms=60_000)
+        engine = _engine(provider.load(-1))
+        provider.commit(engine.commit, 0, {})
+        opened.append(kept.OpenPartition(provider, engine))
+        kept.keep(("test", partition), opened[-1])
+    assert kept.kept_count() == kept.KEEP_MAX
+    assert [kept.holds(("test", p)) for p in range(len(opened))] \
+        == [False, False] + [True] * kept.KEEP_MAX
+    assert [o.provider.holds_lock() for o in opened] == [False, False] + [True] * kept.KEEP_MAX
+    # kept again under a key already kept: the copy it replaces is closed
+    replaced = opened[-1]
+    again = SessionStoreProvider(str(tmp_path / "state"), "op", 99, local_root=tmp_path / "local",
+                                 retention_ms=60_000)
+    kept.keep(("test", len(opened) - 1), kept.OpenPartition(again, _engine(again.load(-1))))
+    assert not replaced.provider.holds_lock() and again.holds_lock()
+    assert kept.kept_count() == kept.KEEP_MAX
+
+
 def test_resume_refuses_after_another_attempt_published(tmp_path):
     def attempt(local: str) -> SessionStoreProvider:
         provider = SessionStoreProvider(str(tmp_path / "state"), "op", 0,
