@@ -34,9 +34,12 @@ from tests.spark.test_static_columnar import AGGS, arrow_batches, config_for, ma
 QUERY_ID = "0f0e0d0c-0b0a-4909-8807-060504030201"
 
 
-def stream_config(spark: Any, root: Path, aggs: dict[str, Any], delay_ms: int
+def stream_config(spark: Any, root: Path, aggs: dict[str, Any], delay_ms: int,
+                  emit: str = "final", gap_s: int = 10, keep_versions: int = 100
                   ) -> SessionizeConfig:
-    config = config_for(spark, ["user"], aggs)
+    config = config_for(spark, ["user"], aggs, emit=emit)
+    config.gap_us = config.max_gap_us = gap_s * 1_000_000
+    config.keep_versions = keep_versions
     config.state_location = str(root / "state")
     config.local_dir = str(root / "local")
     config.delay_ms = delay_ms
@@ -101,16 +104,20 @@ def nothing_kept() -> Iterator[None]:
 
 @pytest.mark.parametrize("aggs", [AGGS, {"n": "count", "first_i": ("first", "i")}],
                          ids=["columnar", "rows"])
-@settings(max_examples=8, deadline=None,
+@settings(max_examples=5, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), swaps=st.sets(st.integers(0, 7)),
-       delay_ms=st.sampled_from([0, 5_000, 60_000]))
+@given(seed=st.integers(0, 10_000), swaps=st.sets(st.integers(0, 13)),
+       delay_ms=st.sampled_from([0, 5_000, 60_000]), emit=st.sampled_from(["final", "update"]),
+       gap_s=st.sampled_from([1, 10]), keep_versions=st.sampled_from([1, 3, 100]))
 def test_resumed_partition_equals_a_fresh_load_every_batch(spark, tmp_path_factory, aggs, seed,
-                                                           swaps, delay_ms):
+                                                           swaps, delay_ms, emit, gap_s,
+                                                           keep_versions):
+    # 12 micro-batches: the provider's maintenance (every 10th version) runs while a copy is kept,
+    # and with keep_versions 1 deletes every older manifest
     root = tmp_path_factory.mktemp("kept")
-    fresh = stream_config(spark, root / "fresh", aggs, delay_ms)
-    resumed = stream_config(spark, root / "resumed", aggs, delay_ms)
-    batches = micro_batches(spark, fresh, seed, 8)
+    fresh, resumed = (stream_config(spark, root / name, aggs, delay_ms, emit, gap_s,
+                                    keep_versions) for name in ("fresh", "resumed"))
+    batches = micro_batches(spark, fresh, seed, 12)
     fresh_key, resumed_key = key_of(fresh), key_of(resumed)
     for batch, rows in enumerate([*batches, [], []]):  # then two batches without rows
         expected = run_task(fresh, batch, rows)
