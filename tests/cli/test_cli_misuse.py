@@ -382,8 +382,8 @@ def test_temporary_state_is_removed_after_sigterm_and_after_a_crash(tmp_path):
 
 
 def test_parts_and_their_directory_are_fsynced_before_the_commit(tmp_path, monkeypatch):
-    from sessionstore import io as sio
     from sessionstore.engine import SessionAggregator
+    from sessionstore.io import writers as sio
 
     events: list[str] = []
     real_fsync, real_commit = os.fsync, SessionAggregator.commit
