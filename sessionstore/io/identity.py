@@ -7,29 +7,32 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from .readers import _BLOCK, InputSource
+from .readers import InputSource
+
+#: The bytes read per step while hashing: large enough that the hash, not Python, sets the pace.
+HASH_BLOCK_BYTES = 1 << 23
+#: What ``fingerprint`` hashes. Recorded with each file, so that a state written when Parquet
+#: files were fingerprinted by their footer alone is told apart from changed content.
+FINGERPRINT = "blake2b-128:all-bytes"
 
 
 def file_identity(path: Path, fmt: str) -> dict[str, Any]:
-    """Size, mtime and a content fingerprint of one input file.
+    """Size, mtime and a content fingerprint of one input file, in any format.
 
-    Parquet files are fingerprinted by their footer (row groups, column chunk offsets and sizes,
-    statistics), which any rewrite changes; other formats by a BLAKE2b hash of every byte.
+    The fingerprint is a BLAKE2b hash of every byte of the file, so that any rewrite is seen,
+    also one that keeps a Parquet file's size, footer layout and statistics (two keys swapped,
+    a time nudged within its column's range). It costs one read of the input at about 1.3 GB/s
+    of CPU on this project's reference machine.
     """
     stat = path.stat()
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        if fmt == "parquet" and stat.st_size >= 12:
-            handle.seek(stat.st_size - 8)
-            tail = handle.read(8)
-            footer = int.from_bytes(tail[:4], "little")
-            handle.seek(max(stat.st_size - 8 - footer, 0))
-            digest.update(b"parquet-footer:" + handle.read(footer + 8))
-        else:
-            while chunk := handle.read(_BLOCK):
-                digest.update(chunk)
+    buffer = bytearray(HASH_BLOCK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while read := handle.readinto(view):
+            digest.update(view[:read])
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "fingerprint": digest.hexdigest()}
+            "fingerprint": digest.hexdigest(), "fingerprint_of": FINGERPRINT}
 
 
 def input_identity(source: InputSource) -> dict[str, Any]:
@@ -58,6 +61,16 @@ def identity_difference(recorded: dict[str, Any], current: dict[str, Any]) -> st
     for path in sorted(old):
         if old[path]["size"] != new[path]["size"]:
             return f"file {path!r} was {old[path]['size']} bytes, now {new[path]['size']}"
+        if _fingerprint_of(recorded, old[path]) != _fingerprint_of(current, new[path]):
+            return (f"file {path!r} was fingerprinted by its Parquet footer only (an older "
+                    f"sessionstore), which cannot tell whether its data changed")
         if old[path]["fingerprint"] != new[path]["fingerprint"]:
             return f"file {path!r} has the same size but different content"
     return None
+
+
+def _fingerprint_of(identity: dict[str, Any], entry: dict[str, Any]) -> str:
+    # states written before ``fingerprint_of`` existed hashed every byte of text files, and
+    # only the footer of Parquet files
+    default = "parquet-footer" if identity.get("format") == "parquet" else FINGERPRINT
+    return str(entry.get("fingerprint_of", default))
