@@ -14,6 +14,7 @@ The names below are re-exported so that ``from sessionstore.io import X`` keeps 
 from __future__ import annotations
 
 from .columns import (
+    TIME_UNITS,
     EngineBatch,
     TimeColumn,
     check_gap_column,
@@ -27,9 +28,11 @@ from .readers import (
     FORMATS,
     KEY_TYPES,
     MAX_JSON_DEPTH,
+    TSV_SUFFIXES,
     InputError,
     InputSource,
     check_json_depth,
+    csv_delimiter,
     file_format,
     first_line,
     iter_batches,
@@ -42,6 +45,8 @@ __all__ = [
     "FORMATS",
     "KEY_TYPES",
     "MAX_JSON_DEPTH",
+    "TIME_UNITS",
+    "TSV_SUFFIXES",
     "EngineBatch",
     "InputError",
     "InputSource",
@@ -49,6 +54,7 @@ __all__ = [
     "TimeColumn",
     "check_gap_column",
     "check_json_depth",
+    "csv_delimiter",
     "engine_batch",
     "engine_columns",
     "file_format",

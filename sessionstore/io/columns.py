@@ -26,18 +26,36 @@ class TimeColumn:
     floored: int
 
 
-def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0) -> TimeColumn:
+#: The units ``--time-unit`` names for an integer time column.
+TIME_UNITS = tuple(_TIME_UNIT_PER_MS)
+#: Integer times with no declared unit are milliseconds, unless every one of a batch lies in a
+#: band where milliseconds are implausible and another unit is not: epoch seconds from 1973 to
+#: 5138 (as milliseconds, two days to three years after 1970), or epoch microseconds or
+#: nanoseconds from 1973 on (as milliseconds, past the year 5138). Such input is refused,
+#: never reinterpreted: ``--time-unit`` says what it is.
+_LOOKS_LIKE = ((10**8, 10**11, "epoch seconds", "--time-unit s"),
+               (10**14, None, "epoch microseconds or nanoseconds",
+                "--time-unit us or --time-unit ns"))
+
+
+def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0,
+                   unit: str | None = None) -> TimeColumn:
     """Event times as int64 milliseconds.
 
-    Integers are taken as ms. Timestamps of any unit, and ISO-8601 strings, are converted;
-    finer than ms (µs, ns), they are floored to the millisecond they fall in (towards the past,
-    also before 1970), and the count of such rows is returned.
+    Integers are in ``unit`` (``s``, ``ms``, ``us`` or ``ns``). Without one they are
+    milliseconds, and a batch whose every time looks like epoch seconds, microseconds or
+    nanoseconds (see :data:`_LOOKS_LIKE`) is refused. Timestamps of any unit, and ISO-8601
+    strings, are converted. Times finer than ms (µs, ns), are floored to the millisecond they
+    fall in (towards the past, also before 1970), and the count of such rows is returned.
 
     Args:
         first_row: the input row number of the batch's first row, for error messages.
+        unit: the unit of an integer time column (``--time-unit``); refused for other types.
 
     Raises:
-        InputError: a missing column, a null (naming its input row), or another type.
+        InputError: a missing column, a null (naming its input row), another type, a ``unit``
+            for a column that is not integer, integers that look like another unit than
+            milliseconds with no ``unit``, or seconds that overflow int64 as milliseconds.
     """
     index = batch.schema.get_field_index(name)
     if index < 0:
@@ -48,27 +66,50 @@ def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0) -> Time
         raise InputError(f"time column {name!r} is null at input row {first_row + row}: every "
                          f"event needs a time")
     kind = values.type
+    if unit is not None and not pa.types.is_integer(kind):
+        raise InputError(f"--time-unit {unit} applies to integer time columns; time column "
+                         f"{name!r} holds {kind}, whose unit is known")
     try:
         if pa.types.is_integer(kind):
-            return TimeColumn(pc.cast(values, pa.int64()), 0)
+            raw = pc.cast(values, pa.int64())
+            if unit is None:
+                _check_plausible_ms(raw, name)
+                return TimeColumn(raw, 0)
+            return _ticks_to_ms(raw, unit)
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             values = pc.cast(values, pa.timestamp("ns"))
             kind = values.type
         if pa.types.is_timestamp(kind):
-            raw = pc.cast(values, pa.int64())
-            per_ms = _TIME_UNIT_PER_MS[kind.unit]
-            if per_ms is None:
-                return TimeColumn(pc.multiply_checked(raw, 1000), 0)
-            if per_ms == 1:
-                return TimeColumn(raw, 0)
-            ticks = raw.to_numpy()
-            millis = np.floor_divide(ticks, per_ms)
-            floored = int(np.count_nonzero(ticks - millis * per_ms))
-            return TimeColumn(pa.array(millis, pa.int64()), floored)
+            return _ticks_to_ms(pc.cast(values, pa.int64()), kind.unit)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InputError(f"time column {name!r}: {first_line(exc)}") from None
-    raise InputError(f"time column {name!r} must hold integer milliseconds, timestamps or "
-                     f"ISO-8601 strings, not {kind}")
+    raise InputError(f"time column {name!r} must hold integers (milliseconds, or the unit "
+                     f"--time-unit names), timestamps or ISO-8601 strings, not {kind}")
+
+
+def _ticks_to_ms(raw: pa.Array, unit: str) -> TimeColumn:
+    """Integer ticks of ``unit`` as ms, floored; raises ArrowInvalid when seconds overflow."""
+    per_ms = _TIME_UNIT_PER_MS[unit]
+    if per_ms is None:
+        return TimeColumn(pc.multiply_checked(raw, 1000), 0)
+    if per_ms == 1:
+        return TimeColumn(raw, 0)
+    ticks = raw.to_numpy()
+    millis = np.floor_divide(ticks, per_ms)
+    floored = int(np.count_nonzero(ticks - millis * per_ms))
+    return TimeColumn(pa.array(millis, pa.int64()), floored)
+
+
+def _check_plausible_ms(raw: pa.Array, name: str) -> None:
+    if not len(raw):
+        return
+    bounds = pc.min_max(raw)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    for floor, ceiling, looks, flag in _LOOKS_LIKE:
+        if low >= floor and (ceiling is None or high < ceiling):
+            raise InputError(f"time column {name!r} holds integers from {low} to {high}, which "
+                             f"look like {looks}, not milliseconds: give {flag} "
+                             f"(or --time-unit ms if they are milliseconds)")
 
 
 def engine_columns(batch: pa.RecordBatch, keys: Sequence[str], value_columns: Sequence[str]

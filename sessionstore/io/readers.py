@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pa
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet"}
+#: Tab-separated inputs: read as CSV with a tab delimiter (inputs only; outputs are CSV).
+TSV_SUFFIXES = (".tsv", ".tab")
 #: Deeper JSON values are refused before the JSON parser sees them: the parser recurses and
 #: crashes the process (a value 20,000 deep segfaults it). 1,000 is Jackson's default
 #: ``maxNestingDepth``, which Spark's JSON reader inherits.
@@ -43,12 +45,39 @@ class InputError(ValueError):
 
 
 def file_format(path: str | os.PathLike[str], name: str) -> str:
-    """The format of ``path`` from its extension. Raises InputError for an unknown one."""
+    """The format of ``path`` from its extension: ``jsonl``, ``csv`` or ``parquet``. An input
+    (``name == "input"``) may also be ``.tsv`` or ``.tab``, read as CSV separated by tabs.
+
+    Raises:
+        InputError: an unknown extension, naming ``name`` and the path.
+    """
     suffix = Path(path).suffix.lower()
+    if name == "input" and suffix in TSV_SUFFIXES:
+        return "csv"
     if suffix not in FORMATS:
+        known = ".jsonl, .csv, .tsv or .parquet" if name == "input" else ".jsonl, .csv or .parquet"
         raise InputError(f"{name} {str(path)!r}: unknown format {suffix or '(none)'!r}; use "
-                         f".jsonl, .csv or .parquet")
+                         f"{known}")
     return FORMATS[suffix]
+
+
+def csv_delimiter(files: Sequence[Path], delimiter: str | None) -> str:
+    """The delimiter of CSV-like ``files``: ``delimiter`` when given (``\\t`` and ``tab``
+    name a tab), else a tab for ``.tsv``/``.tab`` files and a comma for ``.csv`` files.
+
+    Raises:
+        InputError: naming ``--delimiter``: not one character, or files of both kinds without it.
+    """
+    if delimiter is not None:
+        named = {"\\t": "\t", "tab": "\t"}.get(delimiter.lower(), delimiter)
+        if len(named) != 1 or named in "\r\n\"":
+            raise InputError(f"--delimiter must be one character (or \\t / tab), got "
+                             f"{delimiter!r}")
+        return named
+    found = {"\t" if f.suffix.lower() in TSV_SUFFIXES else "," for f in files}
+    if len(found) > 1:
+        raise InputError("the input mixes .csv and .tsv files: give --delimiter")
+    return found.pop()
 
 
 def first_line(exc: BaseException) -> str:
@@ -175,8 +204,8 @@ def resolve_files(spec: str) -> tuple[list[Path], Path | None]:
     raise InputError(f"input {spec!r} does not exist (give a file, a directory or a glob)")
 
 
-def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None
-               ) -> InputSource:
+def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None,
+               delimiter: str | None = None) -> InputSource:
     """Resolve ``spec`` and open it as a dataset.
 
     Args:
@@ -185,6 +214,8 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
             unless ``key_type`` declares another type (``007`` and ``7`` stay two keys).
         key_type: a name in :data:`KEY_TYPES`: the key columns are read as, or cast to, it in
             every format.
+        delimiter: the field delimiter of CSV input (see :func:`csv_delimiter`); refused for
+            other formats.
 
     Text files (JSON Lines, CSV) that hold nothing but whitespace hold no rows: Spark and Hadoop
     write such files for empty partitions. They stay part of the input (its identity, the path
@@ -201,6 +232,8 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
     if len(formats) > 1:
         raise InputError(f"input {spec!r} mixes formats {sorted(formats)}; give one format")
     fmt = formats.pop()
+    if delimiter is not None and fmt != "csv":
+        raise InputError(f"--delimiter applies to CSV and TSV input; {spec!r} is {fmt}")
     files = [f for f in all_files if fmt == "parquet" or not _blank_text_file(f)]
     if not files:
         raise InputError(f"input {spec!r} holds no rows: "
@@ -212,6 +245,7 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
     elif fmt == "csv":
         file_format_obj = ds.CsvFileFormat(
             read_options=pacsv.ReadOptions(block_size=_BLOCK),
+            parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(files, delimiter)),
             convert_options=pacsv.ConvertOptions(
                 column_types={k: key_arrow for k in key_columns}))
     else:

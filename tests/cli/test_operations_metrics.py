@@ -53,7 +53,7 @@ def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict
                               [("a", 0, 10), ("a", 5, None), ("b", 9, 3), ("a", 1, 10)]))
     out = tmp_path / f"out{len(flags)}.jsonl"
     assert main(["sessionize", str(source), "--key", "u", "--time", "ts", "--out", str(out),
-                 "--no-progress", *flags]) == 0
+                 "--no-progress", "--state", f"{out}.state", *flags]) == 0
     return json.loads(capsys.readouterr().out)["metrics"]  # type: ignore[no-any-return]
 
 
