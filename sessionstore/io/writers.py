@@ -17,16 +17,17 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..aggspec import from_engine, needs_codec
-from ..engine import Emit
-from ..store.rocksdb import fsync_dir
+from ..fsutil import fsync_dir
 from .readers import InputError, file_format
+
+if TYPE_CHECKING:
+    from ..engine import Emit
 
 #: The names of the parts a Parquet output is made of, and of a part being written.
 _OWN_PART = re.compile(r"part-(\d{6,})\.parquet")
@@ -194,6 +195,8 @@ class SessionWriter:
                 assert table is not None
                 name = f"part-{self.parts:06d}.parquet"
                 temporary = self.path / f".{name}.inprogress"
+                import pyarrow.parquet as pq
+
                 pq.write_table(table, temporary)
                 with open(temporary, "rb") as handle:
                     os.fsync(handle.fileno())
@@ -211,8 +214,9 @@ class SessionWriter:
                     record[name] = _text_safe(record[name])
         buffer = io.StringIO()
         if self.format == "jsonl":
+            encode = json.JSONEncoder(default=str, allow_nan=False).encode  # one for all rows
             for record in records:
-                buffer.write(json.dumps(record, default=str, allow_nan=False) + "\n")
+                buffer.write(encode(record) + "\n")
         else:
             writer = csv.DictWriter(buffer, fieldnames=self.fields)
             if self.size == 0:
