@@ -54,6 +54,7 @@ from .io import (
 )
 from .metrics_export import MetricsSnapshot, serve_metrics
 from .report import SessionSummary
+from .sample import SAMPLE_EVENTS
 from .store import ReadOnlySessionStore, SessionStore, committed_versions
 from .store.rocksdb import version_dir_name
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
@@ -651,6 +652,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    from .sample import write_sample
+
+    path = write_sample(args.out, args.events)
+    sys.stdout.write(json.dumps({"events": args.events, "output": str(path)}) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sessionstore",
@@ -733,6 +742,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--sample", type=int, default=3,
                    help="sample sessions shown per segment (default 3)")
     i.set_defaults(func=cmd_inspect)
+
+    g = sub.add_parser("sample", help="write the sample clickstream to a file",
+                       description="Write the deterministic sample clickstream that make run "
+                                   "sessionizes (columns user, ts in epoch milliseconds, page, "
+                                   "amount in cents; arrival order, some events late) to a "
+                                   ".parquet, .csv, .tsv or .jsonl file.")
+    g.add_argument("--out", required=True, help="the file to write (its format by extension)")
+    g.add_argument("--events", type=int, default=SAMPLE_EVENTS,
+                   help=f"about how many events (default {SAMPLE_EVENTS})")
+    g.set_defaults(func=cmd_sample)
 
     b = sub.add_parser("bench", help="run the standalone Nexmark q11 benchmark",
                        description="Count bids per bidder in 10 s sessions on RocksDB and "
