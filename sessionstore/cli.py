@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +33,6 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
-from .engine import Emit, EmitStrategy, SessionAggregator
-from .engine.config import closing_watermark_ms
 from .io import (
     KEY_TYPES,
     TIME_UNITS,
@@ -55,10 +53,12 @@ from .io import (
 from .metrics_export import MetricsSnapshot, serve_metrics
 from .report import SessionSummary
 from .sample import SAMPLE_EVENTS
-from .store import ReadOnlySessionStore, SessionStore, committed_versions
-from .store.rocksdb import version_dir_name
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
 from .windows import SessionWindows
+
+if TYPE_CHECKING:  # the engine and the store load only for the runs that use them
+    from .engine import Emit, SessionAggregator
+    from .store import SessionStore
 
 log = logging.getLogger("sessionstore.cli")
 _TEMP_PREFIX = "sessionstore-cli-"
@@ -315,6 +315,9 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                              lambda times, row: _check_latest(times, row, windows, args),
                              _progress(args.progress, "events"))
         return _finish(args, report, session_summary, out_path)
+    from .engine import EmitStrategy, SessionAggregator
+    from .store import SessionStore
+
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
     options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
@@ -508,6 +511,8 @@ class _Run:
         self.emitted(self.engine.process_batch(keys, values, times_ms, gaps_ms=gaps))
 
     def execute(self, offset: int) -> dict[str, Any]:
+        from .engine.config import closing_watermark_ms
+
         args = self.args
         seen = offset
         since_commit = 0
@@ -588,6 +593,9 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .store import ReadOnlySessionStore, committed_versions
+    from .store.rocksdb import version_dir_name
+
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
     path = Path(args.state)
@@ -623,7 +631,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.events < 1:
         raise CliError(f"--events must be >= 1, got {args.events}")
+    from .engine import EmitStrategy, SessionAggregator
     from .sample import bid_stream
+    from .store import SessionStore
 
     bidders, times = bid_stream(args.events)
     keys, stamps = bidders.tolist(), times.tolist()
