@@ -4,6 +4,7 @@ The store (KIP-94 / KIP-825), the aggregation engine and its triggers are import
 """
 
 from . import aggregations, triggers
+from .bounded import sessionize
 from .engine import BatchAggregator, Emit, EmitStrategy, SessionAggregator
 from .errors import StoreCorruptedError
 from .store import InMemorySessionStore, ReadOnlySessionStore, SegmentedSessionStore, SessionStore
@@ -36,6 +37,7 @@ __all__ = [
     "SessionAggregator",
     "SessionWindows",
     "aggregations",
+    "sessionize",
     "triggers",
     "InMemorySessionStore",
     "ReadOnlySessionStore",
