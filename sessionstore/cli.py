@@ -756,8 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("sample", help="write the sample clickstream to a file",
                        description="Write the deterministic sample clickstream that make run "
                                    "sessionizes (columns user, ts in epoch milliseconds, page, "
-                                   "amount in cents; arrival order, some events late) to a "
-                                   ".parquet, .csv, .tsv or .jsonl file.")
+                                   "amount in cents, gap_ms a gap per event; arrival order, "
+                                   "some events late) to a .parquet, .csv, .tsv or .jsonl file.")
     g.add_argument("--out", required=True, help="the file to write (its format by extension)")
     g.add_argument("--events", type=int, default=SAMPLE_EVENTS,
                    help=f"about how many events (default {SAMPLE_EVENTS})")

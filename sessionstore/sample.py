@@ -98,7 +98,9 @@ def bid_stream(
 
 def clickstream_table(n_events: int = SAMPLE_EVENTS, seed: int = 42) -> pa.Table:
     """:func:`generate`'s clickstream as an Arrow table in arrival order: ``user`` (text such
-    as ``user17``), ``ts`` (int64 epoch milliseconds), ``page`` and ``amount`` (int64 cents)."""
+    as ``user17``), ``ts`` (int64 epoch milliseconds), ``page``, ``amount`` (int64 cents) and
+    ``gap_ms``, a gap per event (int64 ms: an hour after the cart and the checkout, where
+    people pause to pay, else 30 minutes)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -109,8 +111,10 @@ def clickstream_table(n_events: int = SAMPLE_EVENTS, seed: int = 42) -> pa.Table
     names = pc.binary_join_element_wise("user", pc.cast(pa.array(ids), pa.string()), "")
     users = names.take(pa.array(np.searchsorted(ids, stream.users)))
     pages = pa.array(PAGES).take(pa.array(stream.page_codes))
+    paying = np.isin(stream.page_codes, np.flatnonzero(np.isin(PAGES, ["/cart", "/checkout"])))
+    gaps = np.where(paying, 3_600_000, 1_800_000).astype(np.int64)
     return pa.table({"user": users, "ts": stream.times_ms, "page": pages,
-                     "amount": stream.amounts})
+                     "amount": stream.amounts, "gap_ms": gaps})
 
 
 def write_sample(path: str | Path, n_events: int = SAMPLE_EVENTS) -> Path:
