@@ -30,7 +30,7 @@ from .. import keyschema
 from ..aggregations import Aggregation, Combined, _Count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
-from ..store.metered import MeteredSessionStore
+from ..store.metered import HistogramReading, MeteredSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
@@ -255,6 +255,15 @@ class SessionAggregator:
         """``records-in``, ``dropped-records`` (late or invalid-gap events),
         ``dropped-invalid-gap-records``, ``emit-final-*`` (KIP-825) and store metrics."""
         return self._metrics.snapshot(self._metered.metrics)
+
+    @property
+    def latency_histograms(self) -> dict[str, HistogramReading]:
+        """Lifetime latency histograms: ``emit-final-latency`` (event time from a session's
+        close to its emission) and ``store-<op>-latency`` (wall time of each store call)."""
+        out = self._metrics.histograms()
+        for name, reading in self._metered.latency_histograms.items():
+            out[f"store-{name}"] = reading
+        return out
 
     def process(self, key: Any, value: Any, timestamp_ms: Any,
                 gap_ms: Any = None) -> list[Emit]:
@@ -844,7 +853,7 @@ class SessionAggregator:
             top = max(0, latencies[0])
         metrics = self._metrics
         metrics.emitted += n
-        metrics.record_final_sum(n, total, top)
+        metrics.record_final_sum(n, total, top, [row[0] for row in taken], w_grace)
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:
         times = self._times
