@@ -54,9 +54,9 @@ from .io import (
 from .metrics_export import (
     MetricsServer,
     MetricsSnapshot,
-    _import_prometheus,
     engine_registry,
     read_engine,
+    require_prometheus,
     write_metrics_file,
 )
 from .report import SessionSummary
@@ -319,7 +319,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     temp: Path | None = None
     state = args.state
     if args.metrics_port is not None or args.metrics_file is not None:
-        _import_prometheus()  # a missing extra is named before anything is touched
+        require_prometheus()  # a missing extra is named before anything is touched
     if args.metrics_port is not None:
         _check_port(args.metrics_port)  # before the state or the output is touched
     if args.metrics_file is not None:

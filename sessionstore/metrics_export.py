@@ -40,7 +40,12 @@ from .timeutil import INT64_MIN
 PREFIX = "sessionstore"
 
 
-def _import_prometheus() -> Any:
+def require_prometheus() -> Any:
+    """The ``prometheus_client`` module.
+
+    Raises:
+        ImportError: it is not installed, naming the extra that installs it.
+    """
     try:
         import prometheus_client
     except ImportError:
@@ -196,7 +201,7 @@ class EngineMetricsCollector:
         self._read = _source_callable(source)
         self._prefix = f"{prefix}_" if prefix else ""
         self._labels = dict(labels or {})
-        self._families = _import_prometheus().metrics_core
+        self._families = require_prometheus().metrics_core
 
     def collect(self) -> Iterator[Any]:
         reading = self._read()
@@ -245,7 +250,7 @@ def register_engine_metrics(source: Any, registry: Any = None, *, prefix: str = 
         TypeError: ``source`` has no metrics.
         ImportError: ``prometheus_client`` is not installed.
     """
-    prometheus = _import_prometheus()
+    prometheus = require_prometheus()
     collector = EngineMetricsCollector(source, prefix, labels)
     (registry if registry is not None else prometheus.REGISTRY).register(collector)
     return collector
@@ -257,7 +262,7 @@ def engine_registry(source: Any, labels: Mapping[str, str] | None = None) -> Any
     Raises:
         ImportError: ``prometheus_client`` is not installed.
     """
-    registry = _import_prometheus().CollectorRegistry()
+    registry = require_prometheus().CollectorRegistry()
     register_engine_metrics(source, registry, labels=labels)
     return registry
 
@@ -270,7 +275,7 @@ def write_metrics_file(registry: Any, path: str | Path) -> None:
     Raises:
         OSError: ``path``'s directory is missing or not writable.
     """
-    _import_prometheus().write_to_textfile(str(path), registry)
+    require_prometheus().write_to_textfile(str(path), registry)
 
 
 class MetricsServer:
@@ -281,7 +286,7 @@ class MetricsServer:
     """
 
     def __init__(self, registry: Any, port: int, addr: str = "127.0.0.1") -> None:
-        self._server, self._thread = _import_prometheus().start_http_server(
+        self._server, self._thread = require_prometheus().start_http_server(
             port, addr=addr, registry=registry)
 
     @property
