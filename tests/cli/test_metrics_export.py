@@ -264,3 +264,17 @@ def test_a_metrics_file_in_a_missing_directory_is_refused_before_the_run(tmp_pat
                  "--out", str(out), "--no-progress",
                  "--metrics-file", str(tmp_path / "nowhere" / "m.prom")]) == 2
     assert "--metrics-file" in capsys.readouterr().err and not out.exists()
+
+
+def test_without_prometheus_client_the_cli_names_the_extra_and_touches_nothing(
+        tmp_path, capsys, monkeypatch):
+    from sessionstore.cli import main
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails, as uninstalled
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"u": "a", "ts": 0}\n')
+    out, state = tmp_path / "o.jsonl", tmp_path / "state"
+    assert main(["sessionize", str(source), "--key", "u", "--time", "ts", "--gap", "1s",
+                 "--out", str(out), "--state", str(state), "--no-progress",
+                 "--metrics-file", str(tmp_path / "m.prom")]) == 2
+    assert "sessionstore[prometheus]" in capsys.readouterr().err
+    assert not out.exists() and not state.exists()
