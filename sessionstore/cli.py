@@ -50,7 +50,14 @@ from .io import (
     open_input,
     time_column_ms,
 )
-from .metrics_export import MetricsSnapshot, serve_metrics
+from .metrics_export import (
+    MetricsServer,
+    MetricsSnapshot,
+    engine_registry,
+    read_engine,
+    require_prometheus,
+    write_metrics_file,
+)
 from .report import SessionSummary
 from .sample import SAMPLE_EVENTS
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
@@ -175,6 +182,19 @@ def _check_port(port: int) -> None:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
             raise _port_error(port, exc) from None
+
+
+def _check_metrics_file(path: str) -> None:
+    """Refuse a ``--metrics-file`` whose directory is missing or not writable, before the run
+    (the file is written at each commit and at the end)."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise CliError(f"--metrics-file {path!r}: the directory {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"--metrics-file {path!r}: the directory {str(folder)!r} is not "
+                       f"writable")
+    if Path(path).is_dir():
+        raise CliError(f"--metrics-file {path!r} is a directory; name a file (*.prom)")
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -323,8 +343,12 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     identity = input_identity(source)
     temp: Path | None = None
     state = args.state
+    if args.metrics_port is not None or args.metrics_file is not None:
+        require_prometheus()  # a missing extra is named before anything is touched
     if args.metrics_port is not None:
         _check_port(args.metrics_port)  # before the state or the output is touched
+    if args.metrics_file is not None:
+        _check_metrics_file(args.metrics_file)
     if state is None:
         sweep_stale_temp_states()
         temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
@@ -447,14 +471,29 @@ class _Run:
         self.row_path_batches = 0
         self.seen = 0  # input rows before the batch being fed
         self.max_time_ms: int | None = None
-        self.snapshot = MetricsSnapshot(self.metrics())
+        self.snapshot = MetricsSnapshot()
+        self.registry = None if args.metrics_port is None and args.metrics_file is None \
+            else engine_registry(self.snapshot)
+        self.publish()
 
-    def metrics(self) -> dict[str, float]:
-        """The engine's metrics and the CLI's own counters."""
-        return {**self.engine.metrics, "cli-input-records-total": self.processed,
+    def cli_counters(self) -> dict[str, float]:
+        return {"cli-input-records-total": self.processed,
                 "cli-output-records-total": self.writer.rows_written,
                 "cli-times-floored-to-ms-total": self.floored,
                 "cli-row-path-batches-total": self.row_path_batches}
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's metrics and the CLI's own counters."""
+        return {**self.engine.metrics, **self.cli_counters()}
+
+    def publish(self, write_file: bool = False) -> None:
+        """Hand the scraper a fresh reading (after every batch), and with ``write_file`` write
+        ``--metrics-file`` too (at each commit and at the end)."""
+        if self.registry is None:
+            return
+        self.snapshot.publish(read_engine(self.engine, self.cli_counters()))
+        if write_file and self.args.metrics_file is not None:
+            write_metrics_file(self.registry, self.args.metrics_file)
 
     def emitted(self, emits: list[Emit]) -> None:
         if emits:
@@ -520,7 +559,7 @@ class _Run:
         server = None
         if args.metrics_port is not None:
             try:
-                server = serve_metrics(self.snapshot, args.metrics_port)
+                server = MetricsServer(self.registry, args.metrics_port)
             except OSError as exc:
                 raise _port_error(args.metrics_port, exc) from None
         progress = _progress(args.progress, "events")
@@ -542,17 +581,18 @@ class _Run:
                 self.processed += batch.num_rows
                 since_commit += batch.num_rows
                 progress.update(batch.num_rows)
-                if since_commit >= args.commit_every:
+                committing = since_commit >= args.commit_every
+                if committing:
                     self.commit(seen)
                     since_commit = 0
-                self.snapshot.publish(self.metrics())
+                self.publish(write_file=committing)
             # The input is over: move W just far enough that every session closes, so the
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
             end = INT64_MAX if self.max_time_ms is None else \
                 closing_watermark_ms(self.engine.windows, self.max_time_ms)
             self.emitted(self.engine.advance_watermark(end))
             self.commit(seen)
-            self.snapshot.publish(self.metrics())
+            self.publish(write_file=True)
         finally:
             progress.close()
             if server is not None:
@@ -735,8 +775,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="declare the key type; without it, keys in CSV files and partition "
                         "paths are read as strings (so 007 and 7 are two keys)")
     s.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while running "
-                        "(needs the prometheus extra)")
+                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while running, "
+                        "updated after every input batch (needs the prometheus extra)")
+    s.add_argument("--metrics-file", metavar="PATH",
+                   help="write the metrics in Prometheus' text format to PATH (a *.prom file "
+                        "for node_exporter's textfile collector) at each commit and at the "
+                        "end, replacing it atomically, so a short job stays observable after "
+                        "it exits (needs the prometheus extra)")
     s.add_argument("--summary", action="store_true",
                    help="print the longest and busiest sessions and write a histogram PNG")
     s.add_argument("--summary-png", metavar="PATH",

@@ -16,6 +16,14 @@ if TYPE_CHECKING:  # the bounded path reports without loading the engine
     from .engine import Emit
 
 TOP = 5
+#: The widest key cell; a longer key is cut to this width, its last character an ellipsis.
+KEY_WIDTH_MAX = 60
+#: What the duration column measures: a session is [first event, last event + gap).
+WINDOW = "window (first event to last + gap)"
+_W = len(WINDOW)
+#: What the active span measures, beside the window: first event to last event.
+ACTIVE = "active (first to last event)"
+_A = len(ACTIVE)
 
 
 #: The column of output rows that holds a session's last event time, when known.
@@ -94,25 +102,30 @@ class SessionSummary:
         return None if self.gap_ms is None else end - self.gap_ms - start
 
     def table(self) -> str:
-        """The longest and the busiest sessions, as aligned text."""
+        """The longest and the busiest sessions, as aligned text. Keys are shown whole (one
+        longer than :data:`KEY_WIDTH_MAX` characters ends in ``…``); a session's window runs
+        from its first event to its last event plus the gap."""
         rows = self.sessions()
         if not rows:
             return "no sessions"
         durations = np.array([e - s for _, s, e, _ in rows], dtype=np.int64)
         events = np.array([n for *_, n in rows], dtype=np.int64)
-        lines = [f"{len(rows):,} sessions; duration median {_duration(int(np.median(durations)))}"
-                 f", max {_duration(int(durations.max()))}; events per session median "
-                 f"{int(np.median(events))}, max {int(events.max())}"]
+        lines = [f"{len(rows):,} sessions; {WINDOW} median "
+                 f"{_duration(int(np.median(durations)))}, max {_duration(int(durations.max()))}"
+                 f"; events per session median {int(np.median(events))}, "
+                 f"max {int(events.max())}"]
         for title, order in (("longest", lambda r: r[2] - r[1]), ("busiest", lambda r: r[3])):
+            top = heapq.nlargest(TOP, rows, key=order)
+            width = min(max(len("key"), *(len(str(key)) for key, *_ in top)), KEY_WIDTH_MAX)
             lines.append("")
             lines.append(f"{title} sessions:")
-            lines.append(f"  {'key':<20} {'start (UTC)':<20} {'window':>10} {'active':>10} "
-                         f"{'events':>8}")
-            for key, start, end, n in heapq.nlargest(TOP, rows, key=order):
+            lines.append(f"  {'key':<{width}} {'first event (UTC)':<20} {WINDOW:>{_W}} "
+                         f"{ACTIVE:>{_A}} {'events':>8}")
+            for key, start, end, n in top:
                 active = self.active_ms(key, start, end)
-                lines.append(f"  {str(key)[:20]:<20} {_when(start):<20} "
-                             f"{_duration(end - start):>10} "
-                             f"{'-' if active is None else _duration(active):>10} {n:>8,}")
+                lines.append(f"  {_key_cell(key, width):<{width}} {_when(start):<20} "
+                             f"{_duration(end - start):>{_W}} "
+                             f"{'-' if active is None else _duration(active):>{_A}} {n:>8,}")
         return "\n".join(lines)
 
     def histogram(self, path: str | Path) -> Path:
@@ -150,6 +163,12 @@ class SessionSummary:
         figure.savefig(target, dpi=100)
         plt.close(figure)
         return target
+
+
+def _key_cell(key: Any, width: int) -> str:
+    """``key`` as text, whole when it fits ``width``, else cut with a trailing ``…``."""
+    text = str(key)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _duration(ms: int) -> str:

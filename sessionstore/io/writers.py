@@ -167,13 +167,12 @@ class SessionWriter:
 
     def engine_table(self, out: pa.Table) -> pa.Table:
         """What ``SessionAggregator.process_table`` returned, as output rows: engine
-        representations back to the output's types, ``retraction`` renamed ``retracted``,
-        hidden outputs dropped. Needs ``schema``."""
+        representations back to the output's types, hidden outputs dropped. Needs
+        ``schema``."""
         assert self.schema is not None, "engine_table needs the output schema"
         arrays = []
         for f in self.schema:
-            name = "retraction" if f.name == "retracted" else f.name
-            column = out.column(name).combine_chunks()
+            column = out.column(f.name).combine_chunks()
             hidden = self.presence.get(f.name)
             if hidden is not None:
                 empty = pc.equal(out.column(hidden).combine_chunks(), 0)
