@@ -326,8 +326,18 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     out_format = file_format(args.out, "output")
     check_paths(source, args.out, args.state)
     out_path = Path(args.out).resolve()
+    if args.memory_limit is not None and not _bounded(args):
+        raise CliError("--memory-limit applies to runs without --state (the bounded path); "
+                       "an incremental run keeps its sessions in the store")
     if _bounded(args):
+        from .bounded.options import memory_limit_bytes
         from .cli_bounded import run_bounded
+
+        if args.memory_limit is not None:
+            try:
+                memory_limit_bytes(args.memory_limit)
+            except (TypeError, ValueError) as exc:
+                raise CliError(str(exc).replace("memory_limit", "--memory-limit")) from None
 
         session_summary = SessionSummary(counts[0], gap_ms=windows.gap_ms) \
             if args.summary else None
@@ -388,6 +398,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
+    summary["path"] = "incremental"
     return _finish(args, summary, run.summary, out_path)
 
 
@@ -763,6 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "interrupted run or to add new input. Without it the input is all "
                         "there: it is sessionized exactly, whatever its row order, and nothing "
                         "is late")
+    s.add_argument("--memory-limit", metavar="SIZE",
+                   help="without --state: the memory the sessionizing may use before it "
+                        "spills to disk, partitioned by key, e.g. 512MB or 2GiB (default a "
+                        "quarter of physical memory, at most 2 GiB)")
     s.add_argument("--max-dropped-share", type=float, default=0.01, metavar="SHARE",
                    help="with --state (or --emit update): exit with status 3 when more than "
                         "SHARE of the events are dropped as late (default 0.01, 1%%); drops "

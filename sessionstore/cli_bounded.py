@@ -130,7 +130,7 @@ def run_bounded(args: argparse.Namespace, source: InputSource, keys: list[str],
                               aggregations=aggregations,
                               max_gap=windows.max_gap_ms if windows.dynamic else None,
                               max_duration=windows.max_duration_ms, inclusive_gap=True,
-                              time_unit="ms")
+                              time_unit="ms", memory_limit=args.memory_limit)
     finally:
         progress.close()
     sessions = sessions.rename_columns([_BOUNDS.get(n, n) for n in sessions.column_names])

@@ -270,3 +270,18 @@ def test_the_summary_shows_each_sessions_active_span_beside_its_window(tmp_path,
         row = next(line for line in err.splitlines() if line.strip().startswith("a "))
         # window 45m + 30m = 1h15m, active 45m
         assert row.split()[-3:] == ["1h15m", "45m00s", "3"], row
+
+
+def test_a_tiny_memory_limit_spills_and_gives_the_same_sessions(tmp_path, capsys):
+    # kills: --memory-limit not reaching the bounded path (or spilling that loses sessions)
+    table = ratings(n_users=200)
+    source = write_csv(table, tmp_path / "ratings.csv")
+    out = tmp_path / "o.jsonl"
+    status, _, err = run(capsys, argv(source, out, "--memory-limit", "64KB"))
+    assert status == 0, err
+    assert written(out) == offline(table, GAP_MS)
+    status, _, err = run(capsys, argv(source, out, "--memory-limit", "lots"))
+    assert status == 2 and "--memory-limit 'lots'" in err, err
+    status, _, err = run(capsys, argv(source, out, "--memory-limit", "1GB", "--state",
+                                      str(tmp_path / "state")))
+    assert status == 2 and "--memory-limit applies to runs without --state" in err, err
