@@ -107,9 +107,9 @@ def clickstream_table(n_events: int = SAMPLE_EVENTS, seed: int = 42) -> pa.Table
     stream = generate(n_events, seed=seed)
     # text columns are built from a dictionary (a name per user, seven pages): formatting or
     # converting a million Python strings costs a tenth of a second or more each
-    ids = np.unique(stream.users)
-    names = pc.binary_join_element_wise("user", pc.cast(pa.array(ids), pa.string()), "")
-    users = names.take(pa.array(np.searchsorted(ids, stream.users)))
+    ids = pa.array(np.arange(int(stream.users.max(initial=0)) + 1))  # user ids are 0..n-1
+    names = pc.binary_join_element_wise("user", pc.cast(ids, pa.string()), "")
+    users = names.take(pa.array(stream.users))
     pages = pa.array(PAGES).take(pa.array(stream.page_codes))
     paying = np.isin(stream.page_codes, np.flatnonzero(np.isin(PAGES, ["/cart", "/checkout"])))
     gaps = np.where(paying, 3_600_000, 1_800_000).astype(np.int64)
