@@ -36,6 +36,8 @@ bench: install
 	$(PY) -m benchmarks.store_bench
 	$(PY) -m benchmarks.engine_bench
 	$(PY) -m benchmarks.spark_bench
+	$(PY) -m pip install -q -e '.[bench-static]'
+	$(PY) -m benchmarks.static_bench
 	$(PY) -m benchmarks.report
 
 # PyFlink cannot share the dev environment (see pyproject.toml), so it gets its own.

@@ -32,10 +32,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .store.metered import HistogramReading
 from .timeutil import INT64_MIN
+
+if TYPE_CHECKING:  # the CLI imports this module; a run without the store must not load it
+    from .store.metered import HistogramReading
 
 PREFIX = "sessionstore"
 

@@ -1,0 +1,310 @@
+"""``sessionstore.sessionize``: sessions of data that is all there, in one call."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .. import aggspec
+from .core import ROW_COLUMN, Part, sessionize_table
+from .options import (
+    SESSION_COLUMNS,
+    Options,
+    duration_ticks,
+    is_duration_text,
+    key_list,
+    memory_limit_bytes,
+    parse_aggregations,
+    time_kind,
+)
+from .spill import Spill
+
+log = logging.getLogger(__name__)
+
+#: Working memory of the in-memory path per input row, beyond twice the input's own bytes
+#: (codes, times, window ends, the sort permutation and its packed keys, session bounds).
+BYTES_PER_ROW = 72
+#: How deep a partition that is still too large is split again before it is sessionized as is
+#: (one key's events cannot be split).
+MAX_SPLITS = 3
+
+
+@dataclass
+class Stats:
+    """What a run did, beyond its sessions.
+
+    Attributes:
+        events_in: input rows read.
+        invalid_gap_dropped: rows dropped because their own gap was null or <= 0 (as Spark
+            filters them; only with a gap column).
+        sessions_out: rows of the result.
+        partitions: how many spill partitions were sessionized (0: all in memory).
+        spilled_bytes: Arrow bytes written to spill files.
+    """
+
+    events_in: int = 0
+    invalid_gap_dropped: int = 0
+    sessions_out: int = 0
+    partitions: int = 0
+    spilled_bytes: int = 0
+
+
+def working_bytes(nbytes: int, rows: int) -> int:
+    """The memory the in-memory path needs for ``rows`` input rows of ``nbytes``."""
+    return 2 * nbytes + BYTES_PER_ROW * rows
+
+
+Batches = Callable[[list[str]], Iterator[pa.RecordBatch]]
+
+
+def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
+    """``data`` as a table in memory, or as a stream of batches of the columns asked for:
+    ``(table, batches, schema)``."""
+    module = type(data).__module__.split(".")[0]
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if module == "pandas":
+        data = pa.Table.from_pandas(data, preserve_index=False)
+    elif module == "polars":
+        if not hasattr(data, "to_arrow"):
+            raise TypeError(f"data is a polars {type(data).__name__}: pass a DataFrame "
+                            f"(collect a LazyFrame first)")
+        data = data.to_arrow()
+    if isinstance(data, pa.Table):
+        return data, None, data.schema
+    if isinstance(data, pa.RecordBatchReader):
+        reader = data
+        return None, lambda columns: (b.select(columns) for b in reader), reader.schema
+    if module == "pyarrow" and hasattr(data, "to_batches") and hasattr(data, "count_rows"):
+        dataset = data
+        return None, lambda columns: iter(dataset.to_batches(columns=columns)), dataset.schema
+    raise TypeError(f"data must be a pyarrow Table, RecordBatchReader or Dataset, or a pandas "
+                    f"or polars DataFrame, got {type(data).__module__}.{type(data).__name__}")
+
+
+def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: Any,
+             max_gap: Any, max_duration: Any, inclusive_gap: Any, time_unit: Any,
+             memory_limit: Any) -> Options:
+    keys = key_list(key)
+    if not isinstance(time, str) or not time:
+        raise TypeError(f"time must be a column name, got {time!r}")
+    names = schema.names
+    for what, name in [*(("key", k) for k in keys), ("time", time)]:
+        if name not in names:
+            raise ValueError(f"{what} column {name!r} is not in the input (columns: {names})")
+    if time in keys:
+        raise ValueError(f"time column {time!r} is also a key column")
+    kind = time_kind(schema.field(time).type, time, time_unit)
+    if not isinstance(inclusive_gap, bool):
+        raise TypeError(f"inclusive_gap must be True or False, got {inclusive_gap!r}")
+    gap_column: str | None = None
+    gap_ticks: int | None = None
+    if isinstance(gap, str) and not is_duration_text(gap):
+        if gap not in names:
+            raise ValueError(f"gap {gap!r} is neither a duration (such as '30m' or '10 "
+                             f"minutes') nor a column of the input (columns: {names})")
+        if gap in keys or gap == time:
+            raise ValueError(f"gap column {gap!r} is also the key or time column")
+        gap_column = gap
+    else:
+        gap_ticks = duration_ticks(gap, "gap", kind.unit, time)
+        if max_gap is not None:
+            raise ValueError("max_gap applies to a gap column only (a fixed gap is its own "
+                             "maximum)")
+    max_gap_ticks = None if max_gap is None else duration_ticks(max_gap, "max_gap", kind.unit,
+                                                                time)
+    max_duration_ticks = None if max_duration is None else duration_ticks(
+        max_duration, "max_duration", kind.unit, time)
+    specs = parse_aggregations(aggregations)
+    clash = [s.name for s in specs if s.name in keys or s.name in SESSION_COLUMNS]
+    if clash:
+        raise ValueError(f"aggregations: output name {clash[0]!r} is also a key or session "
+                         f"column; rename it")
+    planned = aggspec.plan(specs, schema, exclude=[*keys, time])
+    return Options(keys, time, kind, gap_ticks, gap_column, max_gap_ticks, max_duration_ticks,
+                   inclusive_gap, specs, planned, memory_limit_bytes(memory_limit))
+
+
+def _sort_output(parts: list[pa.Table], keys: list[str]) -> pa.Table:
+    table = pa.concat_tables(parts)
+    if len(parts) < 2:
+        return table
+    return table.sort_by([*((k, "ascending") for k in keys), ("session_start", "ascending")])
+
+
+def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
+                 spill_dir: str | Path | None) -> Iterator[pa.Table]:
+    """The sessions of each partition of ``spill``; a partition still over the memory limit is
+    split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
+    for _, table in spill.read():
+        rows = table.column(ROW_COLUMN).to_numpy()
+        if depth < MAX_SPLITS and table.num_rows > 1 and \
+                working_bytes(table.nbytes, table.num_rows) > options.memory_limit:
+            parts = max(2, math.ceil(2 * working_bytes(table.nbytes, table.num_rows)
+                                     / options.memory_limit))
+            with Spill(table.schema, options.keys, parts, depth + 1, spill_dir) as inner:
+                for batch in table.to_batches(max_chunksize=1 << 16):
+                    inner.write(batch)
+                del table
+                stats.spilled_bytes += inner.bytes_written
+                yield from _partitioned(inner, options, stats, depth + 1, spill_dir)
+            continue
+        stats.partitions += 1
+        part = sessionize_table(table.drop_columns([ROW_COLUMN]), options, rows)
+        stats.invalid_gap_dropped += part.invalid_gap_dropped
+        yield part.table
+
+
+def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregations: Any,
+        max_gap: Any = None, max_duration: Any = None, inclusive_gap: bool = True,
+        time_unit: str | None = None, memory_limit: int | str | None = None,
+        spill_dir: str | Path | None = None,
+        progress: Callable[[int], None] | None = None) -> tuple[pa.Table, Stats]:
+    """:func:`sessionize`, also returning its :class:`Stats` (for front ends such as the CLI).
+
+    ``progress``, when given, is called with the number of input rows read so far, after
+    each batch.
+    """
+    table, make_batches, schema = _source(data)
+    options = _options(schema, key=key, time=time, gap=gap, aggregations=aggregations,
+                       max_gap=max_gap, max_duration=max_duration,
+                       inclusive_gap=inclusive_gap, time_unit=time_unit,
+                       memory_limit=memory_limit)
+    columns = options.columns
+    stats = Stats()
+    if table is not None:
+        table = table.select(columns)
+        batches = None
+        if working_bytes(table.nbytes, table.num_rows) <= options.memory_limit:
+            stats.events_in = table.num_rows
+            if progress is not None:
+                progress(table.num_rows)
+            return _finish(sessionize_table(table, options), stats)
+        batches = iter(table.to_batches(max_chunksize=1 << 16))
+    else:
+        assert make_batches is not None
+        batches = make_batches(columns)
+    held: list[pa.RecordBatch] = []
+    held_bytes = 0
+    for batch in batches:
+        held.append(batch)
+        held_bytes += batch.nbytes
+        stats.events_in += batch.num_rows
+        if progress is not None:
+            progress(stats.events_in)
+        if working_bytes(held_bytes, stats.events_in) > options.memory_limit:
+            return _spilled(held, batches, options, stats, spill_dir, progress)
+    whole = pa.Table.from_batches(held, schema=pa.schema([schema.field(c) for c in columns]))
+    return _finish(sessionize_table(whole, options), stats)
+
+
+def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
+    stats.invalid_gap_dropped += part.invalid_gap_dropped
+    stats.sessions_out = part.table.num_rows
+    if stats.invalid_gap_dropped:
+        log.warning("%d events had a null or non-positive gap and were dropped, as Spark "
+                    "drops them", stats.invalid_gap_dropped)
+    return part.table, stats
+
+
+def _spilled(held: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch], options: Options,
+             stats: Stats, spill_dir: str | Path | None,
+             progress: Callable[[int], None] | None) -> tuple[pa.Table, Stats]:
+    """Spill what is held and the rest of the stream to hash partitions, then sessionize them
+    one by one."""
+    first = held[0]
+    schema = first.schema.append(pa.field(ROW_COLUMN, pa.int64()))
+    # Enough partitions for what was read so far to fit four times over: the stream may go on.
+    partitions = max(4, math.ceil(4 * working_bytes(sum(b.nbytes for b in held),
+                                                    stats.events_in) / options.memory_limit))
+    seen = 0
+    with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
+        def write(batch: pa.RecordBatch) -> None:
+            nonlocal seen
+            numbered = batch.append_column(ROW_COLUMN, pa.array(
+                np.arange(seen, seen + batch.num_rows, dtype=np.int64)))
+            spill.write(numbered)
+            seen += batch.num_rows
+
+        while held:
+            write(held.pop(0))
+        for batch in rest:
+            write(batch)
+            stats.events_in += batch.num_rows
+            if progress is not None:
+                progress(stats.events_in)
+        stats.spilled_bytes += spill.bytes_written
+        tables = list(_partitioned(spill, options, stats, 0, spill_dir))
+    if not tables:
+        raise AssertionError("spilled input produced no partition")  # pragma: no cover
+    table = _sort_output(tables, options.keys)
+    return _finish(Part(table, 0), stats)
+
+
+def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
+               aggregations: Any, max_gap: Any = None, max_duration: Any = None,
+               inclusive_gap: bool = True, time_unit: str | None = None,
+               memory_limit: int | str | None = None,
+               spill_dir: str | Path | None = None) -> pa.Table:
+    """Sessionize data that is all there: one row per session, exact whatever the row order.
+
+    The answer is the streaming engine's once every event is in and the watermark has passed
+    them all: per key, events sorted by time (ties by input order) form a session while each is
+    within the gap of the session so far (``inclusive_gap``: at most ``gap`` after it; without:
+    strictly less) and, with ``max_duration``, before ``start + max_duration``. A session is
+    ``[first time, min(max(t + gap), start + max_duration))``. Nothing is late; there is no
+    store, watermark or lateness. Inputs whose working set exceeds ``memory_limit`` are
+    hash-partitioned by key into Arrow IPC spill files and sessionized partition by partition.
+
+    Args:
+        data: a ``pyarrow.Table``, ``RecordBatchReader`` or ``pyarrow.dataset.Dataset`` (read
+            in batches, only the columns needed), or a pandas or polars DataFrame.
+        key: the key column, or a list of them.
+        time: the event-time column: timestamps (any unit, with or without a time zone, kept
+            at full precision), dates, or integers (counts of ``time_unit``, or with
+            ``time_unit`` None of the column's own unit, which an integer ``gap`` shares).
+        gap: a duration: an int in the time column's units, a ``timedelta``, or a string such
+            as ``"30m"`` or ``"10 minutes"``; or the name of a column with each event's own gap
+            (integers in the time column's units, or Arrow durations), used when the string is
+            not a duration. A null or non-positive own gap drops the event (counted in
+            :class:`Stats` and logged), as Spark drops such rows.
+        aggregations: the CLI's ``"NAME=KIND:COLUMN"`` strings (one or a list) or the Spark
+            adapter's ``{NAME: "count" | (KIND, COLUMN) | Aggregation}``; kinds are count,
+            sum, min, max, first, last and collect; a custom ``Aggregation`` sees each row as a
+            dict of the other columns and is output as JSON text.
+        max_gap: with a gap column, the largest gap allowed (optional here: nothing is kept);
+            a larger one is an error.
+        max_duration: the longest a session may span, a duration as ``gap``.
+        inclusive_gap: whether events exactly ``gap`` apart share a session (True, Spark's
+            rule) or not (False, Beam's).
+        time_unit: "s", "ms", "us" or "ns": the unit of an integer time column (needed when
+            a duration is a string or a ``timedelta``).
+        memory_limit: bytes (an int, or a string such as ``"1GB"``) the working set may use
+            before spilling; default a quarter of physical memory, at most 2 GiB.
+        spill_dir: where spill files go (default: the system's temporary directory); they are
+            removed when the call returns or fails.
+
+    Returns:
+        A ``pyarrow.Table``: the key columns (their input types), ``session_start`` and
+        ``session_end`` (exclusive; the time column's timestamp type, ``timestamp[s]`` for
+        date32 and ``timestamp[ms]`` for date64 input, int64 for integer times), then one
+        column per aggregation, typed as the CLI outputs them. Rows are ordered by key, then
+        ``session_start``.
+
+    Raises:
+        ValueError: a missing column, a null key or time (naming the column and row), a bad
+            duration, a gap above ``max_gap``, an integer sum beyond int64 (naming the
+            aggregation, key and session); each names the argument.
+        TypeError: an unsupported ``data``, time column type or argument type.
+    """
+    table, _ = run(data, key=key, time=time, gap=gap, aggregations=aggregations,
+                   max_gap=max_gap, max_duration=max_duration, inclusive_gap=inclusive_gap,
+                   time_unit=time_unit, memory_limit=memory_limit, spill_dir=spill_dir)
+    return table

@@ -1,0 +1,148 @@
+"""Sessionize one in-memory table: encode keys, order by (key, time), scan, reduce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from .options import INT64_MAX, SESSION_COLUMNS, Options, time_ticks
+from .order import key_codes, sort_rows
+from .reduce import Sorted, fold_custom, reduce_sessions
+from .scan import session_bounds, session_starts
+
+Int64Array = npt.NDArray[np.int64]
+#: The hidden column that carries input row numbers through spill files.
+ROW_COLUMN = "__sessionstore_row"
+
+
+@dataclass
+class Part:
+    """The sessions of one table, and what was dropped from it.
+
+    Attributes:
+        table: key columns, ``session_start``, ``session_end``, the outputs; ordered by key,
+            then start.
+        invalid_gap_dropped: rows whose own gap was null or <= 0.
+    """
+
+    table: pa.Table
+    invalid_gap_dropped: int
+
+
+def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Array:
+    """The gap column in ticks, with 0 for a null (a dropped row).
+
+    Raises:
+        TypeError: not an integer or duration column. ValueError: an Arrow duration for plain
+            integer times, or one that is not a whole number of ticks.
+    """
+    name = options.gap_column
+    data_type = column.type
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_duration(data_type):
+        unit = options.time_kind.unit
+        if unit is None:
+            raise ValueError(f"gap column {name!r} holds durations, but the time column "
+                             f"{options.time!r} holds plain integers: give time_unit")
+        raw = column.cast(pa.int64()).fill_null(0).to_numpy()
+        from .options import TICKS_PER_SECOND
+
+        have, want = TICKS_PER_SECOND[data_type.unit], TICKS_PER_SECOND[unit]
+        if want >= have:
+            return raw * np.int64(want // have)  # type: ignore[no-any-return]
+        ticks, rest = np.divmod(raw, np.int64(have // want))
+        if rest.any():
+            row = int(np.argmax(rest != 0))
+            raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at row "
+                             f"{row}, not a whole number of {unit} (the time column's unit)")
+        return ticks  # type: ignore[no-any-return]
+    if not pa.types.is_integer(data_type):
+        raise TypeError(f"gap column {name!r} has type {data_type}: it must hold integers (in "
+                        f"the time column's units) or durations")
+    values = column.fill_null(0).to_numpy()
+    if values.dtype == np.uint64:
+        values = np.minimum(values, INT64_MAX)
+    return cast(Int64Array, values.astype(np.int64, copy=False))
+
+
+def sessionize_table(table: pa.Table, options: Options, rows: Int64Array | None = None
+                     ) -> Part:
+    """The sessions of ``table`` (all its rows in memory).
+
+    Args:
+        rows: the input row number of each row (default: its position), for arrival order
+            and error messages.
+
+    Raises:
+        ValueError: a null key or time, a gap above ``max_gap``, a time plus gap beyond
+            int64, an integer sum beyond int64 (each naming the argument, column or session).
+    """
+    keys = options.keys
+    times = time_ticks(table.column(options.time), options.time)
+    dropped = 0
+    if options.gap_column is not None:
+        gaps = gaps_ticks(table.column(options.gap_column), options)
+        valid = gaps > 0
+        if options.max_gap_ticks is not None:
+            over = gaps > options.max_gap_ticks
+            if over.any():
+                row = int(np.argmax(over))
+                shown = row if rows is None else int(rows[row])
+                raise ValueError(f"gap column {options.gap_column!r} holds {gaps[row]} at row "
+                                 f"{shown}, which exceeds max_gap = {options.max_gap_ticks}")
+        if not valid.all():
+            dropped = int(len(valid) - np.count_nonzero(valid))
+            keep = pa.array(valid)
+            table = table.filter(keep)
+            times, gaps = times[valid], gaps[valid]
+            rows = (np.flatnonzero(valid) if rows is None else rows[valid]).astype(np.int64)
+    else:
+        assert options.gap_ticks is not None
+        gaps = np.int64(options.gap_ticks)  # type: ignore[assignment]
+    room = np.int64(INT64_MAX) - gaps
+    late = times > room
+    if late.any():
+        row = int(np.argmax(late))
+        shown = row if rows is None else int(rows[row])
+        raise ValueError(f"time column {options.time!r} holds {times[row]} at row {shown}: "
+                         f"adding its gap passes the largest int64 time")
+    codes, count = key_codes(table, keys)
+    perm = sort_rows(codes, count, times, stable=not options.order_free)
+    fixed = options.gap_column is None
+    if perm is not None:
+        codes, times = codes[perm], times[perm]
+        if not fixed:
+            gaps = gaps[perm]
+    ends = times + gaps
+    first = session_starts(codes, times, ends, inclusive=options.inclusive, fixed_gap=fixed,
+                           max_duration=options.max_duration_ticks)
+    starts_at = np.flatnonzero(first).astype(np.int64)
+    start, end = session_bounds(starts_at, times, ends, options.max_duration_ticks,
+                                fixed_gap=fixed)
+    bounds = np.append(starts_at, np.int64(len(times)))
+    columns = Sorted(table, perm)
+    first_rows = pa.array(starts_at, pa.int64())
+    key_arrays = [columns.column(k).take(first_rows) for k in keys]
+    out_type = options.time_kind.out_type
+
+    def describe(j: int) -> str:
+        key = [a[j].as_py() for a in key_arrays]
+        return (f"key {key[0] if len(key) == 1 else tuple(key)!r}, session "
+                f"[{start[j]}, {end[j]})")
+
+    custom = None
+    if options.planned.custom_outputs:
+        order = np.arange(len(times), dtype=np.int64) if perm is None else perm
+        arrival = order if rows is None else rows[order]
+        custom = fold_custom(columns, bounds, options.planned, keys, times, arrival)
+    outputs = reduce_sessions(columns, bounds, options.specs, options.planned, custom=custom,
+                              describe=describe)
+    arrays = [*key_arrays, pa.array(start, pa.int64()).cast(out_type),
+              pa.array(end, pa.int64()).cast(out_type), *outputs]
+    names = [*keys, *SESSION_COLUMNS, *options.planned.output_names]
+    return Part(pa.Table.from_arrays(arrays, names=names), dropped)

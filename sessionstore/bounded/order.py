@@ -1,0 +1,99 @@
+"""Key codes and the (key, time) order of a table's rows.
+
+Each key column is dictionary-encoded (a hash pass) and its dictionary sorted, so that codes
+follow the values' own order; several key columns combine into one code in lexicographic order.
+Rows are then ordered by (code, time), ties by arrival (row order) when the caller needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def _column_codes(column: pa.ChunkedArray | pa.Array, name: str) -> tuple[Int64Array, int]:
+    """Codes of one key column in the order of its values, and how many distinct values."""
+    if column.null_count:
+        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ValueError(f"key column {name!r} is null at row {row}: every event needs a key "
+                         f"(as in the CLI and the engine, a null key is refused, not dropped)")
+    data_type = column.type
+    if not _orderable(data_type):
+        raise ValueError(f"key column {name!r} has type {data_type}, which cannot be a key "
+                         f"(use atomic columns: integers, strings, binary, dates, timestamps, "
+                         f"decimals, booleans)")
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(data_type):
+        column = column.cast(data_type.value_type)
+    encoded = pc.dictionary_encode(column)
+    dictionary = encoded.dictionary
+    rank = np.empty(len(dictionary), dtype=np.int64)
+    rank[pc.sort_indices(dictionary).to_numpy()] = np.arange(len(dictionary), dtype=np.int64)
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    return rank[indices], len(dictionary)
+
+
+def _orderable(data_type: pa.DataType) -> bool:
+    t = pa.types
+    if t.is_dictionary(data_type):
+        return _orderable(data_type.value_type)
+    return bool(t.is_integer(data_type) or t.is_floating(data_type) or t.is_decimal(data_type)
+                or t.is_string(data_type) or t.is_large_string(data_type)
+                or t.is_binary(data_type) or t.is_large_binary(data_type)
+                or t.is_boolean(data_type) or t.is_date(data_type)
+                or t.is_timestamp(data_type) or t.is_fixed_size_binary(data_type))
+
+
+def key_codes(table: pa.Table, keys: Sequence[str]) -> tuple[Int64Array, int]:
+    """One int64 code per row for the key columns, dense (``0 <= code < count``) and ordered
+    as the key tuples are (column by column, each by its values' order).
+
+    Raises:
+        ValueError: a null key (naming the column and the row), or a column type that cannot
+            be a key.
+    """
+    codes, count = _column_codes(table.column(keys[0]), keys[0])
+    for name in keys[1:]:
+        more, more_count = _column_codes(table.column(name), name)
+        codes = codes * np.int64(more_count) + more  # count < 2**31 here: this fits
+        count *= more_count
+        if count >= 2**31:  # keep codes small: they are packed with times for sorting
+            unique, inverse = np.unique(codes, return_inverse=True)
+            codes, count = inverse.astype(np.int64), len(unique)
+    return codes, count
+
+
+def sort_rows(codes: Int64Array, count: int, times: Int64Array, *, stable: bool
+              ) -> Int64Array | None:
+    """The permutation that orders rows by (code, time), ties by row order when ``stable``;
+    None when the rows are in that order already.
+
+    When codes and times fit in 63 bits together they are packed into one int64 and sorted
+    once; otherwise ``np.lexsort`` sorts by both.
+    """
+    n = len(codes)
+    if n == 0:
+        return None
+    low = int(times.min())
+    span = int(times.max()) - low
+    code_bits = max(count - 1, 0).bit_length()
+    time_bits = span.bit_length()
+    if code_bits + time_bits <= 63:
+        packed = (times - np.int64(low)) if time_bits else np.zeros(n, dtype=np.int64)
+        if code_bits:
+            packed |= codes << np.int64(time_bits)
+        if n < 2 or bool((packed[1:] >= packed[:-1]).all()):
+            return None
+        return np.argsort(packed, kind="stable" if stable else "quicksort").astype(
+            np.int64, copy=False)
+    ordered = (codes[1:] > codes[:-1]) | ((codes[1:] == codes[:-1]) & (times[1:] >= times[:-1]))
+    if bool(ordered.all()):
+        return None
+    return np.lexsort((times, codes)).astype(np.int64, copy=False)
