@@ -240,7 +240,7 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
         opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
-        table = pa.Table.from_batches(list(batches), config.arrow_input_schema())
+        table = config.input_table(batches)
         if runner is None:
             out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
         else:

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,9 +152,30 @@ class SessionizeConfig:
         return pa.schema([pa.field(n, columns.arrow_type(t, self.timezone))
                           for n, t in named.items()])
 
+    def input_table(self, batches: Iterable[pa.RecordBatch]) -> pa.Table:
+        """The rows a task received, as one table of :meth:`arrow_input_schema`.
+
+        Spark sends a column that cannot be null (a literal, ``coalesce``, a Parquet REQUIRED
+        field) as a non-nullable Arrow field, so batches may differ from the input schema, and
+        from each other, in nullability alone: each is brought to the schema here, the one edge
+        where the adapter receives rows.
+        """
+        schema = self.arrow_input_schema()
+        return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema)
+
     def ceil_gap_ms(self) -> int:
         """The largest gap an event can have, rounded up to whole milliseconds."""
         return math.ceil(self.max_gap_us / 1000)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``, which names the same columns in the same order and may differ
+    in nullability (of a column or of a nested element) only."""
+    if batch.schema.equals(schema):
+        return batch
+    arrays = [column if column.type.equals(target.type) else column.cast(target.type)
+              for column, target in zip(batch.columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 @dataclass

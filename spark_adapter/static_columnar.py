@@ -213,10 +213,10 @@ def _run(runner: ColumnarRunner, config: SessionizeConfig,
         pending.append(batch)
         rows += batch.num_rows
         if rows >= CHUNK_ROWS:
-            runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+            runner.feed(config.input_table(pending))
             pending, rows = [], 0
     if rows:
-        runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+        runner.feed(config.input_table(pending))
     out = runner.rows(runner.engine.advance_watermark(INT64_MAX))
     if out.num_rows:
         yield out
