@@ -165,6 +165,12 @@ def test_another_configuration_never_resumes_a_kept_partition(spark, tmp_path):
     changed.delay_ms = 6_000  # not part of the test digest, but of the kept key
     assert kept.take(key_of(changed), 0) is None
     assert kept.kept_count() == 1  # the other configuration's partition is left alone
+    # a restart whose configuration digest differs (say, another aggregation object) never
+    # takes over the engine the old configuration built, even with every other part equal
+    other = stream_config(spark, tmp_path, AGGS, 5_000)
+    other.layout_digest = "another-digest"
+    assert kept.take(key_of(other), 0) is None
+    assert kept.kept_count() == 1
 
 
 # -- the working copy between processes -----------------------------------------------------------
@@ -177,21 +183,28 @@ def _engine(store: Any) -> SessionAggregator:
     return engine
 
 
-def _provider(root: Path) -> SessionStoreProvider:
+def _provider(root: Path, lock_timeout_ms: int = 400) -> SessionStoreProvider:
     return SessionStoreProvider(str(root / "state"), "op", 0, local_root=root / "local",
-                                retention_ms=60_000, lock_timeout_ms=400)
+                                retention_ms=60_000, lock_timeout_ms=lock_timeout_ms)
+
+
+def _only_wakeups() -> None:
+    """In a keeping process: its watcher's safety-net timer never fires within a test, so only
+    a waiter's wake-up can make it give a copy up (and no timeout needs to be tight)."""
+    kept.WATCH_IDLE_S = 3600.0
 
 
 def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
     """In another process: load and commit batch 0, then keep the partition (idle) or go on
     holding it as a running task would."""
+    _only_wakeups()
     provider = _provider(Path(root))
     engine = _engine(provider.load(-1))
     provider.commit(engine.commit, 0, {})
     if keep_it:
         kept.keep(("test", 0), kept.OpenPartition(provider, engine))
     ready.set()
-    done.wait(30)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 @pytest.mark.parametrize("idle", [True, False], ids=["kept-idle", "in-use"])
@@ -202,15 +215,16 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
     holder.start()
     try:
         assert ready.wait(60)
-        provider = _provider(tmp_path)
-        started = time.monotonic()
         if idle:
-            store = provider.load(0)  # the holder's watcher closes its idle copy for us
-            assert time.monotonic() - started < 0.4
+            # the holder's watcher, woken by this wait (it has no timer), closes its idle copy
+            # for us; the timeout only bounds a failure, so a loaded machine cannot fail it
+            provider = _provider(tmp_path, lock_timeout_ms=60_000)
+            store = provider.load(0)
             assert provider.metrics["loads_reused"] == 1  # its working copy, as it committed
             assert [s.key for s, _ in store.find_sessions(0, 10_000)] == ["a"]
             provider.close()
         else:
+            provider = _provider(tmp_path)
             with pytest.raises(StateLockedError, match="held by another process"):
                 provider.load(0)
         assert not list((tmp_path / "local").rglob("release-requested"))  # withdrawn
@@ -221,21 +235,22 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
 
 def _in_use_then_kept(root: str, ready: Any, release: Any, done: Any) -> None:
     """In another process: hold batch 0 as a running task until ``release``, then keep it."""
+    _only_wakeups()
     provider = _provider(Path(root))
     engine = _engine(provider.load(-1))
     provider.commit(engine.commit, 0, {})
     ready.set()
-    release.wait(60)
+    release.wait(600)
     kept.keep(("test", 0), kept.OpenPartition(provider, engine))
-    done.wait(60)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any) -> None:
     """In another process: wait for the partition's lock, then keep it idle, as a task that
-    committed would."""
-    provider = SessionStoreProvider(str(Path(root) / "state"), "op", 0,
-                                    local_root=Path(root) / "local", retention_ms=60_000,
-                                    lock_timeout_ms=6_000)
+    committed would. Only wake-ups make a keeper give the copy up (:func:`_only_wakeups`), so
+    the timeout bounds a failure only and can be long enough for any load."""
+    _only_wakeups()
+    provider = _provider(Path(root), lock_timeout_ms=60_000)
     waiting.set()
     try:
         store = provider.load(0)
@@ -244,7 +259,7 @@ def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any)
         return
     kept.keep(("test", 0), kept.OpenPartition(provider, _engine(store)))
     results.put((name, "got it"))
-    done.wait(60)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
@@ -267,7 +282,7 @@ def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
             assert waiting.wait(60)
         time.sleep(0.3)  # both wait for the lock, the holder's task still runs
         release.set()
-        outcomes = dict(results.get(timeout=30) for _ in waiters)
+        outcomes = dict(results.get(timeout=150) for _ in waiters)
         assert outcomes == {"first": "got it", "second": "got it"}
     finally:
         done.set()
