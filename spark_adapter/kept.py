@@ -65,6 +65,7 @@ _TABLE: OrderedDict[Key, OpenPartition] = OrderedDict()
 _TABLE_LOCK = threading.Lock()  # the watcher thread reads the table too
 _WATCHER_PID: list[int] = []  # the process whose watcher runs (threads do not survive a fork)
 _WAKE: list[int] = []  # the watcher's own pipe (read end, write end): the table gained an entry
+_LOOKS = [0]  # how often this process's watcher looked at the release requests
 
 
 def key_of(config: SessionizeConfig, location: str, partition: int) -> Key:
@@ -140,6 +141,12 @@ def kept_count() -> int:
         return len(_TABLE)
 
 
+def watcher_looks() -> int:
+    """How many times this process's watcher has looked at the release requests: once per
+    wake-up, so it stays put while nobody asks for a kept copy."""
+    return _LOOKS[0]
+
+
 def _poke(fd: int) -> None:
     with contextlib.suppress(BlockingIOError):  # full: the watcher has wake-ups pending already
         os.write(fd, b"\0")
@@ -187,6 +194,7 @@ def _watch(wake: int) -> None:
                 else:
                     listening[key] = fd
         _close_requested()
+        _LOOKS[0] += 1
         ready, _, _ = select.select([wake, *listening.values()], [], [],
                                     WATCH_INTERVAL_S if unheard else WATCH_IDLE_S)
         for fd in ready:

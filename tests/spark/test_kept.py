@@ -28,7 +28,12 @@ from sessionstore import SessionAggregator, aggregations
 from sessionstore.windows import SessionWindows
 from spark_adapter import arrow, kept
 from spark_adapter.config import SessionizeConfig
-from spark_adapter.provider import SessionStoreProvider, StateLockedError
+from spark_adapter.provider import (
+    RELEASE_REQUEST,
+    SessionStoreProvider,
+    StateLockedError,
+    wake_keeper,
+)
 from tests.spark.test_static_columnar import AGGS, arrow_batches, config_for, make_rows
 
 QUERY_ID = "0f0e0d0c-0b0a-4909-8807-060504030201"
@@ -194,6 +199,22 @@ def _only_wakeups() -> None:
     kept.WATCH_IDLE_S = 3600.0
 
 
+def _watcher_asleep() -> None:
+    """Return once this process's watcher has gone to sleep: it looked at least once, then not
+    again for 0.3 s. A request made after this reaches it only by a wake-up.
+
+    Raises:
+        AssertionError: it never stays asleep for 0.3 s within 60 s (it polls).
+    """
+    looks, since = kept.watcher_looks(), time.monotonic()
+    deadline = since + 60
+    while looks == 0 or time.monotonic() - since < 0.3:
+        assert time.monotonic() < deadline, "the kept-partition watcher never sleeps: it polls"
+        time.sleep(0.02)
+        if kept.watcher_looks() != looks:
+            looks, since = kept.watcher_looks(), time.monotonic()
+
+
 def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
     """In another process: load and commit batch 0, then keep the partition (idle) or go on
     holding it as a running task would."""
@@ -203,6 +224,7 @@ def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
     provider.commit(engine.commit, 0, {})
     if keep_it:
         kept.keep(("test", 0), kept.OpenPartition(provider, engine))
+        _watcher_asleep()
     ready.set()
     done.wait(600)  # a holder that left would free the copy without being asked
 
@@ -231,6 +253,34 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
     finally:
         done.set()
         holder.join(30)
+
+
+def test_an_idle_watcher_does_not_poll(tmp_path, monkeypatch):
+    """Kept copies cost their process nothing while nobody asks for them: the watcher sleeps
+    until a waiter's wake-up, and then gives the asked-for copy up."""
+    monkeypatch.setattr(kept, "WATCH_IDLE_S", 3600.0)
+    providers = []
+    for partition in range(3):
+        provider = SessionStoreProvider(str(tmp_path / "state"), "op", partition,
+                                        local_root=tmp_path / "local", retention_ms=60_000)
+        engine = _engine(provider.load(-1))
+        provider.commit(engine.commit, 0, {})
+        kept.keep(("idle", partition), kept.OpenPartition(provider, engine))
+        providers.append(provider)
+    _watcher_asleep()
+    looks = kept.watcher_looks()
+    time.sleep(0.5)
+    assert kept.watcher_looks() == looks  # no timer: 0.5 s idle, not one look
+    (providers[1].local / RELEASE_REQUEST).touch()
+    wake_keeper(providers[1].local)
+    deadline = time.monotonic() + 60
+    while kept.holds(("idle", 1)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [kept.holds(("idle", p)) for p in range(3)] == [True, False, True]
+    assert not providers[1].holds_lock() and providers[0].holds_lock()
+    (providers[1].local / RELEASE_REQUEST).unlink()
+    for partition in (0, 2):
+        kept.discard(("idle", partition))
 
 
 def _in_use_then_kept(root: str, ready: Any, release: Any, done: Any) -> None:
