@@ -51,7 +51,7 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns, kept, static_columnar
-from .config import SessionizeConfig, emits_batch, engine_rows
+from .config import STATIC_RETENTION_US, SessionizeConfig, emits_batch, engine_rows
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
 
@@ -175,7 +175,8 @@ def query_location(config: SessionizeConfig) -> str:
     location = query_state_location(config.state_location)
     pin_layout(location, StateLayout(n_buckets=config.n_buckets,
                                      num_partitions=config.n_partitions,
-                                     config_digest=config.layout_digest))
+                                     config_digest=config.layout_digest,
+                                     settings=config.layout_settings))
     return location
 
 
@@ -240,7 +241,7 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
         opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
-        table = pa.Table.from_batches(list(batches), config.arrow_input_schema())
+        table = config.input_table(batches)
         if runner is None:
             out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
         else:
@@ -387,7 +388,7 @@ def static_partition(config: SessionizeConfig,
         yield from columnar
         return
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),
     )
     for batch in batches:

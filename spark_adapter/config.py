@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from sessionstore import AccumulationMode, AfterWatermark, EmitStrategy, Session
 from sessionstore.aggregations import Aggregation
 from sessionstore.engine import Emit
 from sessionstore.engine.config import required_retention_ms
-from sessionstore.timeutil import duration_ms
+from sessionstore.timeutil import INT64_MAX, check_int64, duration_ms
 
 from . import columns
 
@@ -32,6 +33,12 @@ PANE_FIELDS = [T.StructField("pane_timing", T.StringType()),
                T.StructField("pane_index", T.LongType()),
                T.StructField("pane_is_first", T.BooleanType()),
                T.StructField("pane_is_last", T.BooleanType())]
+#: The retention of the in-memory store a static task runs on: nothing expires before the final
+#: watermark, and the store's sums of times and retention stay far from int64's end.
+STATIC_RETENTION_US = INT64_MAX // 4
+#: The bound of a per-row gap on a static DataFrame given without ``max_gap`` (about 14,600
+#: years): nothing is retained between tasks, so only the static store's retention limits it.
+STATIC_MAX_GAP_US = STATIC_RETENTION_US // 2
 _MICROS = re.compile(r"^\s*(\d+)\s*(us|micro|micros|microsecond|microseconds)\s*$")
 
 
@@ -40,15 +47,15 @@ def duration_us(value: Any, name: str) -> int:
     string such as ``"10 minutes"``, or an int of milliseconds.
 
     Raises:
-        TypeError / ValueError: naming ``name``.
+        TypeError / ValueError: naming ``name`` (also for a value outside int64).
     """
     if isinstance(value, dt.timedelta):
-        return value // dt.timedelta(microseconds=1)
+        return check_int64(value // dt.timedelta(microseconds=1), name)
     if isinstance(value, str):
         match = _MICROS.match(value)
         if match:
-            return int(match.group(1))
-    return duration_ms(value, name) * 1000
+            return check_int64(int(match.group(1)), name)
+    return check_int64(duration_ms(value, name) * 1000, name)
 
 
 @dataclass
@@ -75,6 +82,7 @@ class SessionizeConfig:
     operator: str = "sessionize"
     n_buckets: int = 1
     layout_digest: str = ""  # of every setting the state depends on (pinned on first run)
+    layout_settings: str = ""  # those settings, named in a refused restart's message
     keep_versions: int = 100
     local_dir: str | None = None
     trigger: AfterWatermark | None = None
@@ -151,9 +159,30 @@ class SessionizeConfig:
         return pa.schema([pa.field(n, columns.arrow_type(t, self.timezone))
                           for n, t in named.items()])
 
+    def input_table(self, batches: Iterable[pa.RecordBatch]) -> pa.Table:
+        """The rows a task received, as one table of :meth:`arrow_input_schema`.
+
+        Spark sends a column that cannot be null (a literal, ``coalesce``, a Parquet REQUIRED
+        field) as a non-nullable Arrow field, so batches may differ from the input schema, and
+        from each other, in nullability alone: each is brought to the schema here, the one edge
+        where the adapter receives rows.
+        """
+        schema = self.arrow_input_schema()
+        return pa.Table.from_batches([conform(batch, schema) for batch in batches], schema)
+
     def ceil_gap_ms(self) -> int:
         """The largest gap an event can have, rounded up to whole milliseconds."""
         return math.ceil(self.max_gap_us / 1000)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``, which names the same columns in the same order and may differ
+    in nullability (of a column or of a nested element) only."""
+    if batch.schema.equals(schema):
+        return batch
+    arrays = [column if column.type.equals(target.type) else column.cast(target.type)
+              for column, target in zip(batch.columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 @dataclass

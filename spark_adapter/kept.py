@@ -12,9 +12,12 @@ configuration, a working copy deleted under it) closes them, and the task loads 
 
 A kept partition holds its working copy's locks. A task of the same partition in another worker
 process on this host asks for the copy (the provider's ``RELEASE_REQUEST`` file, written while it
-waits for the lock); this module's watcher thread closes an idle kept partition so asked within
-:data:`WATCH_INTERVAL_S`. A partition in use by a running task is not in the table, so it is never
-closed under that task: the waiting task times out with ``StateLockedError`` as before.
+waits for the lock, and a byte on the copy's ``RELEASE_WAKEUP`` pipe); this module's watcher thread
+sleeps on those pipes and closes an idle kept partition so asked as soon as it wakes. It costs
+nothing while nobody asks: no timer polls (only a wake-up every :data:`WATCH_IDLE_S` as a safety
+net, or every :data:`WATCH_INTERVAL_S` where a pipe cannot be made). A partition in use by a
+running task is not in the table, so it is never closed under that task: the waiting task times
+out with ``StateLockedError`` as before.
 
 At most :data:`KEEP_MAX` partitions stay open per process, the least recently kept closed first.
 Nothing here is needed for correctness; every path ends in the same committed state.
@@ -22,22 +25,26 @@ Nothing here is needed for correctness; every path ends in the same committed st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
+import stat
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sessionstore import SessionAggregator
 
 from .config import SessionizeConfig
-from .provider import RELEASE_REQUEST, SessionStoreProvider
+from .provider import RELEASE_REQUEST, RELEASE_WAKEUP, SessionStoreProvider
 
 log = logging.getLogger(__name__)
 KEEP_MAX = 8  # partitions kept open per worker process
-WATCH_INTERVAL_S = 0.005  # how often the watcher looks for release requests
+WATCH_INTERVAL_S = 0.005  # how often the watcher looks for release requests without a pipe
+WATCH_IDLE_S = 1.0  # the longest the watcher sleeps on its pipes before it looks anyway
 
 Key = tuple[Any, ...]
 
@@ -57,6 +64,8 @@ class OpenPartition:
 _TABLE: OrderedDict[Key, OpenPartition] = OrderedDict()
 _TABLE_LOCK = threading.Lock()  # the watcher thread reads the table too
 _WATCHER_PID: list[int] = []  # the process whose watcher runs (threads do not survive a fork)
+_WAKE: list[int] = []  # the watcher's own pipe (read end, write end): the table gained an entry
+_LOOKS = [0]  # how often this process's watcher looked at the release requests
 
 
 def key_of(config: SessionizeConfig, location: str, partition: int) -> Key:
@@ -91,7 +100,13 @@ def keep(key: Key, partition: OpenPartition) -> None:
         evicted = [_TABLE.popitem(last=False)[1] for _ in range(len(_TABLE) - KEEP_MAX)]
         if not _WATCHER_PID or _WATCHER_PID[0] != os.getpid():
             _WATCHER_PID[:] = [os.getpid()]
-            threading.Thread(target=_watch, name="sessionstore-kept", daemon=True).start()
+            _WAKE[:] = os.pipe()
+            for end in _WAKE:
+                os.set_blocking(end, False)
+            threading.Thread(target=_watch, args=(_WAKE[0],), name="sessionstore-kept",
+                             daemon=True).start()
+        wake = _WAKE[1]
+    _poke(wake)  # the watcher listens for this partition now, and looks for a request at once
     stale = evicted if previous is None or previous is partition else [previous, *evicted]
     for partition_out in stale:
         partition_out.close()
@@ -126,17 +141,75 @@ def kept_count() -> int:
         return len(_TABLE)
 
 
-def _watch() -> None:
-    """Close each kept partition whose working copy another process asked for."""
+def watcher_looks() -> int:
+    """How many times this process's watcher has looked at the release requests: once per
+    wake-up, so it stays put while nobody asks for a kept copy."""
+    return _LOOKS[0]
+
+
+def _poke(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):  # full: the watcher has wake-ups pending already
+        os.write(fd, b"\0")
+
+
+def _listen(local: Path) -> int | None:
+    """A descriptor of the working copy's wake-up pipe (made if missing), open for reading and
+    writing so that it never reports a hang-up; None if no pipe can be had there."""
+    path = local / RELEASE_WAKEUP
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(fd, 4096):
+            pass
+
+
+def _watch(wake: int) -> None:
+    """Close each kept partition whose working copy another process asked for.
+
+    Sleeps until a waiter writes to a kept copy's wake-up pipe or :func:`keep` adds a partition
+    (then it listens on the new copy's pipe too), and looks at the release requests then."""
+    listening: dict[Key, int] = {}
     while True:
-        time.sleep(WATCH_INTERVAL_S)
-        # closed under the lock: a task of this process taking the same key waits for it, and
-        # never opens the working copy while this thread still closes it
         with _TABLE_LOCK:
-            wanted = [key for key, kept in _TABLE.items()
-                      if (kept.provider.local / RELEASE_REQUEST).exists()]
-            for key in wanted:
-                try:
-                    _TABLE.pop(key).close()
-                except Exception:  # noqa: BLE001 - the watcher must outlive one failed close
-                    log.exception("closing a kept partition on request failed")
+            copies = {key: kept.provider.local for key, kept in _TABLE.items()}
+        for key in [k for k in listening if k not in copies]:
+            os.close(listening.pop(key))
+        unheard = False
+        for key, local in copies.items():
+            if key not in listening:
+                fd = _listen(local)
+                if fd is None:
+                    unheard = True
+                else:
+                    listening[key] = fd
+        _close_requested()
+        _LOOKS[0] += 1
+        ready, _, _ = select.select([wake, *listening.values()], [], [],
+                                    WATCH_INTERVAL_S if unheard else WATCH_IDLE_S)
+        for fd in ready:
+            _drain(fd)
+
+
+def _close_requested() -> None:
+    """Close each kept partition whose working copy has a release request."""
+    # closed under the lock: a task of this process taking the same key waits for it, and
+    # never opens the working copy while this thread still closes it
+    with _TABLE_LOCK:
+        wanted = [key for key, kept in _TABLE.items()
+                  if (kept.provider.local / RELEASE_REQUEST).exists()]
+        for key in wanted:
+            try:
+                _TABLE.pop(key).close()
+            except Exception:  # noqa: BLE001 - the watcher must outlive one failed close
+                log.exception("closing a kept partition on request failed")

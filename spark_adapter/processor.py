@@ -39,7 +39,7 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import arrow, columns
-from .config import SessionizeConfig, emits_batch
+from .config import STATIC_RETENTION_US, SessionizeConfig, emits_batch
 from .provider import SessionStoreProvider
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ def static_frames(config: SessionizeConfig) -> Callable[[pd.DataFrame], pd.DataF
 def static_frame(config: SessionizeConfig, frame: pd.DataFrame) -> pd.DataFrame:
     """The static path: one bucket's rows, all at once, on an in-memory engine."""
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),
     )
     batch, _, _ = arrow.sessionize_rows(engine, config, frame_table(config, frame), sort=False)

@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -81,11 +82,31 @@ _LOCK_FILE = "provider.lock"
 #: process that keeps committed providers open between tasks (``spark_adapter.kept``) watches
 #: for it; nothing else reads it.
 RELEASE_REQUEST = "release-requested"
+#: A named pipe beside the lock: a waiter writes a byte to it after leaving the request, which
+#: wakes the process keeping the copy (its watcher sleeps on the pipe, not on a timer). Without a
+#: reader the write is skipped; the request file alone still says what is wanted.
+RELEASE_WAKEUP = "release-wakeup"
 _LOCK_POLL_S = 0.01
 _STAGING_PREFIX = "staging-"
 _CHUNK = 1 << 20
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
 _HELD_LOCKS: dict[Path, IO[bytes]] = {}  # per worker process: the same, for partition locks
+
+
+def wake_keeper(local: Path) -> None:
+    """Wake the process that keeps the working copy ``local`` open between tasks, if one listens
+    on its :data:`RELEASE_WAKEUP` pipe, to look at the release request; never blocks."""
+    try:
+        fd = os.open(local / RELEASE_WAKEUP, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no pipe, or nobody reads it (ENXIO): no process keeps the copy idle
+        return
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.write(fd, b"\0")
+    except OSError:  # full: the keeper has wake-ups pending already
+        pass
+    finally:
+        os.close(fd)
 
 
 class SnapshotError(ValueError):
@@ -412,6 +433,7 @@ class SessionStoreProvider:
                     # withdrawn the request, and will keep the copy idle once its task is done
                     if not request.exists():
                         request.touch()
+                    wake_keeper(self.local)
                     time.sleep(_LOCK_POLL_S)
         finally:
             # withdrawn whether this process asked or not: one left by a waiter that died would

@@ -22,12 +22,12 @@ from sessionstore import (
     aggspec,
 )
 from sessionstore.aggregations import Aggregation
-from sessionstore.timeutil import duration_ms
+from sessionstore.timeutil import INT64_MAX, duration_ms
 
 from . import arrow, columns, static_columnar
-from .config import SessionizeConfig, duration_us
+from .config import STATIC_MAX_GAP_US, STATIC_RETENTION_US, SessionizeConfig, duration_us
 from .provider import open_filesystem
-from .state import config_digest
+from .state import canonical_settings, config_digest
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ def sessionize(
     engine: str = "arrow",
     max_gap: str | dt.timedelta | int | None = None,
     max_duration: str | dt.timedelta | int | None = None,
+    state_version: str | None = None,
 ) -> DataFrame:
     """Session windows over ``df``, static or streaming, with the sessionstore engine.
 
@@ -187,7 +188,7 @@ def sessionize(
             ends at the largest ``t + gap`` of its rows, and a row is late when its own window
             end is at or before the watermark. Rows whose gap is null or <= 0 are dropped and
             counted (``invalid_gaps_dropped``, also in ``dropped_records``), as native filters
-            them. A dynamic gap needs ``max_gap``.
+            them. A dynamic gap on a stream needs ``max_gap``.
         aggregations: output name -> ``"count"``, ``(kind, column)`` with kind one of sum, min,
             max, first, last, collect, or a ``sessionstore.aggregations`` object (called with each
             row as a dict of the columns the other aggregations use; its result is a JSON string).
@@ -216,15 +217,24 @@ def sessionize(
             this project's versioned store; Spark >= 3.3) or ``"processor"``
             (``transformWithStateInPandas`` with Spark-managed timers; Spark >= 4). Both give
             the same rows on the same input.
-        max_gap: required with a per-row gap, refused with a fixed one: the largest gap a row
+        max_gap: with a per-row gap on a streaming DataFrame, required: the largest gap a row
             may have (a duration, as ``gap``). State is kept long enough for it; a row whose gap
             exceeds it fails the task (or the query) with a ``ValueError`` naming the gap
-            expression, the row and both values.
+            expression, the row and both values. Optional on a static DataFrame, which retains
+            nothing (as native, no bound is needed then). Refused with a fixed gap.
         max_duration: a session never spans more than this (a duration, as ``gap``): per key,
             in event-time order, a row joins the current session only if it is gap-connected to
             it *and* earlier than the session's start + ``max_duration``; otherwise it starts a
             new session. The end is ``min(largest t + gap, start + max_duration)``. Whatever the
             arrival order, the sessions equal this offline rule over the rows that are not late.
+        state_version: what the stored state of an aggregation object means, when sessionize
+            cannot tell (an object built on a Python function: ``sum_of(lambda r: ...)``,
+            ``aggregate(...)``, ``reduce(...)``, a subclass). Required then for a streaming
+            DataFrame, and pinned like the rest of the configuration: change it whenever such a
+            function changes what it stores, and a restart from the old checkpoint is refused
+            (``StateLayoutMismatchError``, naming the old and the new version) instead of
+            misreading the state. Built-in aggregations (``"count"``, ``(kind, column)``,
+            ``count()`` and ``sum_of(column=...)`` style objects) are pinned by what they are.
 
     Returns:
         The key column(s), ``session_start`` and ``session_end`` (of the time column's type;
@@ -234,8 +244,10 @@ def sessionize(
     Raises:
         ValueError: a missing column, a non-timestamp time column, a bad gap or aggregation, a
             column type an aggregation cannot use (naming the column and its type), a streaming
-            input without ``watermark_delay``, null keys in a static input, a per-row gap
-            without ``max_gap`` or of a type that is no duration (naming it).
+            input without ``watermark_delay``, null keys in a static input, a per-row gap on a
+            stream without ``max_gap`` or of a type that is no duration (naming it), a gap,
+            ``max_gap``, ``max_duration`` or ``watermark_delay`` so large that the state's
+            retention would not fit int64 (naming them).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
@@ -266,10 +278,12 @@ def sessionize(
             raise ValueError(f"max_gap bounds a per-row gap; gap={gap!r} is fixed, leave "
                              f"max_gap out")
         max_gap_us = gap_us
-    else:
-        if max_gap is None:
+    elif max_gap is None:
+        if df.isStreaming:
             raise ValueError(f"gap {dynamic[1]} is per row: give max_gap=, the largest gap a row "
                              f"may have (state is kept for it, and larger gaps are refused)")
+        max_gap_us = STATIC_MAX_GAP_US  # a static query retains nothing: no bound is needed
+    else:
         max_gap_us = duration_us(max_gap, "max_gap")
         if max_gap_us <= 0:
             raise ValueError(f"max_gap must be > 0, got {max_gap_us} us")
@@ -285,6 +299,10 @@ def sessionize(
         raise ValueError("accumulation needs a trigger")
     if trigger is not None and emit != "final":
         raise ValueError("a trigger replaces emit: leave emit at 'final'")
+    # the arguments the state's retention is made of, as the user gave them (for messages)
+    retention_terms: dict[str, Any] = {"gap" if dynamic is None else "max_gap":
+                                       gap if dynamic is None else max_gap,
+                                       "max_duration": max_duration}
     agg, value_columns, output_names, agg_fields, json_outputs = _plan_aggregations(
         df, aggregations, key_columns, timestamp
     )
@@ -306,7 +324,8 @@ def sessionize(
         gap_column=None if dynamic is None else GAP_COLUMN,
         gap_description="" if dynamic is None else dynamic[1],
     )
-    _check_engine(config)
+    if not df.isStreaming:
+        _check_engine(config, STATIC_RETENTION_US, retention_terms)
     carried = [c for c in value_columns if c not in key_columns and c != timestamp]
     if dynamic is None:
         selected = df.select(*key_columns, timestamp, *carried)
@@ -336,11 +355,24 @@ def sessionize(
     if delay_ms < 0:
         raise ValueError(f"watermark_delay must be >= 0, got {delay_ms} ms")
     config.delay_ms = delay_ms
+    retention_terms["watermark_delay"] = watermark_delay
+    # a stream's store keeps each session for config.retention_us: it must fit int64
+    _check_engine(config, INT64_MAX, retention_terms)
     config.state_location = _state_location(spark, state_location)
     open_filesystem(config.state_location)  # fail on the driver for a bad URI
     config.keep_versions = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain") or "100")
     # the Arrow engine keeps one engine per shuffle partition: a bucket is a partition
     config.n_buckets = n_buckets if engine == "processor" else partitions
+    meaning = {name: _meaning(item) for name, item in aggregations.items()
+               if isinstance(item, Aggregation)}
+    opaque = sorted(name for name, (_, exact) in meaning.items() if not exact)
+    if state_version is not None and (not isinstance(state_version, str) or not state_version):
+        raise ValueError(f"state_version must be a non-empty str, got {state_version!r}")
+    if opaque and state_version is None:
+        raise ValueError(
+            f"aggregations {opaque} are built on Python functions, so a restart cannot tell "
+            f"whether they still mean what the stored state means: give state_version= (any "
+            f"string, e.g. '1'), and change it whenever such a function changes")
     pinned: dict[str, Any] = {
         "engine": engine, "key": [[k, schema[k].simpleString()] for k in key_columns],
         "timestamp": [timestamp, schema[timestamp].simpleString()],
@@ -354,10 +386,16 @@ def sessionize(
         pinned["gap"], pinned["max_gap_us"] = dynamic[1], max_gap_us
     if max_duration_us is not None:
         pinned["max_duration_us"] = max_duration_us
+    if meaning:  # only when used, as above: what each object's stored state holds
+        pinned["aggregation_state"] = {name: description
+                                       for name, (description, _) in meaning.items()}
+    if state_version is not None:
+        pinned["state_version"] = state_version
     if engine == "arrow" and static_columnar.columnar_parts(config) is not None:
         # the stored accumulators are the columnar path's (see static_columnar)
         pinned["state_layout"] = "columnar"
     config.layout_digest = config_digest(pinned)
+    config.layout_settings = canonical_settings(pinned)
     if engine == "processor":
         return _processor_stream(spark, selected, config, n_buckets)
     # Spark's own watermark is declared on the event time, as for native session_window: it
@@ -376,11 +414,31 @@ def sessionize(
 BUCKET_COLUMN = "sessionstore_bucket"
 
 
-def _check_engine(config: SessionizeConfig) -> None:
-    """Build the engine once on the driver, so that a combination it refuses (say, a trigger
-    with ``max_duration``) fails here, with the engine's message, before any task runs."""
+def _check_engine(config: SessionizeConfig, store_retention_us: int,
+                  retention_terms: Mapping[str, Any]) -> None:
+    """Build the engine once on the driver, on a store of the retention its tasks give theirs,
+    so that a combination it refuses (say, a trigger with ``max_duration``) fails here, with the
+    engine's message, before any task runs.
+
+    Raises:
+        ValueError: the state's retention (the engine's rule, ``config.retention_us``: the
+            largest gap + ``max_duration`` + ``watermark_delay``) exceeds ``store_retention_us``,
+            naming the arguments it is made of and their values; or the engine refuses the
+            settings.
+    """
     try:
-        SessionAggregator(InMemorySessionStore(retention_ms=config.retention_us),
+        needed: int | str = config.retention_us
+    except ValueError:  # the engine's windows refuse a gap + max_duration beyond int64
+        needed = "more than int64"
+    if not isinstance(needed, int) or needed > store_retention_us:
+        named = [name for name, value in retention_terms.items() if value is not None]
+        given = ", ".join(f"{name}={retention_terms[name]!r}" for name in named)
+        raise ValueError(
+            f"sessionize: {given} need state kept {needed} us after a session ends (the largest "
+            f"gap + max_duration + watermark_delay), beyond the {store_retention_us} us a store "
+            f"can keep; make {' or '.join(named)} smaller")
+    try:
+        SessionAggregator(InMemorySessionStore(retention_ms=store_retention_us),
                           config.windows(), config.aggregation, watermark="external",
                           **config.engine_options())
     except (TypeError, ValueError) as exc:
@@ -461,6 +519,32 @@ def _describe(item: Any) -> Any:
     if isinstance(item, Aggregation):
         return f"{type(item).__module__}.{type(item).__qualname__}:{getattr(item, 'name', '')}"
     return list(item) if isinstance(item, tuple) else item
+
+
+def _meaning(item: Aggregation) -> tuple[Any, bool]:
+    """What an aggregation object's stored accumulator holds, for the layout digest, and whether
+    that description is exact.
+
+    A built-in of ``sessionstore.aggregations`` that reads a named column (``sum_of(column=
+    "amount")``) or nothing (``count()``) is described exactly, and so is a ``combine`` of such
+    parts. Anything built on a Python function (``sum_of(lambda r: ...)``, ``aggregate``,
+    ``reduce``, a subclass) is described by its class and name only, and is not exact: the
+    caller then needs a ``state_version``.
+    """
+    if isinstance(item, aggregations.Combined):
+        parts = {name: _meaning(part) for name, part in zip(item.names, item.parts, strict=True)}
+        return ({"combine": {name: d for name, (d, _) in parts.items()}},
+                all(exact for _, exact in parts.values()))
+    kind = type(item)
+    name = getattr(item, "name", "")
+    if kind.__module__ == aggregations.__name__:
+        column = getattr(item, "column", None)
+        if isinstance(column, str):
+            return {name: column}, True
+        if name == "count" and not hasattr(item, "fn"):
+            return name, True
+        return {name: "a Python function"}, False
+    return f"{kind.__module__}.{kind.__qualname__}:{name}", False
 
 
 def _state_location(spark: SparkSession, state_location: str | None) -> str:

@@ -48,11 +48,15 @@ class StateLayout:
         num_partitions: how many partitions (and so per-partition stores) the query has.
         config_digest: a digest of every setting that shapes the state (see
             :func:`config_digest`).
+        settings: those settings (:func:`canonical_settings`), so that a refused restart can
+            name each one that changed with both values; "" when not known (then only the
+            digests are named).
     """
 
     n_buckets: int
     num_partitions: int
     config_digest: str
+    settings: str = ""  # the canonical JSON the digest was taken of ("": not recorded)
 
     def __post_init__(self) -> None:
         for name in ("n_buckets", "num_partitions"):
@@ -61,13 +65,37 @@ class StateLayout:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(self.config_digest, str) or not self.config_digest:
             raise ValueError(f"config_digest must be a non-empty str, got {self.config_digest!r}")
+        if not isinstance(self.settings, str):
+            raise ValueError(f"settings must be a str, got {self.settings!r}")
+
+
+def canonical_settings(settings: dict[str, Any]) -> str:
+    """``settings`` (names to JSON-able values or values with a stable ``repr``) as one JSON
+    text, the same in every process for equal settings."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 def config_digest(settings: dict[str, Any]) -> str:
-    """A stable 16-hex-digit digest of ``settings`` (names to JSON-able values or values with a
-    stable ``repr``); equal settings give equal digests in every process."""
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A stable 16-hex-digit digest of ``settings`` (see :func:`canonical_settings`); equal
+    settings give equal digests in every process."""
+    return hashlib.sha256(canonical_settings(settings).encode()).hexdigest()[:16]
+
+
+def _changed_settings(recorded: str, current: str) -> list[str]:
+    """Each setting that differs between two :func:`canonical_settings` texts, with both
+    values; empty when either is unknown."""
+    if not recorded or not current:
+        return []
+    try:
+        before, after = json.loads(recorded), json.loads(current)
+    except ValueError:
+        return []
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    return [f"{name}: the state location was created with "
+            f"{json.dumps(before.get(name, '(not set)'), sort_keys=True)}, this run uses "
+            f"{json.dumps(after.get(name, '(not set)'), sort_keys=True)}"
+            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
 
 
 def pin_layout(state_location: str, layout: StateLayout, *,
@@ -113,6 +141,8 @@ def pin_layout(state_location: str, layout: StateLayout, *,
         for name in ("n_buckets", "num_partitions", "config_digest")
         if getattr(recorded, name) != getattr(layout, name)
     ]
+    if recorded.config_digest != layout.config_digest:
+        differences += _changed_settings(recorded.settings, layout.settings)
     if differences:
         raise StateLayoutMismatchError(
             f"state location {base} does not fit this query ({'; '.join(differences)}); keys "

@@ -33,7 +33,7 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns
-from .config import SessionizeConfig, check_gap_bound
+from .config import STATIC_RETENTION_US, SessionizeConfig, check_gap_bound
 
 #: ``SessionizeConfig.extra`` key under which ``sessionize`` leaves ``[(name, kind, column)]``.
 PARTS_KEY = "static_parts"
@@ -199,7 +199,7 @@ def static_partition(config: SessionizeConfig,
     if parts is None:
         return None
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=INT64_MAX // 4), config.windows(),
+        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
         columnar_aggregation(parts), watermark="external", **config.engine_options(),
     )
     return _run(ColumnarRunner(config, parts, engine), config, batches)
@@ -213,10 +213,10 @@ def _run(runner: ColumnarRunner, config: SessionizeConfig,
         pending.append(batch)
         rows += batch.num_rows
         if rows >= CHUNK_ROWS:
-            runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+            runner.feed(config.input_table(pending))
             pending, rows = [], 0
     if rows:
-        runner.feed(pa.Table.from_batches(pending, config.arrow_input_schema()))
+        runner.feed(config.input_table(pending))
     out = runner.rows(runner.engine.advance_watermark(INT64_MAX))
     if out.num_rows:
         yield out

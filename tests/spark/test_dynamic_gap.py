@@ -34,6 +34,24 @@ def sorted_rows(frame: Any) -> list[tuple]:
     return sorted(tuple(r) for r in frame.collect())
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_static_per_row_gap_needs_no_max_gap(spark, engine):
+    """A static query retains nothing, so, as native, a per-row gap needs no bound: gaps of
+    seconds and of a thousand years alike."""
+    rows = [("a", at(0), "5 seconds", "x", 1), ("a", at(4), "1000 days", "x", 2),
+            ("a", at(86_400 * 900), "1 second", "x", 3), ("b", at(0), "1000 years", "x", 4),
+            ("b", at(10), None, "x", 5)]
+    df = spark.createDataFrame(rows, SCHEMA)
+    got = sorted_rows(sessionize(df, key="user", timestamp="ts", gap=F.col("dur"),
+                                 aggregations={"n": "count", "s": ("sum", "amount")},
+                                 engine=engine))
+    expected = sorted_rows(df.groupBy("user", F.session_window("ts", F.col("dur")).alias("w"))
+                           .agg(F.count("*"), F.sum("amount"))
+                           .select("user", "w.start", "w.end", "count(1)", "sum(amount)"))
+    assert got == expected
+    assert [r[3:] for r in got] == [(3, 6), (1, 4)]
+
+
 # -- the per-row gap itself ----------------------------------------------------------------------
 
 GAP_ROWS = [  # (user, wall-clock time in the session zone, gap expression value)
@@ -78,11 +96,13 @@ def test_per_row_gap_is_native_window_length(spark):
         spark.conf.set("spark.sql.session.timeZone", previous)
 
 
-def test_gap_arguments_are_checked_on_the_driver(spark):
+def test_gap_arguments_are_checked_on_the_driver(spark, tmp_path):
     df = spark.createDataFrame([], SCHEMA)
     kw: dict[str, Any] = {"key": "user", "timestamp": "ts", "aggregations": {"n": "count"}}
+    stream = spark.readStream.schema(SCHEMA).json(str(tmp_path))
     with pytest.raises(ValueError, match="is per row: give max_gap="):
-        sessionize(df, gap=F.col("dur"), **kw)
+        sessionize(stream, gap=F.col("dur"), watermark_delay="1 second",
+                   state_location=str(tmp_path / "state"), **kw)
     with pytest.raises(ValueError, match="max_gap bounds a per-row gap"):
         sessionize(df, gap="10 seconds", max_gap="1 minute", **kw)
     with pytest.raises(ValueError, match="has type bigint; a per-row gap must be a duration"):

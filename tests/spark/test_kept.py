@@ -28,7 +28,12 @@ from sessionstore import SessionAggregator, aggregations
 from sessionstore.windows import SessionWindows
 from spark_adapter import arrow, kept
 from spark_adapter.config import SessionizeConfig
-from spark_adapter.provider import SessionStoreProvider, StateLockedError
+from spark_adapter.provider import (
+    RELEASE_REQUEST,
+    SessionStoreProvider,
+    StateLockedError,
+    wake_keeper,
+)
 from tests.spark.test_static_columnar import AGGS, arrow_batches, config_for, make_rows
 
 QUERY_ID = "0f0e0d0c-0b0a-4909-8807-060504030201"
@@ -165,6 +170,12 @@ def test_another_configuration_never_resumes_a_kept_partition(spark, tmp_path):
     changed.delay_ms = 6_000  # not part of the test digest, but of the kept key
     assert kept.take(key_of(changed), 0) is None
     assert kept.kept_count() == 1  # the other configuration's partition is left alone
+    # a restart whose configuration digest differs (say, another aggregation object) never
+    # takes over the engine the old configuration built, even with every other part equal
+    other = stream_config(spark, tmp_path, AGGS, 5_000)
+    other.layout_digest = "another-digest"
+    assert kept.take(key_of(other), 0) is None
+    assert kept.kept_count() == 1
 
 
 # -- the working copy between processes -----------------------------------------------------------
@@ -177,21 +188,45 @@ def _engine(store: Any) -> SessionAggregator:
     return engine
 
 
-def _provider(root: Path) -> SessionStoreProvider:
+def _provider(root: Path, lock_timeout_ms: int = 400) -> SessionStoreProvider:
     return SessionStoreProvider(str(root / "state"), "op", 0, local_root=root / "local",
-                                retention_ms=60_000, lock_timeout_ms=400)
+                                retention_ms=60_000, lock_timeout_ms=lock_timeout_ms)
+
+
+def _only_wakeups() -> None:
+    """In a keeping process: its watcher's safety-net timer never fires within a test, so only
+    a waiter's wake-up can make it give a copy up (and no timeout needs to be tight)."""
+    kept.WATCH_IDLE_S = 3600.0
+
+
+def _watcher_asleep() -> None:
+    """Return once this process's watcher has gone to sleep: it looked at least once, then not
+    again for 0.3 s. A request made after this reaches it only by a wake-up.
+
+    Raises:
+        AssertionError: it never stays asleep for 0.3 s within 60 s (it polls).
+    """
+    looks, since = kept.watcher_looks(), time.monotonic()
+    deadline = since + 60
+    while looks == 0 or time.monotonic() - since < 0.3:
+        assert time.monotonic() < deadline, "the kept-partition watcher never sleeps: it polls"
+        time.sleep(0.02)
+        if kept.watcher_looks() != looks:
+            looks, since = kept.watcher_looks(), time.monotonic()
 
 
 def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
     """In another process: load and commit batch 0, then keep the partition (idle) or go on
     holding it as a running task would."""
+    _only_wakeups()
     provider = _provider(Path(root))
     engine = _engine(provider.load(-1))
     provider.commit(engine.commit, 0, {})
     if keep_it:
         kept.keep(("test", 0), kept.OpenPartition(provider, engine))
+        _watcher_asleep()
     ready.set()
-    done.wait(30)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 @pytest.mark.parametrize("idle", [True, False], ids=["kept-idle", "in-use"])
@@ -202,15 +237,16 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
     holder.start()
     try:
         assert ready.wait(60)
-        provider = _provider(tmp_path)
-        started = time.monotonic()
         if idle:
-            store = provider.load(0)  # the holder's watcher closes its idle copy for us
-            assert time.monotonic() - started < 0.4
+            # the holder's watcher, woken by this wait (it has no timer), closes its idle copy
+            # for us; the timeout only bounds a failure, so a loaded machine cannot fail it
+            provider = _provider(tmp_path, lock_timeout_ms=60_000)
+            store = provider.load(0)
             assert provider.metrics["loads_reused"] == 1  # its working copy, as it committed
             assert [s.key for s, _ in store.find_sessions(0, 10_000)] == ["a"]
             provider.close()
         else:
+            provider = _provider(tmp_path)
             with pytest.raises(StateLockedError, match="held by another process"):
                 provider.load(0)
         assert not list((tmp_path / "local").rglob("release-requested"))  # withdrawn
@@ -219,23 +255,52 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
         holder.join(30)
 
 
+def test_an_idle_watcher_does_not_poll(tmp_path, monkeypatch):
+    """Kept copies cost their process nothing while nobody asks for them: the watcher sleeps
+    until a waiter's wake-up, and then gives the asked-for copy up."""
+    monkeypatch.setattr(kept, "WATCH_IDLE_S", 3600.0)
+    providers = []
+    for partition in range(3):
+        provider = SessionStoreProvider(str(tmp_path / "state"), "op", partition,
+                                        local_root=tmp_path / "local", retention_ms=60_000)
+        engine = _engine(provider.load(-1))
+        provider.commit(engine.commit, 0, {})
+        kept.keep(("idle", partition), kept.OpenPartition(provider, engine))
+        providers.append(provider)
+    _watcher_asleep()
+    looks = kept.watcher_looks()
+    time.sleep(0.5)
+    assert kept.watcher_looks() == looks  # no timer: 0.5 s idle, not one look
+    (providers[1].local / RELEASE_REQUEST).touch()
+    wake_keeper(providers[1].local)
+    deadline = time.monotonic() + 60
+    while kept.holds(("idle", 1)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [kept.holds(("idle", p)) for p in range(3)] == [True, False, True]
+    assert not providers[1].holds_lock() and providers[0].holds_lock()
+    (providers[1].local / RELEASE_REQUEST).unlink()
+    for partition in (0, 2):
+        kept.discard(("idle", partition))
+
+
 def _in_use_then_kept(root: str, ready: Any, release: Any, done: Any) -> None:
     """In another process: hold batch 0 as a running task until ``release``, then keep it."""
+    _only_wakeups()
     provider = _provider(Path(root))
     engine = _engine(provider.load(-1))
     provider.commit(engine.commit, 0, {})
     ready.set()
-    release.wait(60)
+    release.wait(600)
     kept.keep(("test", 0), kept.OpenPartition(provider, engine))
-    done.wait(60)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any) -> None:
     """In another process: wait for the partition's lock, then keep it idle, as a task that
-    committed would."""
-    provider = SessionStoreProvider(str(Path(root) / "state"), "op", 0,
-                                    local_root=Path(root) / "local", retention_ms=60_000,
-                                    lock_timeout_ms=6_000)
+    committed would. Only wake-ups make a keeper give the copy up (:func:`_only_wakeups`), so
+    the timeout bounds a failure only and can be long enough for any load."""
+    _only_wakeups()
+    provider = _provider(Path(root), lock_timeout_ms=60_000)
     waiting.set()
     try:
         store = provider.load(0)
@@ -244,7 +309,7 @@ def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any)
         return
     kept.keep(("test", 0), kept.OpenPartition(provider, _engine(store)))
     results.put((name, "got it"))
-    done.wait(60)
+    done.wait(600)  # a holder that left would free the copy without being asked
 
 
 def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
@@ -267,7 +332,7 @@ def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
             assert waiting.wait(60)
         time.sleep(0.3)  # both wait for the lock, the holder's task still runs
         release.set()
-        outcomes = dict(results.get(timeout=30) for _ in waiters)
+        outcomes = dict(results.get(timeout=150) for _ in waiters)
         assert outcomes == {"first": "got it", "second": "got it"}
     finally:
         done.set()

@@ -180,6 +180,36 @@ def test_manifest_file_names_cannot_escape_even_when_sealed(tmp_path):
     assert not (tmp_path / "evil").exists()
 
 
+def test_a_manifest_under_another_batch_number_is_refused_before_any_download(tmp_path,
+                                                                              monkeypatch):
+    run_batch(provider(tmp_path), 0, [(f"k{i}", i) for i in range(20)])
+    manifests = partition_dir(tmp_path) / "manifests"
+    (manifests / "1.json").write_bytes((manifests / "0.json").read_bytes())  # batch 0's, as 1
+
+    def no_download(*args: object) -> None:
+        raise AssertionError("a file was downloaded for a manifest of another batch")
+
+    monkeypatch.setattr(SessionStoreProvider, "_stage_files", no_download)
+    with pytest.raises(SnapshotCorruptedError, match="holds batch 0, not 1") as caught:
+        provider(tmp_path, local="other").load(1)
+    assert caught.value.path == str(manifests / "1.json")
+
+
+@pytest.mark.parametrize("change", ["extra", "missing"])
+def test_a_restore_whose_segments_differ_from_the_manifest_is_refused(tmp_path, change):
+    run_batch(provider(tmp_path), 0, [(f"k{i}", i * 7_000) for i in range(20)])
+    path = partition_dir(tmp_path) / "manifests" / "0.json"
+    body = unseal(path.read_bytes(), str(path))
+    assert body["segments"]
+    body["segments"] = [*body["segments"], max(body["segments"]) + 1] if change == "extra" \
+        else body["segments"][1:]
+    path.write_bytes(seal(body))
+    with pytest.raises(SnapshotCorruptedError, match="restores segments .* the manifest records"):
+        provider(tmp_path, local="other").load(0)
+    assert not (tmp_path / "other").exists() or not any(
+        (tmp_path / "other").rglob("CURRENT"))  # nothing swapped in
+
+
 def test_commit_must_follow_the_loaded_version(tmp_path):
     p = provider(tmp_path)
     with pytest.raises(RuntimeError, match="before load"):

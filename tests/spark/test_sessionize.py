@@ -63,11 +63,13 @@ def test_static_collect_first_last_and_custom(spark):
     assert got == {"a": ([1, 2, 3], 1, 3, "3"), "b": ([7], 7, 7, "7")}
 
 
-def streaming_query(state: Path, local: Path, aggs=None, delay: str = "60 seconds"):
+def streaming_query(state: Path, local: Path, aggs=None, delay: str = "60 seconds",
+                    state_version: str | None = None):
     def build(stream):
         return sessionize(stream, key="user", timestamp="ts", gap="10 seconds",
                           aggregations=aggs or AGGS, watermark_delay=delay,
-                          state_location=str(state), local_dir=str(local))
+                          state_location=str(state), local_dir=str(local),
+                          state_version=state_version)
 
     return build
 
@@ -138,7 +140,8 @@ def _fail_first_attempt(key, row, acc):
 def test_task_failure_is_retried_without_double_counting(spark, reference, tmp_path):
     flaky = aggregations.aggregate(lambda: 0, _fail_first_attempt, lambda key, a, b: a + b)
     run = StreamRun(spark, tmp_path, streaming_query(tmp_path / "state", tmp_path / "local",
-                                                     aggs={**AGGS, "flaky": flaky}))
+                                                     aggs={**AGGS, "flaky": flaky},
+                                                     state_version="1"))
     run.start()
     for i, rows in enumerate(FILES):
         run.feed(i, rows)
@@ -216,6 +219,53 @@ def test_bad_arguments_fail_before_the_query_starts(spark, kwargs, match):
             **kwargs}
     with pytest.raises(ValueError, match=match):
         sessionize(df, **args)
+
+
+DAYS_1E8 = dt.timedelta(days=10**8)  # 8.64e18 us: fits int64, with anything added it may not
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "streaming", "named"),
+    [
+        ({"gap": DAYS_1E8}, False, "gap=datetime.timedelta(days=100000000)"),
+        ({"gap": "1 second", "max_duration": DAYS_1E8}, False, "max_duration="),
+        ({"gap": "dur", "max_duration": DAYS_1E8 // 2 + DAYS_1E8 // 10}, False,
+         "max_duration="),
+        ({"gap": DAYS_1E8 // 2, "max_duration": DAYS_1E8 // 2}, False, "gap="),
+        ({"gap": DAYS_1E8, "watermark_delay": DAYS_1E8 // 10}, True, "watermark_delay="),
+        ({"gap": "1 second", "watermark_delay": dt.timedelta(days=110_000_000)}, True, "watermark_delay="),
+        ({"gap": "dur", "max_gap": DAYS_1E8, "max_duration": DAYS_1E8,
+          "watermark_delay": "1 second"}, True, "max_gap=datetime.timedelta(days=100000000)"),
+        ({"gap": dt.timedelta(days=999_999_999)}, False, "gap"),
+    ],
+)
+def test_retention_beyond_int64_is_refused_in_the_call(spark, tmp_path, kwargs, streaming,
+                                                       named):
+    """Whatever the state's retention is made of (the gap or max_gap, max_duration and, on a
+    stream, watermark_delay), a sum the store cannot hold is refused by sessionize itself,
+    naming the arguments, instead of every task failing later."""
+    schema = "user string, ts timestamp, dur string, amount long"
+    df = spark.readStream.schema(schema).json(str(tmp_path)) if streaming else \
+        spark.createDataFrame([("a", EPOCH, "1 second", 1)], schema)
+    extra = {"state_location": str(tmp_path / "state"),
+             "watermark_delay": kwargs.get("watermark_delay", "1 second")} if streaming else {}
+    with pytest.raises(ValueError, match="need state kept|outside|int64") as caught:
+        sessionize(df, key="user", timestamp="ts", aggregations={"n": "count"},
+                   **{**kwargs, **extra})
+    assert named in str(caught.value)
+
+
+def test_a_large_gap_that_fits_equals_native(spark):
+    """The bound refuses only what does not fit: a gap of 100,000 days is still native's."""
+    df = spark.createDataFrame([("a", EPOCH, 1), ("a", EPOCH + dt.timedelta(days=90_000), 2)],
+                               "user string, ts timestamp, amount long")
+    got = sorted(tuple(r) for r in sessionize(
+        df, key="user", timestamp="ts", gap=dt.timedelta(days=100_000),
+        aggregations={"n": "count"}).collect())
+    expected = sorted(tuple(r) for r in df.groupBy(
+        "user", F.session_window("ts", "100000 days").alias("w")).count()
+        .select("user", "w.start", "w.end", "count").collect())
+    assert got == expected and got[0][3] == 2
 
 
 def test_null_keys_and_missing_watermark_delay(spark, tmp_path):

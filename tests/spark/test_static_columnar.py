@@ -128,3 +128,34 @@ def test_columnar_path_equals_row_path_on_the_same_batches(spark, monkeypatch, k
 def test_other_aggregations_take_the_row_path(spark, aggs, options):
     config = config_for(spark, ["user"], aggs, **options)
     assert static_columnar.static_partition(config, iter([])) is None
+
+
+@pytest.mark.parametrize("null_in", [0, 1, 2])
+def test_columnar_runner_drops_rows_with_a_null_in_any_key_column(spark, null_in):
+    """The columnar path drops and counts a row whose key has a null in any of its columns,
+    the first included, as the row path does (a stream's rows are not checked on the driver)."""
+    keys = ["user", "day", "at"]
+    config = config_for(spark, keys, AGGS)
+    parts = static_columnar.columnar_parts(config)
+    assert parts is not None
+    rows = make_rows(200, seed=3)
+    position = {"user": 0, "day": 1, "at": 2}[keys[null_in]]
+    holes = [tuple(None if i == position else v for i, v in enumerate(row))
+             for row in rows[::9]]
+    batches = arrow_batches(spark, config, rows + holes, 64)
+    table = pa.Table.from_batches(batches)
+    engine = arrow.SessionAggregator(
+        arrow.InMemorySessionStore(retention_ms=1 << 60), config.windows(),
+        static_columnar.columnar_aggregation(parts), watermark="external",
+        **config.engine_options())
+    runner = static_columnar.ColumnarRunner(config, parts, engine)
+    counts, _ = runner.feed(table)
+    assert counts == {"null_times_dropped": 0, "null_keys_dropped": len(holes)}
+    got = rows_of([runner.rows(engine.advance_watermark(1 << 62))])
+    row_engine = arrow.SessionAggregator(
+        arrow.InMemorySessionStore(retention_ms=1 << 60), config.windows(), config.aggregation,
+        watermark="external", **config.engine_options())
+    out, row_counts, _ = arrow.sessionize_rows(row_engine, config, table, sort=False)
+    closing = arrow.emits_batch(config, row_engine.advance_watermark(1 << 62))
+    assert row_counts["null_keys_dropped"] == len(holes)
+    assert got == rows_of([out, closing]) and got
