@@ -445,3 +445,26 @@ def test_the_sweep_removes_only_directories_of_dead_runs_holding_no_lock(tmp_pat
         assert sweep_stale_temp_states(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.name for p in (locked, mine, other))
+
+
+# -- an integer sum that leaves int64 (issue 25) -------------------------------------------------
+
+
+def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(tmp_path,
+                                                                                capsys):
+    rows = [{"user": f"u{i}", "ts": i * 100_000_000, "v": 1} for i in range(3)]
+    rows += [{"user": "a", "ts": 400_000_000, "v": -(2**63)},
+             {"user": "a", "ts": 400_000_001, "v": -1}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+                      "--commit-every", "1", "--batch-rows", "1")
+    refused(capsys, argv, "input rows 4..4", "'s'", "'a'", "int64", "-9223372036854775809")
+    with ReadOnlySessionStore(state) as view:
+        version, metadata = view.version, view.metadata
+    written = out.read_bytes()
+    assert sorted(r["user"] for r in read_jsonl(out)) == ["u0", "u1", "u2"]  # committed
+    refused(capsys, argv, "input rows 4..4", "'s'", "'a'", "int64")  # the rerun: the same
+    with ReadOnlySessionStore(state) as view:
+        assert (view.version, view.metadata) == (version, metadata)
+    assert out.read_bytes() == written
