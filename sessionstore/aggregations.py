@@ -11,7 +11,9 @@ engine also passes the event time and an arrival sequence number to :meth:`Aggre
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -179,6 +181,30 @@ class _Sum(Aggregation):
         return "sum" if self._plain() else None
 
 
+def _signed_zero_tie(a: Any, b: Any) -> float:
+    """For two float zeros, ``sign(b) - sign(a)`` (-2: b is -0.0 and a is 0.0); else 0."""
+    if type(a) is float and type(b) is float:
+        return math.copysign(1.0, b) - math.copysign(1.0, a)
+    return 0.0
+
+
+def smaller(a: Any, b: Any) -> Any:
+    """``min(a, b)`` (``a`` on a tie: the first seen), except that -0.0 is below 0.0, as in IEEE
+    754's minimum: the rule of ``min_of`` on every path, so that the sign of a zero minimum does
+    not depend on arrival order or batching (the columnar kernels follow it:
+    :func:`sessionstore.kernels.signed_zero_extremes`)."""
+    if b < a:
+        return b
+    return b if b == 0 and a == 0 and _signed_zero_tie(a, b) < 0 else a
+
+
+def larger(a: Any, b: Any) -> Any:
+    """``max(a, b)`` (``a`` on a tie), except that 0.0 is above -0.0 (IEEE 754's maximum)."""
+    if b > a:
+        return b
+    return b if b == 0 and a == 0 and _signed_zero_tie(a, b) > 0 else a
+
+
 class _Extreme(Aggregation):
     def __init__(self, fn: Callable[[Any], Any], pick: Callable[..., Any], name: str):
         self.fn = fn
@@ -203,7 +229,7 @@ class _Extreme(Aggregation):
     def add_run(
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
     ) -> Any:
-        best = self.pick(map(self.fn, values))
+        best = functools.reduce(self.pick, map(self.fn, values))
         return best if acc is None else self.pick(acc, best)
 
     @property
@@ -452,12 +478,12 @@ def sum_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None)
 
 def min_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
     """The smallest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
-    return _with_column(_Extreme(_reader(fn, column), min, "min"), column)
+    return _with_column(_Extreme(_reader(fn, column), smaller, "min"), column)
 
 
 def max_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
     """The largest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
-    return _with_column(_Extreme(_reader(fn, column), max, "max"), column)
+    return _with_column(_Extreme(_reader(fn, column), larger, "max"), column)
 
 
 def first_of(fn: Callable[[Any], Any] | None = None, *,
