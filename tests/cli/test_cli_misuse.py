@@ -468,3 +468,22 @@ def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(
     with ReadOnlySessionStore(state) as view:
         assert (view.version, view.metadata) == (version, metadata)
     assert out.read_bytes() == written
+
+
+def test_commit_every_commits_exactly_every_n_rows_inside_a_read_batch(tmp_path, capsys):
+    # --commit-every 3 with read batches of 10 rows: commits at rows 3 and 6, so a failure at
+    # row 8 resumes from row 6 (it committed only at batch boundaries before: from row 0)
+    rows = [{"user": f"u{i}", "ts": i * 100_000_000, "v": 1} for i in range(7)]
+    rows += [{"user": "a", "ts": 800_000_000, "v": -(2**63)},
+             {"user": "a", "ts": 800_000_001, "v": -1},
+             {"user": "z", "ts": 900_000_000, "v": 1}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+                      "--commit-every", "3", "--batch-rows", "10")
+    refused(capsys, argv, "input rows 6..8", "'s'")
+    with ReadOnlySessionStore(state) as view:
+        assert view.metadata["user"]["offset"] == 6
+        assert view.version == 2  # one commit per 3 rows, none for the failed part
+    # the sessions closed by row 6 are in the output, once
+    assert sorted(r["user"] for r in read_jsonl(out)) == [f"u{i}" for i in range(5)]
