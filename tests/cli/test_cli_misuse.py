@@ -169,6 +169,21 @@ def test_resuming_with_another_output_format_or_place_is_refused(tmp_path, capsy
             "other options")
 
 
+@pytest.mark.parametrize(("first", "then"), [("final", "update"), ("update", "final")])
+def test_resuming_with_another_emit_mode_is_refused(tmp_path, capsys, first, then):
+    # final writes each session once, update every change with retractions: a resume that
+    # switched would leave one output file in two modes (issue 25: the fingerprint must keep
+    # --emit)
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    out, state = tmp_path / "o.jsonl", ["--state", str(tmp_path / "state")]
+    assert main(sessionize(source, out, *state, "--emit", first)) == 0
+    capsys.readouterr()
+    written = out.read_bytes()
+    refused(capsys, sessionize(source, out, *state, "--emit", then), "other options", "emit")
+    assert out.read_bytes() == written
+    assert main(sessionize(source, out, *state, "--emit", first)) == 0  # the same mode resumes
+
+
 # -- how values are read --------------------------------------------------------------------------
 
 
