@@ -27,13 +27,19 @@ and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
 they never join a re-cut. An event that comes after every open event of its key (the in-order
 case) only extends the last session or starts a new one, at the cost of one ``add``; so does
 an event inside a session that reaches no further than the session's events do (no bound and
-no later cut moves). Built-in accumulators are extended then, as everywhere in the engine (a
+no later cut moves), and an event before every open session of its key that either does not
+reach the first one (a session of its own) or becomes its first event while that session keeps
+all its events and reaches no further (only its bounds change): a key arriving newest first
+costs O(events), not a re-cut per event. Built-in accumulators are extended then, as everywhere in the engine (a
 float sum adds in arrival order); other aggregations are always folded again from the events.
 
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
-every change). An out-of-order event costs O(events of the sessions it re-cuts).
+every change). An out-of-order event costs O(events of the sessions it re-cuts); when a
+newest-first event moves the first event of several open sessions (sessions cut by the maximum
+duration, one after the other), every one of them changes and is re-cut
+(:attr:`MaxDuration.recut_events` counts that work).
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -186,6 +192,9 @@ class MaxDuration:
         # exactly); any other aggregation is folded again from the events, so that only its
         # initializer and aggregator are used, on fresh accumulators
         self._incremental = columnar_parts(engine.aggregation) is not None
+        #: events gathered by full re-cuts (an operation count: tests bound the work of
+        #: disordered input with it, without timing)
+        self.recut_events = 0
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
@@ -267,7 +276,28 @@ class MaxDuration:
             else:
                 appended = False
         elif bounds:
-            appended = False
+            # before every open session of the key; the scan from t meets the first one
+            b = bounds[0]
+            raw = view[b][0]
+            events, max_end = _payload(raw, key, b)
+            limit = t + md
+            first_t = b[0]  # its first event's time
+            if first_t >= limit or (first_t > own_end if inclusive else first_t >= own_end):
+                # the scan stops before the first open event: a session of its own, and the
+                # cut from that event on is the one stored
+                added.append((t, own_window_end(t, own_end, md),
+                              agg.add(key, value, t, seq, agg.initial()), [event], own_end,
+                              True, None))
+            elif own_end <= max_end and events[-1][0] < limit:
+                # it becomes the first event of the first session, which keeps every event
+                # (their runs only grow, all are before the new limit) and reaches no further
+                # (the run and the limit only move back): only that session's bounds change
+                acc, events = self._grow(key, value, t, seq, raw[0], events, event, 0)
+                removed.append((b, raw[0]))
+                added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
+                              True, None))
+            else:
+                appended = False
         else:  # no open session
             added.append((t, own_window_end(t, own_end, md),
                           agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
@@ -280,6 +310,7 @@ class MaxDuration:
                 gathered.extend(_payload(view[b][0], key, b)[0])
             pos = bisect.bisect_right(gathered, t, key=_FIRST)  # after equal times: arrival
             gathered.insert(pos, event)
+            self.recut_events += len(gathered)
             old_set = set(old)
             kept: set[tuple[int, int]] = set()
             low = 0
