@@ -108,15 +108,27 @@ def dataset(events: int) -> Path:
 # -- the tools, each run in its own child process --------------------------------------------
 
 def child_sessionize(source: Path, out: Path, memory_limit: str | None) -> None:
-    import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     import sessionstore
 
-    table = sessionstore.sessionize(ds.dataset(source), key="user_id", time="ts", gap="30m",
+    # a stream of the file's batches, as DuckDB and polars read the file themselves: the call
+    # owns what it reads and frees each column once converted
+    columns = ["user_id", "ts", "amount"]
+    parquet = pq.ParquetFile(source, pre_buffer=False)
+    reader = pa_reader(parquet.schema_arrow, parquet.iter_batches(batch_size=1 << 20,
+                                                                  columns=columns), columns)
+    table = sessionstore.sessionize(reader, key="user_id", time="ts", gap="30m",
                                     aggregations=["n=count", "total=sum:amount"],
                                     memory_limit=memory_limit)
     pq.write_table(table, out)
+
+
+def pa_reader(schema: Any, batches: Any, columns: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatchReader.from_batches(pa.schema([schema.field(c) for c in columns]),
+                                             batches)
 
 
 def child_duckdb(source: Path, out: Path, memory_limit: str | None) -> None:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from .core import ROW_COLUMN, Part, sessionize_table
+from .frame import FrameBuilder
 from .options import (
     SESSION_COLUMNS,
     Options,
@@ -191,18 +192,15 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
     else:
         assert make_batches is not None
         batches = make_batches(columns)
-    held: list[pa.RecordBatch] = []
-    held_bytes = 0
+    held = FrameBuilder(schema, columns)
     for batch in batches:
-        held.append(batch)
-        held_bytes += batch.nbytes
+        held.add(batch)
         stats.events_in += batch.num_rows
         if progress is not None:
             progress(stats.events_in)
-        if working_bytes(held_bytes, stats.events_in) > options.memory_limit:
+        if working_bytes(held.nbytes, held.rows) > options.memory_limit:
             return _spilled(held, batches, options, stats, spill_dir, progress)
-    whole = pa.Table.from_batches(held, schema=pa.schema([schema.field(c) for c in columns]))
-    return _finish(sessionize_table(whole, options), stats)
+    return _finish(sessionize_table(held.finish(), options), stats)
 
 
 def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
@@ -214,16 +212,17 @@ def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
     return part.table, stats
 
 
-def _spilled(held: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch], options: Options,
+def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Options,
              stats: Stats, spill_dir: str | Path | None,
              progress: Callable[[int], None] | None) -> tuple[pa.Table, Stats]:
     """Spill what is held and the rest of the stream to hash partitions, then sessionize them
     one by one."""
-    first = held[0]
-    schema = first.schema.append(pa.field(ROW_COLUMN, pa.int64()))
     # Enough partitions for what was read so far to fit four times over: the stream may go on.
-    partitions = max(4, math.ceil(4 * working_bytes(sum(b.nbytes for b in held),
-                                                    stats.events_in) / options.memory_limit))
+    partitions = max(4, math.ceil(4 * working_bytes(held.nbytes, held.rows)
+                                  / options.memory_limit))
+    first = held.batches()
+    schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(
+        pa.field(ROW_COLUMN, pa.int64()))
     seen = 0
     with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
         def write(batch: pa.RecordBatch) -> None:
@@ -233,8 +232,8 @@ def _spilled(held: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch], options
             spill.write(numbered)
             seen += batch.num_rows
 
-        while held:
-            write(held.pop(0))
+        while first:
+            write(first.pop(0))
         for batch in rest:
             write(batch)
             stats.events_in += batch.num_rows

@@ -109,17 +109,23 @@ def time_kind(data_type: pa.DataType, name: str, time_unit: str | None) -> TimeK
                     f"dates or integers (cast floats or strings first)")
 
 
-def time_ticks(column: pa.ChunkedArray | pa.Array, name: str, first_row: int = 0) -> Int64Array:
+def time_ticks(column: Any, name: str, first_row: int = 0) -> Int64Array:
     """The time column as int64 ticks (see the module docstring).
 
     Raises:
         ValueError: a null time (naming the column and the row: every event needs a time, as
             in the CLI and the engine), or an unsigned value beyond int64.
     """
-    if column.null_count:
+    if isinstance(column, np.ndarray):  # integers without nulls (see Frame)
+        values = column
+    elif column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ValueError(f"time column {name!r} is null at row {first_row + row}: every event "
                          f"needs a time")
+    else:
+        values = None
+    if values is not None:
+        return _checked_int64(values, name, first_row)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     data_type = column.type
@@ -127,7 +133,13 @@ def time_ticks(column: pa.ChunkedArray | pa.Array, name: str, first_row: int = 0
         return cast(Int64Array, column.cast(pa.int32()).to_numpy().astype(np.int64) * 86_400)
     if pa.types.is_timestamp(data_type) or pa.types.is_date64(data_type):
         return cast(Int64Array, np.asarray(column.cast(pa.int64()).to_numpy(), dtype=np.int64))
-    values = column.to_numpy()
+    return _checked_int64(column.to_numpy(), name, first_row)
+
+
+def _checked_int64(values: Any, name: str, first_row: int) -> Int64Array:
+    if values.dtype.kind == "f":
+        raise TypeError(f"time column {name!r} has type {values.dtype}: it must hold "
+                        f"timestamps, dates or integers (cast floats or strings first)")
     if values.dtype == np.uint64 and len(values) and values.max() > INT64_MAX:
         row = int(np.argmax(values > INT64_MAX))
         raise ValueError(f"time column {name!r} holds {values[row]} at row {first_row + row}, "

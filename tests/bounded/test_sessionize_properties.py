@@ -25,7 +25,7 @@ from sessionstore import (
     SessionWindows,
     aggspec,
 )
-from sessionstore.bounded import run
+from sessionstore.bounded import core, run
 from sessionstore.engine import required_retention_ms
 from tests import oracle
 
@@ -60,6 +60,7 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
         "inclusive": draw(st.booleans()),
         "order": draw(st.sampled_from(["drawn", "key", "time", "reversed", "shuffled"])),
         "seed": draw(st.integers(0, 2**16)),
+        "bucket_rows": draw(st.sampled_from([3, 1 << 20])),  # 3: many buckets of key codes
     }
 
 
@@ -89,10 +90,15 @@ def table_of(rows: list[dict[str, Any]]) -> pa.Table:
 def bounded(case: dict[str, Any], rows: list[dict[str, Any]], **extra: Any
             ) -> tuple[list[tuple[Any, ...]], int]:
     keys = ["k", "k2"] if case["two_keys"] else ["k"]
-    table, stats = run(table_of(rows), key=keys, time="t",
-                       gap="g" if case["dynamic"] else case["gap"], aggregations=AGGS,
-                       max_duration=case["max_duration"], inclusive_gap=case["inclusive"],
-                       **extra)
+    saved = core.BUCKET_ROWS
+    core.BUCKET_ROWS = case["bucket_rows"]
+    try:
+        table, stats = run(table_of(rows), key=keys, time="t",
+                           gap="g" if case["dynamic"] else case["gap"], aggregations=AGGS,
+                           max_duration=case["max_duration"], inclusive_gap=case["inclusive"],
+                           **extra)
+    finally:
+        core.BUCKET_ROWS = saved
     out = []
     for r in table.to_pylist():
         key = (r["k"], r["k2"]) if case["two_keys"] else r["k"]
