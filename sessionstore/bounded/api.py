@@ -158,7 +158,12 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
                 yield from _partitioned(inner, options, stats, depth + 1, spill_dir)
             continue
         stats.partitions += 1
-        part = sessionize_table(table.drop_columns([ROW_COLUMN]), options, rows)
+        builder = FrameBuilder(table.schema, options.columns)
+        for batch in table.to_batches():
+            builder.add(batch)
+        del table  # the frame copies the columns out as the table goes
+        batch = None
+        part = sessionize_table(builder.finish(), options, rows)
         stats.invalid_gap_dropped += part.invalid_gap_dropped
         yield part.table
 
@@ -217,8 +222,9 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
              progress: Callable[[int], None] | None) -> tuple[pa.Table, Stats]:
     """Spill what is held and the rest of the stream to hash partitions, then sessionize them
     one by one."""
-    # Enough partitions for what was read so far to fit four times over: the stream may go on.
-    partitions = max(4, math.ceil(4 * working_bytes(held.nbytes, held.rows)
+    # The stream may go on for long: enough partitions for 16 times what was read so far (a
+    # partition that is still too large is split again, at the cost of reading it twice).
+    partitions = max(8, math.ceil(16 * working_bytes(held.nbytes, held.rows)
                                   / options.memory_limit))
     first = held.batches()
     schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(

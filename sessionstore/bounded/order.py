@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .frame import Frame
 
@@ -46,6 +45,8 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
                          f"decimals, booleans)")
     if pa.types.is_dictionary(data_type):
         column = column.cast(data_type.value_type)
+    import pyarrow.compute as pc  # here: its import costs ~70 ms, integer keys need none
+
     encoded = pc.dictionary_encode(column)
     dictionary = encoded.dictionary
     rank = np.empty(len(dictionary), dtype=np.int64)

@@ -17,7 +17,6 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -25,6 +24,8 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 def key_hashes(batch: pa.RecordBatch, keys: Sequence[str], salt: int) -> npt.NDArray[np.uint64]:
     """A hash per row of the key columns, equal for equal keys within this process (Python's
     ``hash`` of each distinct value, salted so that a partition can be split again)."""
+    import pyarrow.compute as pc
+
     total = np.zeros(batch.num_rows, dtype=np.uint64)
     for name in keys:
         column = batch.column(name)
@@ -109,11 +110,15 @@ class Spill:
         for part in range(self.partitions):
             if not self.rows[part]:
                 continue
-            path = self.path(part)
-            with pa.OSFile(str(path), "rb") as source:
-                table = pa.ipc.open_stream(source).read_all()
-            path.unlink()
-            yield part, table
+            yield part, self._take(part)
+
+    def _take(self, part: int) -> pa.Table:
+        """Read a partition's file and delete it."""
+        path = self.path(part)
+        with pa.OSFile(str(path), "rb") as source:
+            table = pa.ipc.open_stream(source).read_all()
+        path.unlink()
+        return table
 
     def close(self) -> None:
         """Remove the files and their directory."""
