@@ -224,8 +224,10 @@ class Options:
     @property
     def order_free(self) -> bool:
         """No output depends on the order of events with equal (key, time)."""
-        return all(s.kind in ("count", "min", "max") or
-                   (s.kind == "sum" and not _floating(self.planned, s.name))
+        # a float sum is a fold in order; a float min/max keeps the first of equal values
+        # (0.0 and -0.0) and a leading NaN: all three depend on the order of ties
+        return all(s.kind == "count" or
+                   (s.kind in ("sum", "min", "max") and not _floating(self.planned, s.name))
                    for s in self.specs)
 
 
