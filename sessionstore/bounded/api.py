@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from .core import ROW_COLUMN, Part, sessionize_table
-from .frame import FrameBuilder
+from .frame import FrameBuilder, arrow_of, as_numpy
 from .options import (
     SESSION_COLUMNS,
     Options,
@@ -145,7 +145,7 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
     """The sessions of each partition of ``spill``; a partition still over the memory limit is
     split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
     for _, table in spill.read():
-        rows = table.column(ROW_COLUMN).to_numpy()
+        rows = as_numpy(table.column(ROW_COLUMN))
         if depth < MAX_SPLITS and table.num_rows > 1 and \
                 working_bytes(table.nbytes, table.num_rows) > options.memory_limit:
             parts = max(2, math.ceil(2 * working_bytes(table.nbytes, table.num_rows)
@@ -233,8 +233,8 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
     with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
         def write(batch: pa.RecordBatch) -> None:
             nonlocal seen
-            numbered = batch.append_column(ROW_COLUMN, pa.array(
-                np.arange(seen, seen + batch.num_rows, dtype=np.int64)))
+            numbered = batch.append_column(ROW_COLUMN, arrow_of(
+                np.arange(seen, seen + batch.num_rows, dtype=np.int64), pa.int64()))
             spill.write(numbered)
             seen += batch.num_rows
 

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .frame import Frame
+from .frame import Frame, arrow_of, as_numpy
 from .options import INT64_MAX, SESSION_COLUMNS, Options, time_ticks
 from .order import buckets, key_codes, sort_rows
 from .reduce import Sorted, fold_custom, reduce_sessions
@@ -52,22 +52,22 @@ def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Arr
         if unit is None:
             raise ValueError(f"gap column {name!r} holds durations, but the time column "
                              f"{options.time!r} holds plain integers: give time_unit")
-        raw = column.cast(pa.int64()).fill_null(0).to_numpy()
+        raw = as_numpy(column.view(pa.int64()).fill_null(0))
         from .options import TICKS_PER_SECOND
 
         have, want = TICKS_PER_SECOND[data_type.unit], TICKS_PER_SECOND[unit]
         if want >= have:
-            return raw * np.int64(want // have)  # type: ignore[no-any-return]
+            return raw * np.int64(want // have)
         ticks, rest = np.divmod(raw, np.int64(have // want))
         if rest.any():
             row = int(np.argmax(rest != 0))
             raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at row "
                              f"{row}, not a whole number of {unit} (the time column's unit)")
-        return ticks  # type: ignore[no-any-return]
+        return ticks
     if not pa.types.is_integer(data_type):
         raise TypeError(f"gap column {name!r} has type {data_type}: it must hold integers (in "
                         f"the time column's units) or durations")
-    values = column.fill_null(0).to_numpy()
+    values = as_numpy(column.fill_null(0))
     if values.dtype == np.uint64:
         values = np.minimum(values, INT64_MAX)
     return cast(Int64Array, values.astype(np.int64, copy=False))
@@ -171,7 +171,7 @@ def _sessions(frame: Frame, options: Options, idx: Any, codes: Int64Array, times
     first_rows = starts_at if perm is None else perm[starts_at]
     if own_key is not None:
         low, key_type = own_key
-        key_arrays = [pa.array((codes[starts_at] + low).astype(low.dtype), key_type)]
+        key_arrays = [arrow_of((codes[starts_at] + low).astype(low.dtype), key_type)]
     else:
         key_arrays = [frame.arrow_at(k, first_rows) for k in keys]
     out_type = options.time_kind.out_type
@@ -188,7 +188,6 @@ def _sessions(frame: Frame, options: Options, idx: Any, codes: Int64Array, times
         custom = fold_custom(columns, bounds, options.planned, keys, times, arrival)
     outputs = reduce_sessions(columns, bounds, options.specs, options.planned, custom=custom,
                               describe=describe)
-    arrays = [*key_arrays, pa.array(start, pa.int64()).cast(out_type),
-              pa.array(end, pa.int64()).cast(out_type), *outputs]
+    arrays = [*key_arrays, arrow_of(start, out_type), arrow_of(end, out_type), *outputs]
     names = [*keys, *SESSION_COLUMNS, *options.planned.output_names]
     return pa.Table.from_arrays(arrays, names=names)

@@ -8,7 +8,7 @@ each column from the batches as soon as it has it, so the input is never held tw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -22,15 +22,59 @@ def _numeric(data_type: pa.DataType) -> bool:
         and not pa.types.is_float16(data_type)
 
 
+def as_numpy(array: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
+    """The values of an Arrow array as numpy: a view of an integer or float array without
+    nulls (pyarrow's own ``to_numpy`` imports pandas, a third of a second, when it is
+    installed), a conversion for anything else."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+    data_type = array.type
+    if array.null_count == 0 and _numeric(data_type):
+        kind = "f" if pa.types.is_floating(data_type) else \
+            "u" if pa.types.is_unsigned_integer(data_type) else "i"
+        dtype = np.dtype(f"={kind}{data_type.bit_width // 8}")
+        buffer = array.buffers()[1]
+        if buffer is None:
+            return np.zeros(0, dtype=dtype)
+        return np.frombuffer(buffer, dtype=dtype, count=len(array),
+                             offset=array.offset * dtype.itemsize)
+    return cast(npt.NDArray[Any], array.to_numpy(zero_copy_only=False))
+
+
+def _numpy_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
+    """The numpy type of a fixed-width Arrow type's values, None for other types."""
+    t = pa.types
+    if t.is_timestamp(data_type) or t.is_date64(data_type) or t.is_duration(data_type):
+        return np.dtype(np.int64)
+    if t.is_date32(data_type):
+        return np.dtype(np.int32)
+    if _numeric(data_type):
+        kind = "f" if t.is_floating(data_type) else "u" if t.is_unsigned_integer(data_type) \
+            else "i"
+        return np.dtype(f"={kind}{data_type.bit_width // 8}")
+    return None
+
+
+def arrow_of(values: npt.NDArray[Any], data_type: pa.DataType) -> pa.Array:
+    """An Arrow array of ``data_type`` over numpy ``values`` (converted to its width), without
+    a copy when they are already contiguous of that width; ``pa.array`` would import pandas."""
+    dtype = _numpy_dtype(data_type)
+    if dtype is None or values.dtype.kind not in "iuf" or \
+            (values.dtype.kind == "f") != (dtype.kind == "f"):
+        return pa.array(values, data_type)
+    values = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(data_type, len(values), [None, pa.py_buffer(values)])
+
+
 def _piece(chunk: pa.Array) -> Any:
     """One batch's column as held while reading: a numpy array when it is numeric or a
     timestamp (its int64 ticks) without nulls, else the Arrow array."""
     data_type = chunk.type
     if chunk.null_count == 0:
         if pa.types.is_timestamp(data_type):
-            return chunk.view(pa.int64()).to_numpy()
+            return as_numpy(chunk.view(pa.int64()))
         if _numeric(data_type):
-            return chunk.to_numpy()
+            return as_numpy(chunk)
     return chunk
 
 
@@ -99,8 +143,8 @@ def to_arrow(piece: Any, data_type: pa.DataType) -> pa.Array:
     if not isinstance(piece, np.ndarray):
         return piece
     if pa.types.is_timestamp(data_type):
-        return pa.array(piece, pa.int64()).view(data_type)
-    return pa.array(piece, data_type)
+        return arrow_of(piece, data_type)
+    return arrow_of(piece, data_type)
 
 
 def _gather(chunks: Sequence[pa.Array], data_type: pa.DataType) -> Any:
@@ -141,7 +185,7 @@ class Frame:
             return column
         if isinstance(column, np.ndarray):
             return column[indices]
-        return column.take(pa.array(indices, pa.int64()))
+        return column.take(arrow_of(indices, pa.int64()))
 
     def filter(self, mask: npt.NDArray[np.bool_]) -> Frame:
         """The rows where ``mask`` is True."""

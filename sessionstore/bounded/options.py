@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from ..timeutil import duration_ms
+from .frame import as_numpy
 
 Int64Array = npt.NDArray[np.int64]
 INT64_MAX = 2**63 - 1
@@ -130,10 +131,10 @@ def time_ticks(column: Any, name: str, first_row: int = 0) -> Int64Array:
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     data_type = column.type
     if pa.types.is_date32(data_type):
-        return cast(Int64Array, column.cast(pa.int32()).to_numpy().astype(np.int64) * 86_400)
+        return as_numpy(column.view(pa.int32())).astype(np.int64) * np.int64(86_400)
     if pa.types.is_timestamp(data_type) or pa.types.is_date64(data_type):
-        return cast(Int64Array, np.asarray(column.cast(pa.int64()).to_numpy(), dtype=np.int64))
-    return _checked_int64(column.to_numpy(), name, first_row)
+        return cast(Int64Array, as_numpy(column.view(pa.int64())))
+    return _checked_int64(as_numpy(column), name, first_row)
 
 
 def _checked_int64(values: Any, name: str, first_row: int) -> Int64Array:

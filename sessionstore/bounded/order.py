@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .frame import Frame
+from .frame import Frame, arrow_of, as_numpy
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -34,7 +34,7 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
             span = int(column.max()) - int(low)
             if span < 2**31:
                 return (column - low).astype(np.int64, copy=False), span + 1
-        column = pa.array(column, data_type)
+        column = arrow_of(column, data_type)
     if column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ValueError(f"key column {name!r} is null at row {row}: every event needs a key "
@@ -50,8 +50,8 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
     encoded = pc.dictionary_encode(column)
     dictionary = encoded.dictionary
     rank = np.empty(len(dictionary), dtype=np.int64)
-    rank[pc.sort_indices(dictionary).to_numpy()] = np.arange(len(dictionary), dtype=np.int64)
-    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    rank[as_numpy(pc.sort_indices(dictionary))] = np.arange(len(dictionary), dtype=np.int64)
+    indices = as_numpy(encoded.indices)
     return rank[indices], len(dictionary)
 
 

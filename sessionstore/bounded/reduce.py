@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .. import aggspec, kernels
 from ..aggregations import Combined
-from .frame import Frame, to_arrow
+from .frame import Frame, arrow_of, as_numpy, to_arrow
 
 Int64Array = npt.NDArray[np.int64]
 #: Names a session for error messages: index -> "key 'u1', session [0, 30)".
@@ -60,7 +60,7 @@ def _present(values: Any, bounds: Int64Array) -> tuple[Any, Int64Array]:
 
 
 def _numpy(values: Any) -> npt.NDArray[Any]:
-    return values if isinstance(values, np.ndarray) else values.to_numpy(zero_copy_only=False)
+    return values if isinstance(values, np.ndarray) else as_numpy(values)
 
 
 def _spread(results: pa.Array, nonempty: npt.NDArray[np.bool_]) -> pa.Array:
@@ -100,7 +100,7 @@ def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
         raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe) from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"aggregation {name!r}: {exc}") from None
-    return _spread(pa.array(sums, out_type), nonempty)
+    return _spread(arrow_of(sums, out_type), nonempty)
 
 
 def _overflow(name: str, data: npt.NDArray[Any], offsets: Int64Array,
@@ -128,7 +128,7 @@ def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
             result = _float_extreme(kind, data, starts)
         else:
             result = (np.minimum if kind == "min" else np.maximum).reduceat(data, starts)
-        return _spread(pa.array(result, out_type), nonempty)
+        return _spread(arrow_of(result, out_type), nonempty)
     session = np.repeat(np.arange(len(starts), dtype=np.int64),
                         np.diff(np.append(starts, len(present))))
     grouped = pa.table({"s": session, "v": present}).group_by("s", use_threads=False) \
@@ -156,12 +156,12 @@ def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
 def _collect(values: Any, bounds: Int64Array, out_type: pa.DataType) -> pa.Array:
     present, counts = _present(values, bounds)
     if isinstance(present, np.ndarray):
-        present = pa.array(present, out_type.value_type)
+        present = arrow_of(present, out_type.value_type)
     offsets = _offsets(counts)
     if offsets[-1] >= 2**31:
-        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), present).cast(
+        return pa.LargeListArray.from_arrays(arrow_of(offsets, pa.int64()), present).cast(
             out_type)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), present, type=out_type)
+    return pa.ListArray.from_arrays(arrow_of(offsets, pa.int32()), present, type=out_type)
 
 
 def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec.AggSpec],
@@ -187,7 +187,7 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
     folded: list[dict[str, Any]] | None = None
     for spec, field in zip(specs, planned.output_fields, strict=True):
         if spec.kind == "count":
-            out.append(pa.array(np.diff(bounds), pa.int64()))
+            out.append(arrow_of(np.diff(bounds), pa.int64()))
             continue
         if spec.kind == aggspec.CUSTOM:
             if folded is None:
@@ -204,9 +204,9 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
         elif spec.kind in ("min", "max"):
             out.append(_extreme(spec.kind, values, bounds, field.type))
         elif spec.kind == "first":
-            out.append(values.take(pa.array(first_rows, pa.int64())))
+            out.append(values.take(arrow_of(first_rows, pa.int64())))
         elif spec.kind == "last":
-            out.append(values.take(pa.array(bounds[1:] - 1, pa.int64())))
+            out.append(values.take(arrow_of(bounds[1:] - 1, pa.int64())))
         elif spec.kind == "collect":
             out.append(_collect(values, bounds, field.type))
         else:  # pragma: no cover - aggspec.KINDS and this list are the same kinds

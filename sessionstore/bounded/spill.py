@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from .frame import arrow_of, as_numpy
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -34,7 +36,7 @@ def key_hashes(batch: pa.RecordBatch, keys: Sequence[str], salt: int) -> npt.NDA
         encoded = pc.dictionary_encode(column)
         distinct = np.array([hash((salt, value)) for value in encoded.dictionary.to_pylist()],
                             dtype=np.int64).view(np.uint64)
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        indices = as_numpy(encoded.indices)
         with np.errstate(over="ignore"):
             total = (total * _MIX) ^ distinct[indices]
     with np.errstate(over="ignore"):
@@ -78,7 +80,7 @@ class Spill:
             np.int64)
         order = np.argsort(part, kind="stable")
         counts = np.bincount(part, minlength=self.partitions)
-        grouped = batch.take(pa.array(order, pa.int64()))
+        grouped = batch.take(arrow_of(order, pa.int64()))
         at = 0
         for p in np.flatnonzero(counts).tolist():
             size = int(counts[p])
