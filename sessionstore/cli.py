@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,10 +33,9 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
-from .engine import Emit, EmitStrategy, SessionAggregator
-from .engine.config import closing_watermark_ms
 from .io import (
     KEY_TYPES,
+    TIME_UNITS,
     InputError,
     InputSource,
     SessionWriter,
@@ -51,17 +50,30 @@ from .io import (
     open_input,
     time_column_ms,
 )
-from .metrics_export import MetricsSnapshot, serve_metrics
+from .metrics_export import (
+    MetricsServer,
+    MetricsSnapshot,
+    engine_registry,
+    read_engine,
+    require_prometheus,
+    write_metrics_file,
+)
 from .report import SessionSummary
-from .store import ReadOnlySessionStore, SessionStore, committed_versions
-from .store.rocksdb import version_dir_name
+from .sample import SAMPLE_EVENTS
 from .timeutil import INT64_MAX, INT64_MIN, duration_ms
 from .windows import SessionWindows
+
+if TYPE_CHECKING:  # the engine and the store load only for the runs that use them
+    from .engine import Emit, SessionAggregator
+    from .store import SessionStore
 
 log = logging.getLogger("sessionstore.cli")
 _TEMP_PREFIX = "sessionstore-cli-"
 _TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(\d+)-")
 _SESSION_COLUMNS = ("session_start_ms", "session_end_ms", "retracted")
+#: The exit status of a run that completed but dropped more than --max-dropped-share of its
+#: events as late (2 is an error: nothing was done).
+EXIT_DROPPED = 3
 
 
 class CliError(ValueError):
@@ -172,6 +184,19 @@ def _check_port(port: int) -> None:
             raise _port_error(port, exc) from None
 
 
+def _check_metrics_file(path: str) -> None:
+    """Refuse a ``--metrics-file`` whose directory is missing or not writable, before the run
+    (the file is written at each commit and at the end)."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise CliError(f"--metrics-file {path!r}: the directory {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"--metrics-file {path!r}: the directory {str(folder)!r} is not "
+                       f"writable")
+    if Path(path).is_dir():
+        raise CliError(f"--metrics-file {path!r} is a directory; name a file (*.prom)")
+
+
 def _terminate(signum: int, frame: Any) -> None:
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that ``finally`` blocks clean up
     raise SystemExit(128 + signum)
@@ -183,6 +208,10 @@ def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[
     # written with another layout is refused as written "with other options"
     described = [keys, args.time, *windows, args.emit, args.key_type,
                  [(s.name, s.kind, s.column) for s in specs], "columnar-1"]
+    # how the input is parsed; recorded only when given, so that older states still resume
+    described += [[flag, value] for flag, value in (("--time-unit", args.time_unit),
+                                                    ("--delimiter", args.delimiter))
+                  if value is not None]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
 
 
@@ -275,7 +304,11 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     counts = [s.name for s in specs if s.kind == "count"]
     if args.summary and not counts:
         raise CliError("--summary counts events per session: add an aggregation NAME=count")
-    source = open_input(args.input, key_columns=keys, key_type=args.key_type)
+    if not 0 <= args.max_dropped_share <= 1:
+        raise CliError(f"--max-dropped-share must be a share in 0..1 (0.01 is 1%), got "
+                       f"{args.max_dropped_share}")
+    source = open_input(args.input, key_columns=keys, key_type=args.key_type,
+                        delimiter=args.delimiter)
     for name in [*keys, args.time]:
         if name not in source.schema.names:
             raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")
@@ -292,14 +325,40 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     columnar = aggspec.columnar_plan(specs, [*keys, args.time])
     out_format = file_format(args.out, "output")
     check_paths(source, args.out, args.state)
+    out_path = Path(args.out).resolve()
+    if args.memory_limit is not None and not _bounded(args):
+        raise CliError("--memory-limit applies to runs without --state (the bounded path); "
+                       "an incremental run keeps its sessions in the store")
+    if _bounded(args):
+        from .bounded.options import memory_limit_bytes
+        from .cli_bounded import run_bounded
+
+        if args.memory_limit is not None:
+            try:
+                memory_limit_bytes(args.memory_limit)
+            except (TypeError, ValueError) as exc:
+                raise CliError(str(exc).replace("memory_limit", "--memory-limit")) from None
+
+        session_summary = SessionSummary(counts[0], gap_ms=windows.gap_ms) \
+            if args.summary else None
+        report = run_bounded(args, source, keys, specs, planned, windows, session_summary,
+                             lambda times, row: _check_latest(times, row, windows, args),
+                             _progress(args.progress, "events"))
+        return _finish(args, report, session_summary, out_path)
+    from .engine import EmitStrategy, SessionAggregator
+    from .store import SessionStore
+
     emit = EmitStrategy.ON_WINDOW_CLOSE if args.emit == "final" else EmitStrategy.ON_WINDOW_UPDATE
     options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
-    out_path = Path(args.out).resolve()
     temp: Path | None = None
     state = args.state
+    if args.metrics_port is not None or args.metrics_file is not None:
+        require_prometheus()  # a missing extra is named before anything is touched
     if args.metrics_port is not None:
         _check_port(args.metrics_port)  # before the state or the output is touched
+    if args.metrics_file is not None:
+        _check_metrics_file(args.metrics_file)
     if state is None:
         sweep_stale_temp_states()
         temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
@@ -328,7 +387,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             run = _Run(args, engine, writer, source, keys, columnar,
                        {"options": options, "input": identity,
                         "output_path": str(out_path)},
-                       SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE)
+                       SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE,
+                                      windows.gap_ms)
                        if args.summary else None)
             summary = run.execute(int(committed.get("offset", 0)))
         except BaseException:
@@ -338,17 +398,66 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
-    if run.summary is not None:
-        sys.stderr.write(run.summary.table() + "\n")
+    summary["path"] = "incremental"
+    return _finish(args, summary, run.summary, out_path)
+
+
+def _bounded(args: argparse.Namespace) -> bool:
+    """Whether a run takes the bounded path: it has no ``--state`` to resume, so its input is
+    all there, and it asks for nothing that only the incremental engine has (an update
+    changelog, the engine's live metrics)."""
+    return (args.state is None and args.emit == "final" and args.metrics_port is None
+            and getattr(args, "metrics_file", None) is None)
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any],
+            summary: SessionSummary | None, out_path: Path) -> int:
+    """Print the summary, report the drops and the run's JSON report; the exit status is 3 when
+    more than ``--max-dropped-share`` of the events were dropped as late, else 0."""
+    if summary is not None:
+        sys.stderr.write(summary.table() + "\n")
         try:
-            png = run.summary.histogram(args.summary_png or
-                                        out_path.parent / f"{out_path.stem}_session_lengths.png")
-            summary["summary_png"] = str(png)
+            png = summary.histogram(args.summary_png or
+                                    out_path.parent / f"{out_path.stem}_session_lengths.png")
+            report["summary_png"] = str(png)
             sys.stderr.write(f"histogram: {png}\n")
         except ImportError as exc:
             sys.stderr.write(f"{exc}\n")
-    sys.stdout.write(json.dumps(summary) + "\n")
+    events = int(report["events_in"])
+    late, invalid = int(report["late_dropped"]), int(report["invalid_gap_dropped"])
+    for count, why in ((late, "as late (behind the watermark by more than the gap, --grace and "
+                              "--max-out-of-order allow)"),
+                       (invalid, "for a null or non-positive --gap-column value")):
+        if count:
+            sys.stderr.write(f"sessionstore: dropped {count:,} of {events:,} events "
+                             f"({_share(count, events)}) {why}\n")
+    sys.stdout.write(json.dumps(report) + "\n")
+    if events and late / events > args.max_dropped_share:
+        sys.stderr.write(f"sessionstore: {_share(late, events)} of the events were dropped as "
+                         f"late, more than --max-dropped-share {args.max_dropped_share:g}; the "
+                         f"output is written and the state committed. A file sorted by key "
+                         f"sessionizes exactly without --state\n")
+        return EXIT_DROPPED
     return 0
+
+
+def _share(count: int, total: int) -> str:
+    return f"{100 * count / total:.2f}%" if total else "0%"
+
+
+def _check_latest(times_ms: pa.Array, first_row: int, windows: SessionWindows,
+                  args: argparse.Namespace) -> None:
+    """Refuse an event time whose session end plus ``--grace`` would leave int64, naming its
+    input row and the flags (the engine would name its row within the batch)."""
+    if not len(times_ms):
+        return
+    limit = windows.latest_event_time_ms
+    if pc.max(times_ms).as_py() > limit:
+        row = int(np.argmax(times_ms.to_numpy() > limit))
+        raise CliError(f"input row {first_row + row}: {args.time} = "
+                       f"{times_ms[row].as_py()} is too late: its session end plus "
+                       f"--grace would pass the largest int64 time ({INT64_MAX}); the "
+                       f"latest time allowed with this --gap and --grace is {limit}")
 
 
 class _Run:
@@ -373,14 +482,29 @@ class _Run:
         self.row_path_batches = 0
         self.seen = 0  # input rows before the batch being fed
         self.max_time_ms: int | None = None
-        self.snapshot = MetricsSnapshot(self.metrics())
+        self.snapshot = MetricsSnapshot()
+        self.registry = None if args.metrics_port is None and args.metrics_file is None \
+            else engine_registry(self.snapshot)
+        self.publish()
 
-    def metrics(self) -> dict[str, float]:
-        """The engine's metrics and the CLI's own counters."""
-        return {**self.engine.metrics, "cli-input-records-total": self.processed,
+    def cli_counters(self) -> dict[str, float]:
+        return {"cli-input-records-total": self.processed,
                 "cli-output-records-total": self.writer.rows_written,
                 "cli-times-floored-to-ms-total": self.floored,
                 "cli-row-path-batches-total": self.row_path_batches}
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's metrics and the CLI's own counters."""
+        return {**self.engine.metrics, **self.cli_counters()}
+
+    def publish(self, write_file: bool = False) -> None:
+        """Hand the scraper a fresh reading (after every batch), and with ``write_file`` write
+        ``--metrics-file`` too (at each commit and at the end)."""
+        if self.registry is None:
+            return
+        self.snapshot.publish(read_engine(self.engine, self.cli_counters()))
+        if write_file and self.args.metrics_file is not None:
+            write_metrics_file(self.registry, self.args.metrics_file)
 
     def emitted(self, emits: list[Emit]) -> None:
         if emits:
@@ -414,18 +538,12 @@ class _Run:
         ``process_table`` as Arrow arrays. A batch the columnar path cannot take (nulls in an
         aggregated column, decimals) goes to ``process_batch`` row by row instead, counted in
         ``cli-row-path-batches-total``; both give the same sessions."""
-        times = time_column_ms(batch, self.args.time, self.seen)
+        times = time_column_ms(batch, self.args.time, self.seen, self.args.time_unit)
         self.floored += times.floored
         if len(times.millis):
             latest = pc.max(times.millis).as_py()
-            limit = self.engine.config.max_timestamp_ms
-            if self.args.gap_column is None and latest > limit:
-                # the engine would name the row within this batch and its own argument names
-                row = int(np.argmax(times.millis.to_numpy() > limit))
-                raise CliError(f"input row {self.seen + row}: {self.args.time} = "
-                               f"{times.millis[row].as_py()} is too late: its session end plus "
-                               f"--grace would pass the largest int64 time ({INT64_MAX}); the "
-                               f"latest time allowed with this --gap and --grace is {limit}")
+            if self.args.gap_column is None:
+                _check_latest(times.millis, self.seen, self.engine.windows, self.args)
             self.max_time_ms = latest if self.max_time_ms is None else max(self.max_time_ms,
                                                                            latest)
         gap = self.args.gap_column
@@ -443,6 +561,8 @@ class _Run:
         self.emitted(self.engine.process_batch(keys, values, times_ms, gaps_ms=gaps))
 
     def execute(self, offset: int) -> dict[str, Any]:
+        from .engine.config import closing_watermark_ms
+
         args = self.args
         seen = offset
         since_commit = 0
@@ -450,7 +570,7 @@ class _Run:
         server = None
         if args.metrics_port is not None:
             try:
-                server = serve_metrics(self.snapshot, args.metrics_port)
+                server = MetricsServer(self.registry, args.metrics_port)
             except OSError as exc:
                 raise _port_error(args.metrics_port, exc) from None
         progress = _progress(args.progress, "events")
@@ -472,17 +592,18 @@ class _Run:
                 self.processed += batch.num_rows
                 since_commit += batch.num_rows
                 progress.update(batch.num_rows)
-                if since_commit >= args.commit_every:
+                committing = since_commit >= args.commit_every
+                if committing:
                     self.commit(seen)
                     since_commit = 0
-                self.snapshot.publish(self.metrics())
+                self.publish(write_file=committing)
             # The input is over: move W just far enough that every session closes, so the
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
             end = INT64_MAX if self.max_time_ms is None else \
                 closing_watermark_ms(self.engine.windows, self.max_time_ms)
             self.emitted(self.engine.advance_watermark(end))
             self.commit(seen)
-            self.snapshot.publish(self.metrics())
+            self.publish(write_file=True)
         finally:
             progress.close()
             if server is not None:
@@ -523,6 +644,9 @@ def _progress(enabled: bool, unit: str, total: int | None = None) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .store import ReadOnlySessionStore, committed_versions
+    from .store.rocksdb import version_dir_name
+
     if args.sample < 0:
         raise CliError(f"--sample must be >= 0, got {args.sample}")
     path = Path(args.state)
@@ -558,7 +682,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.events < 1:
         raise CliError(f"--events must be >= 1, got {args.events}")
+    from .engine import EmitStrategy, SessionAggregator
     from .sample import bid_stream
+    from .store import SessionStore
 
     bidders, times = bid_stream(args.events)
     keys, stamps = bidders.tolist(), times.tolist()
@@ -587,6 +713,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    from .sample import write_sample
+
+    path = write_sample(args.out, args.events)
+    sys.stdout.write(json.dumps({"events": args.events, "output": str(path)}) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sessionstore",
@@ -595,16 +729,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("sessionize", help="sessionize JSON Lines, CSV or Parquet files",
+    s = sub.add_parser("sessionize", help="sessionize JSON Lines, CSV, TSV or Parquet files",
                        description="Sessionize INPUT and write one row per session to --out. "
                                    "With --state, a crashed or interrupted run resumes where "
                                    "it committed, without losing or duplicating sessions.")
-    s.add_argument("input", help="a .jsonl, .csv or .parquet file, a directory of them "
+    s.add_argument("input", help="a .jsonl, .csv, .tsv or .parquet file, a directory of them "
                                  "(Hive partitions name=value/ included), or a quoted glob")
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
-                   help="event-time column: integer ms, timestamps or ISO-8601 strings")
-    s.add_argument("--gap", help="inactivity gap, e.g. 30m or '10 minutes' (or --gap-column)")
+                   help="event-time column: integers (ms, or see --time-unit), timestamps or "
+                        "ISO-8601 strings")
+    s.add_argument("--time-unit", choices=list(TIME_UNITS),
+                   help="the unit of an integer --time column: s, ms, us or ns. Without it "
+                        "integers are milliseconds, and a column whose values look like epoch "
+                        "seconds, microseconds or nanoseconds is refused")
+    s.add_argument("--delimiter", metavar="CHAR",
+                   help="field delimiter of CSV input (default: a comma; a tab for .tsv and "
+                        ".tab files; '\\t' or 'tab' name a tab)")
+    s.add_argument("--gap", help="inactivity gap, e.g. 30m, '10 minutes', 7d or 2w (years and "
+                                 "months have no fixed length and are refused) (or "
+                                 "--gap-column)")
     s.add_argument("--gap-column", metavar="NAME",
                    help="a gap per event, from the column NAME: integer milliseconds or an "
                         "Arrow duration; a null or non-positive gap drops the event (counted in "
@@ -625,7 +769,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agg", action="append", default=[], metavar="NAME=KIND[:COLUMN]",
                    help="aggregation, repeatable: n=count, total=sum:amount, "
                         "first_page=first:page, pages=collect:page (default events=count)")
-    s.add_argument("--state", help="state directory; reuse it to resume an interrupted run")
+    s.add_argument("--state",
+                   help="state directory, for incremental runs: reuse it to resume an "
+                        "interrupted run or to add new input. Without it the input is all "
+                        "there: it is sessionized exactly, whatever its row order, and nothing "
+                        "is late")
+    s.add_argument("--memory-limit", metavar="SIZE",
+                   help="without --state: the memory the sessionizing may use before it "
+                        "spills to disk, partitioned by key, e.g. 512MB or 2GiB (default a "
+                        "quarter of physical memory, at most 2 GiB)")
+    s.add_argument("--max-dropped-share", type=float, default=0.01, metavar="SHARE",
+                   help="with --state (or --emit update): exit with status 3 when more than "
+                        "SHARE of the events are dropped as late (default 0.01, 1%%); drops "
+                        "are always reported on stderr")
     s.add_argument("--out", required=True, help="output: .jsonl, .csv, or a .parquet directory")
     s.add_argument("--commit-every", type=int, default=200_000, metavar="ROWS",
                    help="commit state and output every ROWS input rows (default 200000)")
@@ -634,8 +790,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="declare the key type; without it, keys in CSV files and partition "
                         "paths are read as strings (so 007 and 7 are two keys)")
     s.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while running "
-                        "(needs the prometheus extra)")
+                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics while running, "
+                        "updated after every input batch (needs the prometheus extra)")
+    s.add_argument("--metrics-file", metavar="PATH",
+                   help="write the metrics in Prometheus' text format to PATH (a *.prom file "
+                        "for node_exporter's textfile collector) at each commit and at the "
+                        "end, replacing it atomically, so a short job stays observable after "
+                        "it exits (needs the prometheus extra)")
     s.add_argument("--summary", action="store_true",
                    help="print the longest and busiest sessions and write a histogram PNG")
     s.add_argument("--summary-png", metavar="PATH",
@@ -651,6 +812,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--sample", type=int, default=3,
                    help="sample sessions shown per segment (default 3)")
     i.set_defaults(func=cmd_inspect)
+
+    g = sub.add_parser("sample", help="write the sample clickstream to a file",
+                       description="Write the deterministic sample clickstream that make run "
+                                   "sessionizes (columns user, ts in epoch milliseconds, page, "
+                                   "amount in cents, gap_ms a gap per event; arrival order, "
+                                   "some events late) to a .parquet, .csv, .tsv or .jsonl file.")
+    g.add_argument("--out", required=True, help="the file to write (its format by extension)")
+    g.add_argument("--events", type=int, default=SAMPLE_EVENTS,
+                   help=f"about how many events (default {SAMPLE_EVENTS})")
+    g.set_defaults(func=cmd_sample)
 
     b = sub.add_parser("bench", help="run the standalone Nexmark q11 benchmark",
                        description="Count bids per bidder in 10 s sessions on RocksDB and "

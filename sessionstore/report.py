@@ -8,27 +8,48 @@ import datetime as dt
 import heapq
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .engine import Emit
+if TYPE_CHECKING:  # the bounded path reports without loading the engine
+    from .engine import Emit
 
 TOP = 5
+#: The widest key cell; a longer key is cut to this width, its last character an ellipsis.
+KEY_WIDTH_MAX = 60
+#: What the duration column measures: a session is [first event, last event + gap).
+WINDOW = "window (first event to last + gap)"
+_W = len(WINDOW)
+#: What the active span measures, beside the window: first event to last event.
+ACTIVE = "active (first to last event)"
+_A = len(ACTIVE)
+
+
+#: The column of output rows that holds a session's last event time, when known.
+LAST_EVENT_COLUMN = "last_event_ms"
 
 
 class SessionSummary:
     """Collects each emitted session's duration and event count.
 
+    A session's window runs from its first event to its last event plus the gap; its active
+    span, from its first event to its last, is shown beside it when known: from a
+    :data:`LAST_EVENT_COLUMN` column of the rows, else as the window less a fixed gap.
+
     Args:
         count_output: the aggregation output that counts events (a ``count`` aggregation).
         updates: emissions are updates with retractions (``--emit update``): a session's last
             update counts, and a retraction removes it.
+        gap_ms: the fixed gap, or None (per-event gaps, or unknown).
     """
 
-    def __init__(self, count_output: str, updates: bool = False) -> None:
+    def __init__(self, count_output: str, updates: bool = False,
+                 gap_ms: int | None = None) -> None:
         self.count_output = count_output
         self.updates = updates
+        self.gap_ms = gap_ms
+        self._last: dict[tuple[Any, int, int], int] = {}
         self._final: list[tuple[Any, int, int, int]] = []
         self._live: dict[tuple[Any, int, int], int] = {}
 
@@ -51,6 +72,10 @@ class SessionSummary:
         key_values = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
         starts = table.column("session_start_ms").to_pylist()
         ends = table.column("session_end_ms").to_pylist()
+        if LAST_EVENT_COLUMN in table.column_names:
+            last = table.column(LAST_EVENT_COLUMN).to_pylist()
+            self._last.update(zip(zip(key_values, starts, ends, strict=True), last,
+                                  strict=True))
         counts = table.column(self.count_output).to_pylist()
         retracted = table.column("retracted").to_pylist() if self.updates \
             else [False] * len(starts)
@@ -69,23 +94,38 @@ class SessionSummary:
             return self._final
         return [(k, s, e, n) for (k, s, e), n in self._live.items()]
 
+    def active_ms(self, key: Any, start: int, end: int) -> int | None:
+        """The span from a session's first event to its last, or None when not known."""
+        last = self._last.get((key, start, end))
+        if last is not None:
+            return int(last) - start
+        return None if self.gap_ms is None else end - self.gap_ms - start
+
     def table(self) -> str:
-        """The longest and the busiest sessions, as aligned text."""
+        """The longest and the busiest sessions, as aligned text. Keys are shown whole (one
+        longer than :data:`KEY_WIDTH_MAX` characters ends in ``…``); a session's window runs
+        from its first event to its last event plus the gap."""
         rows = self.sessions()
         if not rows:
             return "no sessions"
         durations = np.array([e - s for _, s, e, _ in rows], dtype=np.int64)
         events = np.array([n for *_, n in rows], dtype=np.int64)
-        lines = [f"{len(rows):,} sessions; duration median {_duration(int(np.median(durations)))}"
-                 f", max {_duration(int(durations.max()))}; events per session median "
-                 f"{int(np.median(events))}, max {int(events.max())}"]
+        lines = [f"{len(rows):,} sessions; {WINDOW} median "
+                 f"{_duration(int(np.median(durations)))}, max {_duration(int(durations.max()))}"
+                 f"; events per session median {int(np.median(events))}, "
+                 f"max {int(events.max())}"]
         for title, order in (("longest", lambda r: r[2] - r[1]), ("busiest", lambda r: r[3])):
+            top = heapq.nlargest(TOP, rows, key=order)
+            width = min(max(len("key"), *(len(str(key)) for key, *_ in top)), KEY_WIDTH_MAX)
             lines.append("")
             lines.append(f"{title} sessions:")
-            lines.append(f"  {'key':<20} {'start (UTC)':<20} {'duration':>10} {'events':>8}")
-            for key, start, end, n in heapq.nlargest(TOP, rows, key=order):
-                lines.append(f"  {str(key)[:20]:<20} {_when(start):<20} "
-                             f"{_duration(end - start):>10} {n:>8,}")
+            lines.append(f"  {'key':<{width}} {'first event (UTC)':<20} {WINDOW:>{_W}} "
+                         f"{ACTIVE:>{_A}} {'events':>8}")
+            for key, start, end, n in top:
+                active = self.active_ms(key, start, end)
+                lines.append(f"  {_key_cell(key, width):<{width}} {_when(start):<20} "
+                             f"{_duration(end - start):>{_W}} "
+                             f"{'-' if active is None else _duration(active):>{_A}} {n:>8,}")
         return "\n".join(lines)
 
     def histogram(self, path: str | Path) -> Path:
@@ -116,12 +156,19 @@ class SessionSummary:
         for axis in (left, right):
             axis.set_yscale("log")
         figure.suptitle(f"{len(rows):,} sessions")
-        figure.tight_layout()
+        # fixed margins: tight_layout measures every tick label first, a third of the drawing
+        figure.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.9, wspace=0.2)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(target, dpi=100)
         plt.close(figure)
         return target
+
+
+def _key_cell(key: Any, width: int) -> str:
+    """``key`` as text, whole when it fits ``width``, else cut with a trailing ``…``."""
+    text = str(key)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _duration(ms: int) -> str:

@@ -42,6 +42,11 @@ _UNIT_MS = {
     "week": 604_800_000,
     "weeks": 604_800_000,
 }
+#: Calendar units with no fixed length: refused, with the reason, rather than given one by guess.
+_CALENDAR_UNITS = {
+    "y": "a year", "yr": "a year", "yrs": "a year", "year": "a year", "years": "a year",
+    "mo": "a month", "mon": "a month", "month": "a month", "months": "a month",
+}
 # Terms are ASCII digits (not str.isdigit's Unicode digits), an optional fraction, a unit.
 _PART = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-z]+)\s*", re.ASCII)
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -88,14 +93,15 @@ def duration_ms(value: Any, name: str) -> int:
 
     Accepts an int (milliseconds, any sign: callers check the range they need), a
     ``timedelta``, or a string of one or more non-negative terms such as ``"10 minutes"``,
-    ``"30m"``, ``"1 hour 30 minutes"``, ``"1.001s"`` or ``"250 ms"`` (optionally prefixed with
-    ``interval``). Strings are parsed with integer arithmetic, never floats.
+    ``"30m"``, ``"1 hour 30 minutes"``, ``"1.001s"``, ``"250 ms"``, ``"7d"`` or ``"2w"``
+    (optionally prefixed with ``interval``). Years and months are refused: they have no fixed
+    length. Strings are parsed with integer arithmetic, never floats.
 
     Raises:
         TypeError: ``value`` has an unsupported type (floats included).
-        ValueError: naming ``name``: the string cannot be parsed, has a negative term, or is
-            not a whole number of milliseconds (``"1.0005s"``, a ``timedelta`` with spare
-            microseconds); the result is outside int64.
+        ValueError: naming ``name``: the string cannot be parsed, has a negative term, a year
+            or a month, or is not a whole number of milliseconds (``"1.0005s"``, a
+            ``timedelta`` with spare microseconds); the result is outside int64.
     """
     if isinstance(value, _dt.timedelta):
         micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
@@ -128,6 +134,10 @@ def _parse_duration(text: str, name: str) -> int:
         if match is None:
             raise ValueError(f"{name} is not a duration: {shown} (try '10 minutes' or '30s')")
         whole, fraction, unit = match.groups()
+        if unit in _CALENDAR_UNITS:
+            raise ValueError(f"{name}: {_CALENDAR_UNITS[unit]} has no fixed length (a year is "
+                             f"365 or 366 days, a month 28 to 31), so {unit!r} in {shown} is not "
+                             f"a duration; write days or weeks, e.g. '365d' or '4w'")
         if unit not in _UNIT_MS:
             raise ValueError(f"{name} has an unknown time unit {unit!r} in {shown}")
         total += _whole_ms(whole, fraction or "", _UNIT_MS[unit], name, shown)

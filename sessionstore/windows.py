@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .timeutil import check_int64, duration_ms
+from .timeutil import INT64_MAX, check_int64, duration_ms
 
 
 @dataclass(frozen=True, init=False)
@@ -125,6 +125,12 @@ class SessionWindows:
         object.__setattr__(self, "gap_fn", gap_fn)
         object.__setattr__(self, "dynamic", gap is None)
 
+    @property
+    def latest_event_time_ms(self) -> int:
+        """The largest event time whose window end plus grace still fits in int64 for every
+        allowed gap (an event's own check uses its own gap: ``INT64_MAX - gap - grace``)."""
+        return latest_event_time_ms(self.max_gap_ms, self.grace_ms)
+
     def merge_bounds(self, timestamp_ms: int, gap_ms: int | None = None) -> tuple[int, int]:
         """``(earliest_end, latest_start)`` of the sessions an event at ``timestamp_ms`` joins.
 
@@ -136,6 +142,12 @@ class SessionWindows:
         if self.inclusive_gap:
             return timestamp_ms, timestamp_ms + gap
         return timestamp_ms + 1, timestamp_ms + gap - 1
+
+
+def latest_event_time_ms(max_gap_ms: int, grace_ms: int) -> int:
+    """The largest event time whose window end (with a gap up to ``max_gap_ms``) plus
+    ``grace_ms`` still fits in int64."""
+    return INT64_MAX - max_gap_ms - grace_ms
 
 
 @dataclass(frozen=True, init=False)

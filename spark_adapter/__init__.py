@@ -3,6 +3,7 @@
 Importing this package imports pyspark; ``sessionstore`` itself never does.
 """
 
+from .progress import progress_counters, progress_json
 from .provider import (
     SessionStoreProvider,
     SnapshotCorruptedError,
@@ -28,6 +29,8 @@ __all__ = [
     "StateLockedError",
     "config_digest",
     "pin_layout",
+    "progress_counters",
+    "progress_json",
     "query_state_location",
     "read_state_metrics",
     "sessionize",

@@ -1,7 +1,8 @@
 """``make spark-run``: sessionize the sample clickstream as a stream in ``local[2]``.
 
 Writes the sample as Parquet files, streams them one file per micro-batch through
-``sessionize``, logs each batch's progress, and writes the closed sessions to
+``sessionize``, logs each batch's progress with the engine's counters by name
+(``progress_counters``), and writes the closed sessions to
 ``out/spark-sessions/`` (Parquet).
 """
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from .progress import progress_counters
     from .sessionize import ROCKSDB_PROVIDER, sessionize
 
     spark = (SparkSession.builder.master("local[2]").appName("sessionstore-example")
@@ -79,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                 if progress["batchId"] in reported:
                     continue
                 reported.add(progress["batchId"])
-                log.info("batch %3d: %7d rows in %5.2f s, watermark %s",
+                counters = progress_counters(progress)  # observedMetrics, by name
+                log.info("batch %3d: %7d rows in %5.2f s, watermark %s; %s",
                          progress["batchId"], progress["numInputRows"],
                          progress["durationMs"]["triggerExecution"] / 1000,
-                         (progress["eventTime"] or {}).get("watermark"))
+                         (progress["eventTime"] or {}).get("watermark"),
+                         ", ".join(f"{name}={value}" for name, value in counters.items()))
         query.stop()
         written = spark.read.parquet(str(out)).count()
         log.info("%d events -> %d closed sessions in %s (%.1f s)", len(stream), written, out,

@@ -129,6 +129,9 @@ def test_exact_examples(text, expected):
         ("0." + "0" * 5000 + "1s", "gap_ms is not a whole number"),
         ("9223372036854775807ms 1ms", "gap_ms must fit in int64"),
         ("5 parsecs", "gap_ms has an unknown time unit 'parsecs'"),
+        ("1y", "gap_ms: a year has no fixed length"),
+        ("2 years 1d", "gap_ms: a year has no fixed length"),
+        ("3 months", "gap_ms: a month has no fixed length"),
         ("١٢ms", "gap_ms is not a duration"),  # Arabic-Indic digits are not ASCII digits
         ("1e3ms", "gap_ms"),
         (".5s", "gap_ms is not a duration"),

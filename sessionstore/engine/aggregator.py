@@ -30,7 +30,7 @@ from .. import keyschema
 from ..aggregations import Aggregation, Combined, _Count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
-from ..store.metered import MeteredSessionStore
+from ..store.metered import HistogramReading, MeteredSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
@@ -199,6 +199,9 @@ class SessionAggregator:
         # the open sessions as columns, while the fast batch path runs (None otherwise); the
         # store holds everything it holds after every batch, so it can be dropped at any time
         self._table: OpenTable | None = None
+        # the key names and output schema of the last process_table call: the columns of
+        # advance_watermark_table and flush_table
+        self._table_columns: tuple[list[str], Any] | None = None
         # issue 12: with max_duration_ms every event takes the re-cutting step of
         # sessionstore/engine/max_duration.py (which refuses triggers)
         self._max_duration = (None if windows.max_duration_ms is None
@@ -255,6 +258,15 @@ class SessionAggregator:
         """``records-in``, ``dropped-records`` (late or invalid-gap events),
         ``dropped-invalid-gap-records``, ``emit-final-*`` (KIP-825) and store metrics."""
         return self._metrics.snapshot(self._metered.metrics)
+
+    @property
+    def latency_histograms(self) -> dict[str, HistogramReading]:
+        """Lifetime latency histograms: ``emit-final-latency`` (event time from a session's
+        close to its emission) and ``store-<op>-latency`` (wall time of each store call)."""
+        out = self._metrics.histograms()
+        for name, reading in self._metered.latency_histograms.items():
+            out[f"store-{name}"] = reading
+        return out
 
     def process(self, key: Any, value: Any, timestamp_ms: Any,
                 gap_ms: Any = None) -> list[Emit]:
@@ -380,7 +392,7 @@ class SessionAggregator:
         Returns:
             A ``pyarrow.Table`` with one row per emitted session, in emission order: the key
             column(s) as given, ``session_start_ms``, ``session_end_ms`` (exclusive),
-            ``retraction`` (bool, with ``ON_WINDOW_UPDATE`` only), then one column per
+            ``retracted`` (bool, with ``ON_WINDOW_UPDATE`` only), then one column per
             aggregation output (the ``combine`` names, or the aggregation's name:
             ``count``, ``sum``, ``min``, ``max``, ``first``, ``last``, ``collect``; collect is
             a list column). The rows are what :meth:`process_batch` returns for the same
@@ -400,7 +412,66 @@ class SessionAggregator:
         if self._runner is not None:
             raise TypeError("process_table does not emit panes: with trigger=, use "
                             "process_batch")
-        return process_table(self, table, key=key, time=time, value=value, gap=gap)
+        out = process_table(self, table, key=key, time=time, value=value, gap=gap)
+        # the columns of advance_watermark_table and flush_table
+        self._table_columns = ([key] if isinstance(key, str) else list(key), out.schema)
+        return out
+
+    def advance_watermark_table(self, to_ms: Any, *, key: str | list[str] | None = None
+                                ) -> Any:
+        """:meth:`advance_watermark`, returning what it emits in :meth:`process_table`'s columns.
+
+        Args:
+            to_ms: the new watermark (never back). At the end of the input, a watermark past
+                every session's end plus grace closes all of them.
+            key: the key column name(s). Defaults to those of the last :meth:`process_table`
+                call, whose column types the table then takes too (so the tables of one run
+                concatenate); required before any.
+
+        Returns:
+            A ``pyarrow.Table`` in emission order, with the columns :meth:`process_table`
+            returns (the update flag column ``retracted`` with ``ON_WINDOW_UPDATE``).
+
+        Raises:
+            ValueError: no ``key`` and no earlier :meth:`process_table` call (nothing changes
+                then); a ``to_ms`` out of int64.
+            TypeError: a trigger is configured (its panes do not fit these columns), or
+                ``to_ms`` is not an integer time.
+        """
+        names, schema = self._table_shape(key)
+        return self._emits_table(self.advance_watermark(to_ms), names, schema)
+
+    def flush_table(self, *, key: str | list[str] | None = None) -> Any:
+        """:meth:`flush` (the write cache's updates and retractions), in
+        :meth:`process_table`'s columns; ``key`` as in :meth:`advance_watermark_table`.
+
+        Raises:
+            ValueError: no ``key`` and no earlier :meth:`process_table` call.
+            TypeError: a trigger is configured.
+        """
+        names, schema = self._table_shape(key)
+        return self._emits_table(self.flush(), names, schema)
+
+    def _table_shape(self, key: str | list[str] | None) -> tuple[list[str], Any]:
+        if self._runner is not None:
+            raise TypeError("the table methods do not emit panes: with trigger=, use "
+                            "advance_watermark and flush")
+        known = self._table_columns
+        if key is None:
+            if known is None:
+                raise ValueError("key= is required before the first process_table call: the "
+                                 "table's key column names come from it")
+            return known[0], known[1]
+        names = [key] if isinstance(key, str) else list(key)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"key must be a column name or a non-empty list of names, "
+                            f"got {key!r}")
+        return names, known[1] if known is not None and known[0] == names else None
+
+    def _emits_table(self, emits: list[Emit], names: list[str], schema: Any) -> Any:
+        from .batch import emits_as_table
+
+        return emits_as_table(self, emits, names, schema)
 
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
@@ -844,7 +915,7 @@ class SessionAggregator:
             top = max(0, latencies[0])
         metrics = self._metrics
         metrics.emitted += n
-        metrics.record_final_sum(n, total, top)
+        metrics.record_final_sum(n, total, top, [row[0] for row in taken], w_grace)
 
     def _fire_on_time(self, w: int, out: list[Emit]) -> None:
         times = self._times

@@ -648,7 +648,9 @@ def _store_takes_packed(engine: SessionAggregator, kinds: list[str]) -> bool:
 
 SESSION_START = "session_start_ms"
 SESSION_END = "session_end_ms"
-RETRACTION = "retraction"
+#: The update-mode flag column: the same name as in the CLI's output and Spark's (one concept,
+#: one name); ``Emit.retraction`` is the same flag on the event path.
+RETRACTION = "retracted"
 
 
 def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str], time: str,
@@ -739,7 +741,8 @@ def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str]
     keys_list = [uniques[c] for c in codes.tolist()]
     emits = process_batch(engine, keys_list, values, times,
                           None if gap is None else table.column(gap))
-    return _emits_to_table(engine, emits, key_names, table)
+    return _emits_to_table(engine, emits, key_names, table,
+                           _output_types(engine, table, value))
 
 
 def _time_column(column: Any, name: str) -> np.ndarray:
@@ -797,11 +800,11 @@ def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | 
         if data.null_count:
             row = int(np.argmax(data.is_null().to_numpy(zero_copy_only=False)))
             raise ValueError(f"{name}[{row}] is null; the aggregation {kind!r} needs a value")
+        types.append(_part_output_type(kind, data.type))
         if kind in NUMERIC_KINDS:
             if not (pa.types.is_integer(data.type) or pa.types.is_floating(data.type)):
                 fast = False
                 out.append(None)
-                types.append(data.type)
                 continue
             try:
                 array = numeric_column(data.to_numpy(zero_copy_only=False), name)
@@ -809,7 +812,6 @@ def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | 
                 fast = False
                 array = None
             out.append(array)
-            types.append(pa.float64() if pa.types.is_floating(data.type) else pa.int64())
         else:
             items = data.to_numpy(zero_copy_only=False)
             if items.dtype == object:
@@ -817,8 +819,35 @@ def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | 
             else:
                 items = items.astype(object)
             out.append(items)
-            types.append(pa.list_(data.type) if kind == "collect" else data.type)
     return (out if fast else None), types
+
+
+def _part_output_type(kind: str, data_type: Any) -> Any:
+    """The Arrow type of a built-in's output over a column of ``data_type``."""
+    if kind == "count":
+        return pa.int64()
+    if kind in NUMERIC_KINDS and (pa.types.is_integer(data_type)
+                                  or pa.types.is_floating(data_type)):
+        return pa.float64() if pa.types.is_floating(data_type) else pa.int64()
+    return pa.list_(data_type) if kind == "collect" else data_type
+
+
+def _output_types(engine: SessionAggregator, table: pa.Table, value: str | None
+                  ) -> list[Any] | None:
+    """The output types of built-in aggregations over ``table`` (None for custom ones, or a
+    part that names no column): what an empty exact-path result is typed as, so that it has
+    the fast path's columns."""
+    parts = columnar_parts(engine.aggregation)
+    if parts is None:
+        return None
+    types = []
+    for kind, column in parts:
+        name = column if column is not None else value
+        if kind != "count" and (name is None or name not in table.column_names):
+            return None
+        types.append(_part_output_type(kind, None if kind == "count"
+                                       else table.column(name).type))
+    return types
 
 
 def _block_key_arrays(block: OpenTable, names: list[str], table: pa.Table) -> list[pa.Array]:
@@ -878,14 +907,42 @@ def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list
     return pa.concat_tables(pieces)
 
 
+def emits_as_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
+                   schema: pa.Schema | None) -> pa.Table:
+    """``emits`` in :func:`process_table`'s columns: the key column(s) ``names``, the session
+    bounds, the update flag (``ON_WINDOW_UPDATE``) and the aggregation outputs. With ``schema``
+    (what ``process_table`` returned before, for the same key names) the columns take its
+    types, so every table of one run concatenates; without it, they are inferred.
+
+    Raises:
+        ValueError: an emitted key that does not fit ``names`` (a tuple of another length).
+    """
+    if schema is not None:
+        return _emits_to_table(engine, emits, names, schema.empty_table()).cast(schema)
+    keys = [e.session.key for e in emits]
+    if len(names) == 1:
+        template = pa.table({names[0]: pa.array(keys)})
+    else:
+        if any(not isinstance(k, tuple) or len(k) != len(names) for k in keys):
+            raise ValueError(f"key={names!r} names {len(names)} columns, but the engine holds "
+                             f"keys that are not tuples of {len(names)}")
+        split = list(zip(*keys, strict=True)) if keys else [() for _ in names]
+        template = pa.table({name: pa.array(list(part))
+                             for name, part in zip(names, split, strict=True)})
+    return _emits_to_table(engine, emits, names, template)
+
+
 def _emits_to_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
-                    table: pa.Table) -> pa.Table:
+                    table: pa.Table, types: list[Any] | None = None) -> pa.Table:
     keys = [e.session.key for e in emits]
     labels = engine._result_names
     if labels is None:
         results = [pa.array([e.value for e in emits])]
     else:
         results = [pa.array([e.value[label] for e in emits]) for label in labels]
+    if types is not None:  # an output of nothing but nulls (no rows) takes the built-in's type
+        results = [r.cast(t) if pa.types.is_null(r.type) else r
+                   for r, t in zip(results, types, strict=True)]
     return _output_table(engine, _key_arrays(keys, names, table), names,
                          [e.session.start for e in emits], [e.session.end for e in emits],
                          [e.retraction for e in emits], results)

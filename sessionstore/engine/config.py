@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
-from ..windows import SessionWindows
+from ..windows import SessionWindows, latest_event_time_ms
 
 DEFAULT_CACHE_MAX_SESSIONS = 100_000
 """Sessions the write-back cache holds before it writes everything and starts over."""
@@ -115,4 +115,4 @@ class EngineConfig:
     def max_timestamp_ms(self) -> int:
         """The largest event time whose window end plus grace still fits in int64 for every
         allowed gap (an event's own check uses its own gap: ``INT64_MAX - gap - grace``)."""
-        return INT64_MAX - self.max_gap_ms - self.grace_ms
+        return latest_event_time_ms(self.max_gap_ms, self.grace_ms)

@@ -7,7 +7,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..store.metered import SlidingRate
+import numpy as np
+
+from ..store.metered import HistogramReading, LatencyHistogram, SlidingRate
 from ..triggers import Pane
 from ..types import Session
 
@@ -39,6 +41,11 @@ def make_emit(session: Session, value: Any, pane: Pane | None = None,
     return Emit(session, value, pane, retraction, session.end - 1)
 
 
+#: Upper bounds (seconds of event time) of the emit-final latency buckets: 1 ms to a day.
+EVENT_TIME_BUCKETS_S = (0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
+                        3 * 3600.0, 6 * 3600.0, 24 * 3600.0)
+
+
 class EngineMetrics:
     """Counters of one engine. Rates are over a sliding window, not the lifetime."""
 
@@ -51,10 +58,12 @@ class EngineMetrics:
         self.final = SlidingRate()
         self.final_latency_sum = 0
         self.final_latency_max = 0
+        self.final_latency = LatencyHistogram(EVENT_TIME_BUCKETS_S)
 
     def record_final(self, latency_ms: int) -> None:
         """One session emitted as final, ``latency_ms`` of event time after it closed."""
         self.final.record(1, float(latency_ms))
+        self.final_latency.observe(latency_ms / 1000.0)
         self.final_latency_sum += latency_ms
         if latency_ms > self.final_latency_max:
             self.final_latency_max = latency_ms
@@ -65,6 +74,8 @@ class EngineMetrics:
         if count == 0:
             return
         self.final.record(count)  # only its rate is reported; the latencies are kept here
+        self.final_latency.observe_ms(np.maximum(np.asarray(latencies_ms, dtype=np.float64),
+                                                 0.0))
         if isinstance(latencies_ms, list):  # Python ints: no int64 range to leave
             self.final_latency_sum += sum(latencies_ms)
             self.final_latency_max = max(self.final_latency_max, max(latencies_ms))
@@ -72,15 +83,25 @@ class EngineMetrics:
         self.final_latency_sum += int(latencies_ms.sum())
         self.final_latency_max = max(self.final_latency_max, int(latencies_ms.max()))
 
-    def record_final_sum(self, count: int, latency_sum_ms: int, latency_max_ms: int) -> None:
+    def record_final_sum(self, count: int, latency_sum_ms: int, latency_max_ms: int,
+                         ends_ms: list[int], close_upto_ms: int) -> None:
         """:meth:`record_finals` for ``count`` sessions whose latencies (each ``>= 0``) add up
-        to ``latency_sum_ms``, the largest ``latency_max_ms``."""
+        to ``latency_sum_ms``, the largest ``latency_max_ms``; ``ends_ms`` are their ends and
+        ``close_upto_ms`` is ``W - grace``, for the histogram."""
         if count == 0:
             return
         self.final.record(count)
         self.final_latency_sum += latency_sum_ms
         if latency_max_ms > self.final_latency_max:
             self.final_latency_max = latency_max_ms
+        # in float: W - grace - end may leave int64 with extreme times; a bucket needs no more
+        ends = np.array(ends_ms, dtype=np.float64)
+        self.final_latency.observe_ms(np.maximum(float(close_upto_ms) - ends, 0.0))
+
+    def histograms(self) -> dict[str, HistogramReading]:
+        """``emit-final-latency``: for each session emitted as final, the event time between
+        its close (``end + grace``) and the watermark that emitted it."""
+        return {"emit-final-latency": self.final_latency.reading()}
 
     def snapshot(self, store_metrics: Mapping[str, float]) -> dict[str, float]:
         rate, _, _ = self.final.snapshot()

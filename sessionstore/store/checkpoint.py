@@ -36,6 +36,7 @@ import msgpack
 import rocksdict
 
 from ..errors import StoreCorruptedError
+from ..fsutil import fsync_dir
 from .base import READABLE_FORMAT_VERSIONS, STORE_FORMAT_VERSION, CommittedState
 
 MANIFEST_NAME = "SESSIONSTORE-MANIFEST"
@@ -372,14 +373,6 @@ def copy_checkpoint(source: Path, target: Path) -> None:
 # -- the COMMITTED pointer -----------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def encode_pointer(version: int) -> bytes:
     """The bytes of a ``COMMITTED`` pointer naming ``version``: magic, SHA-256 of body, body."""
     body: bytes = msgpack.packb({"format": _POINTER_FORMAT, "version": version},
@@ -456,7 +449,7 @@ def publish_pointer(store_path: str | os.PathLike[str]) -> None:
     commit point. Everything the new version needs must be durable before this is called."""
     root = Path(store_path)
     os.rename(root / POINTER_TEMP, root / POINTER_NAME)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 @dataclass(frozen=True)

@@ -3,20 +3,85 @@
 Each operation gets ``<op>-total``, ``<op>-rate`` (per second, over a sliding window rather than
 the lifetime, so a rate reflects the current load) and ``<op>-latency-avg`` / ``-max`` (ms, over
 the same window). The wrapped store's own counters (``dropped-records``, ``expired-segments``,
-...) are passed through.
+...) are passed through. :attr:`MeteredSessionStore.latency_histograms` keeps every call's
+latency over the lifetime, in fixed buckets, for a Prometheus histogram.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
+
+import numpy as np
 
 from ..types import Session, SessionStoreProtocol
 
 DEFAULT_WINDOW_S = 30.0
 _OPS = ("put", "remove", "fetch", "find-sessions", "commit")
+
+
+#: Upper bounds (seconds, inclusive) of wall-clock latency buckets: 0.1 ms to 10 s.
+WALL_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                  0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class HistogramReading:
+    """A copy of a :class:`LatencyHistogram`: ``counts[i]`` observations fell at or below
+    ``bounds_s[i]`` and above the bound before it; ``counts[-1]`` above the last bound. So
+    ``len(counts) == len(bounds_s) + 1`` and ``sum(counts)`` is the number observed."""
+
+    bounds_s: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum_s: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class LatencyHistogram:
+    """Durations in fixed buckets over the lifetime, as a Prometheus histogram keeps them.
+
+    Args:
+        bounds_s: increasing upper bounds in seconds (each inclusive, as Prometheus' ``le``);
+            values above the last one are counted in an overflow bucket (``+Inf``).
+
+    Raises:
+        ValueError: bounds that are empty or not strictly increasing.
+    """
+
+    def __init__(self, bounds_s: tuple[float, ...] = WALL_BUCKETS_S) -> None:
+        if not bounds_s or any(a >= b for a, b in pairwise(bounds_s)):
+            raise ValueError(f"bounds_s must be strictly increasing and not empty, got "
+                             f"{bounds_s!r}")
+        self.bounds_s = tuple(float(b) for b in bounds_s)
+        self._bounds_ms = np.array(self.bounds_s) * 1000.0
+        self._counts = [0] * (len(bounds_s) + 1)
+        self._sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration of ``seconds``."""
+        self._counts[bisect.bisect_left(self.bounds_s, seconds)] += 1
+        self._sum_s += seconds
+
+    def observe_ms(self, millis: Any) -> None:
+        """Count many durations given in milliseconds (an array or a list of numbers)."""
+        values = np.asarray(millis, dtype=np.float64)
+        if values.size == 0:
+            return
+        slots = np.searchsorted(self._bounds_ms, values, side="left")
+        for slot, n in enumerate(np.bincount(slots, minlength=len(self._counts)).tolist()):
+            self._counts[slot] += n
+        self._sum_s += float(values.sum()) / 1000.0
+
+    def reading(self) -> HistogramReading:
+        return HistogramReading(self.bounds_s, tuple(self._counts), self._sum_s)
 
 
 class SlidingRate:
@@ -85,10 +150,18 @@ class MeteredSessionStore:
         self.wrapped = wrapped
         self._clock = clock
         self._rates = {op: SlidingRate(window_s, clock=clock) for op in _OPS}
+        self._latencies = {op: LatencyHistogram() for op in _OPS}
 
     def _timed(self, op: str, started: float, count: int = 1) -> None:
         now = self._clock()  # one reading for both the latency and the bucket
         self._rates[op].record(count, (now - started) * 1000.0, now)
+        self._latencies[op].observe(now - started)
+
+    @property
+    def latency_histograms(self) -> dict[str, HistogramReading]:
+        """``<op>-latency`` for each operation: the latency of every call (one call of
+        ``put_many`` is one observation) since the store was wrapped."""
+        return {f"{op}-latency": h.reading() for op, h in self._latencies.items()}
 
     # -- measured operations ----------------------------------------------------------------
 

@@ -38,6 +38,7 @@ import rocksdict
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
+from ..fsutil import fsync_dir
 from ..kernels import sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
@@ -78,15 +79,6 @@ _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 # sorts after the (end, start) of any key-first record: the start of a backward key scan
 _HIGH_TIMES = b"\xff" * 16
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a new or renamed file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _housekeep(root: Path, doomed: list[Path]) -> None:

@@ -57,7 +57,9 @@ def run(tmp_path: Path, rows: list[dict[str, Any]], name: str, *extra: str
         [("user", pa.string()), ("ts", pa.int64()), ("amount", pa.int64())])), source)
     out = tmp_path / f"{name}.jsonl"
     argv = ["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
-            "--max-out-of-order", "10s", "--out", str(out), "--no-progress", *extra]
+            "--max-out-of-order", "10s", "--out", str(out), "--no-progress",
+            # the incremental path, whose batches these tests watch
+            "--state", str(tmp_path / f"{name}-state"), *extra]
     for agg in AGGS:
         argv += ["--agg", agg]
     assert main(argv) == 0
@@ -145,7 +147,7 @@ def test_decimal_sums_take_the_row_path_and_keep_their_type(tmp_path, capsys):
     out = tmp_path / "dec.parquet.out.parquet"
     assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
                  "--agg", "total=sum:price", "--agg", "n=count", "--out", str(out),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--state", str(tmp_path / "state")]) == 0
     table = pq.read_table(out).sort_by("user")
     assert table.schema.field("total").type == pa.decimal128(16, 2)
     assert table.column("total").to_pylist() == [decimal.Decimal("3.75"), None]

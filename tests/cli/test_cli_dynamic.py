@@ -48,7 +48,9 @@ def run(capsys: pytest.CaptureFixture[str], source: Path, out: Path, *flags: str
         ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
     argv = ["sessionize", str(source), "--key", "user", "--time", "ts", "--agg", "n=count",
             "--agg", "ids=collect:amount", "--max-out-of-order", f"{LATENESS}ms",
-            "--out", str(out), "--no-progress", "--batch-rows", "700", *flags]
+            "--out", str(out), "--no-progress", "--batch-rows", "700",
+            # the incremental path, against the oracle's arrival-order answer (drops included)
+            "--state", f"{out}.state", "--max-dropped-share", "1", *flags]
     assert main(argv) == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -353,8 +353,11 @@ def test_temporary_state_is_removed_after_sigterm_and_after_a_crash(tmp_path):
     source = many_sessions(tmp_path / "in.parquet", 200_000)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    # --emit update: a run without --state that takes the incremental path, in a temporary
+    # state (the bounded path keeps no state)
     args = ["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1s",
-            "--commit-every", "3000", "--batch-rows", "3000", "--no-progress"]
+            "--commit-every", "3000", "--batch-rows", "3000", "--no-progress", "--emit",
+            "update"]
 
     def started_child(out: str) -> subprocess.Popen[str]:
         child = run_cli([*args, "--out", str(tmp_path / out)], env={"TMPDIR": str(scratch)})
@@ -373,7 +376,8 @@ def test_temporary_state_is_removed_after_sigterm_and_after_a_crash(tmp_path):
     child.wait(timeout=60)
     assert len(list(scratch.glob("sessionstore-cli-*"))) == 1  # SIGKILL cannot clean up
     small = write_jsonl(tmp_path / "small.jsonl", ROWS)
-    finished = run_cli(sessionize(small, tmp_path / "c.jsonl"), env={"TMPDIR": str(scratch)})
+    finished = run_cli(sessionize(small, tmp_path / "c.jsonl", "--emit", "update"),
+                       env={"TMPDIR": str(scratch)})
     assert finished.wait(timeout=60) == 0
     assert list(scratch.iterdir()) == []  # the next run swept the dead run's directory
 
@@ -382,8 +386,8 @@ def test_temporary_state_is_removed_after_sigterm_and_after_a_crash(tmp_path):
 
 
 def test_parts_and_their_directory_are_fsynced_before_the_commit(tmp_path, monkeypatch):
-    from sessionstore import io as sio
     from sessionstore.engine import SessionAggregator
+    from sessionstore.io import writers as sio
 
     events: list[str] = []
     real_fsync, real_commit = os.fsync, SessionAggregator.commit
@@ -400,7 +404,8 @@ def test_parts_and_their_directory_are_fsynced_before_the_commit(tmp_path, monke
     monkeypatch.setattr(SessionAggregator, "commit", commit)
     source = write_jsonl(tmp_path / "in.jsonl", ROWS)
     out = tmp_path / "o.parquet"
-    assert main(sessionize(source, out, "--commit-every", "2", "--batch-rows", "2")) == 0
+    assert main(sessionize(source, out, "--commit-every", "2", "--batch-rows", "2", "--state",
+                           str(tmp_path / "state"))) == 0
     parts = sorted(p.name for p in out.iterdir())
     assert parts and all(p.startswith("part-") for p in parts)  # no temporary left behind
     for part in parts:

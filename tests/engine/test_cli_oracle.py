@@ -25,7 +25,8 @@ def test_sessionize_counts_match_the_oracle_on_250k_one_event_users(tmp_path: Pa
     pq.write_table(pa.table({"user": users, "ts": pa.array(times, pa.int64())}), source)
     out_dir = tmp_path / "out.parquet"
     assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1s",
-                 "--out", str(out_dir), "--no-progress"]) == 0
+                 "--out", str(out_dir), "--no-progress", "--state", str(tmp_path / "state"),
+                 "--max-dropped-share", "1"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     table = pa.concat_tables(pq.read_table(p) for p in sorted(out_dir.glob("*.parquet")))
     steps = [("event", u, None, t) for u, t in zip(users, times.tolist(), strict=True)]

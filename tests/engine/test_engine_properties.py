@@ -222,12 +222,12 @@ def test_update_mode_changelogs_rebuild_the_oracle_sessions(cfg, steps, cuts):
 def table_emits(table: pa.Table) -> list[Emit]:
     """process_table's rows as the Emits process_batch returns, to compare the two."""
     labels = [c for c in table.column_names
-              if c not in ("k", "session_start_ms", "session_end_ms", "retraction")]
+              if c not in ("k", "session_start_ms", "session_end_ms", "retracted")]
     out = []
     for row in table.to_pylist():
         value = {label: row[label] for label in labels}
         out.append(Emit(Session(row["k"], row["session_start_ms"], row["session_end_ms"]),
-                        value, None, row.get("retraction", False), row["session_end_ms"] - 1))
+                        value, None, row.get("retracted", False), row["session_end_ms"] - 1))
     return out
 
 

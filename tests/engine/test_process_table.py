@@ -77,7 +77,7 @@ def test_custom_aggregations_take_the_exact_path_with_rows_as_dicts():
     out = e.process_table(pa.table({"k": [1, 1], "x": [2, 3], "y": [10, 100], "t": [0, 1]}),
                           key="k", time="t")
     assert out.to_pylist() == [{"k": 1, "session_start_ms": 0, "session_end_ms": 11,
-                                "retraction": False, "aggregate": 320}]
+                                "retracted": False, "aggregate": 320}]
 
 
 def test_triggers_are_refused():

@@ -1,4 +1,6 @@
-"""The Spark examples in README.md and docs/ run against the suite's SparkSession."""
+"""The Spark examples in README.md and docs/ run as pasted, twice in a row in one directory,
+builder included: their ``getOrCreate`` returns the suite's SparkSession, whose settings are put
+back afterwards so that the examples' builders cannot change what later tests run with."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from tests.test_docs import run_twice
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -15,6 +19,7 @@ EXAMPLES = [
     for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
     for i, match in enumerate(BLOCK.finditer(doc.read_text()))
 ]
+BUILDER_SETS = re.compile(r'\.config\("([^"]+)"')
 
 
 def test_there_is_a_spark_example():
@@ -22,6 +27,15 @@ def test_there_is_a_spark_example():
 
 
 @pytest.mark.parametrize("code", EXAMPLES)
-def test_spark_doc_example_runs(spark, code, tmp_path, monkeypatch):
+def test_spark_doc_example_runs_twice(spark, code, tmp_path, monkeypatch):
+    assert "SparkSession.builder" in code and "spark.sql.shuffle.partitions" in code, \
+        "a Spark example builds its session, with a laptop-sized shuffle"
+    keys = set(BUILDER_SETS.findall(code))
+    saved = {key: spark.conf.get(key, None) for key in keys}
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_example__", "spark": spark})
+    try:
+        run_twice(code)
+    finally:
+        for key, value in saved.items():
+            if value is not None:
+                spark.conf.set(key, value)

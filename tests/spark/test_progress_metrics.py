@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spark_adapter import sessionize
+from spark_adapter import progress_counters, progress_json, sessionize
 from tests.spark.streams import StreamRun, write_file
 
 # two outputs: a one-part combine() hits an engine bug on restart (reported; see the report)
@@ -53,6 +53,12 @@ def test_observed_counters_equal_output_and_input(spark, tmp_path: Path):
                 if "sessionstore" in (p.get("observedMetrics") or {})]
     # every micro-batch reports, the no-data ones included
     assert len(observed) == len(run.progress)
+    # as JSON, the counters keep their names (a Row alone would be written as a bare list)
+    for progress, counters in zip(run.progress, observed, strict=True):
+        dumped = json.loads(json.dumps(progress_json(progress)))
+        assert dumped["observedMetrics"]["sessionstore"] == counters
+        assert dumped["batchId"] == progress["batchId"] and isinstance(dumped["id"], str)
+        assert progress_counters(progress) == {k: int(v) for k, v in counters.items()}
     assert set(observed[0]) >= {"sessions_emitted", "late_rows_dropped"}, observed[0]
     total = {name: sum(int(o[name]) for o in observed) for name in observed[0]}
     sessions = run.rows()

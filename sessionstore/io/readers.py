@@ -1,0 +1,395 @@
+"""Reading input files: formats, resolving and opening an input, streaming its record batches.
+
+Inputs are read through ``pyarrow.dataset``: one file, a directory (Hive-partitioned or not), or
+a glob, of JSON Lines, CSV or Parquet. Files are read one after another in path order, as Arrow
+record batches, so that large inputs stream through the engine's batch path and a resumed run can
+skip exactly the rows it already committed. JSON Lines files nested too deep are refused before
+the parser sees them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+
+if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pandas)
+    import pyarrow.dataset as ds
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
+           ".parquet": "parquet", ".pq": "parquet"}
+#: Tab-separated inputs: read as CSV with a tab delimiter (inputs only; outputs are CSV).
+TSV_SUFFIXES = (".tsv", ".tab")
+#: Deeper JSON values are refused before the JSON parser sees them: the parser recurses and
+#: crashes the process (a value 20,000 deep segfaults it). 1,000 is Jackson's default
+#: ``maxNestingDepth``, which Spark's JSON reader inherits.
+MAX_JSON_DEPTH = 1000
+#: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
+KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
+_BLOCK = 1 << 22
+
+
+class InputError(ValueError):
+    """An input file cannot be read as asked; the message is meant for a person."""
+
+
+def file_format(path: str | os.PathLike[str], name: str) -> str:
+    """The format of ``path`` from its extension: ``jsonl``, ``csv`` or ``parquet``. An input
+    (``name == "input"``) may also be ``.tsv`` or ``.tab``, read as CSV separated by tabs.
+
+    Raises:
+        InputError: an unknown extension, naming ``name`` and the path.
+    """
+    suffix = Path(path).suffix.lower()
+    if name == "input" and suffix in TSV_SUFFIXES:
+        return "csv"
+    if suffix not in FORMATS:
+        known = ".jsonl, .csv, .tsv or .parquet" if name == "input" else ".jsonl, .csv or .parquet"
+        raise InputError(f"{name} {str(path)!r}: unknown format {suffix or '(none)'!r}; use "
+                         f"{known}")
+    return FORMATS[suffix]
+
+
+def csv_delimiter(files: Sequence[Path], delimiter: str | None) -> str:
+    """The delimiter of CSV-like ``files``: ``delimiter`` when given (``\\t`` and ``tab``
+    name a tab), else a tab for ``.tsv``/``.tab`` files and a comma for ``.csv`` files.
+
+    Raises:
+        InputError: naming ``--delimiter``: not one character, or files of both kinds without it.
+    """
+    if delimiter is not None:
+        named = {"\\t": "\t", "tab": "\t"}.get(delimiter.lower(), delimiter)
+        if len(named) != 1 or named in "\r\n\"":
+            raise InputError(f"--delimiter must be one character (or \\t / tab), got "
+                             f"{delimiter!r}")
+        return named
+    found = {"\t" if f.suffix.lower() in TSV_SUFFIXES else "," for f in files}
+    if len(found) > 1:
+        raise InputError("the input mixes .csv and .tsv files: give --delimiter")
+    return found.pop()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+_JSON_TYPE_CHANGE = re.compile(r"Column\((/[^)]*)\) changed from (\w+) to (\w+)")
+_JSON_ROW = re.compile(r" in row \d+$")
+
+
+def _read_error(path: str, fmt: str, exc: BaseException) -> InputError:
+    text = first_line(exc)
+    if "invalid UTF8" in text:
+        text += " (keys are read as UTF-8 text: --key-type binary reads them as raw bytes)"
+    if fmt == "jsonl" and _JSON_ROW.search(text) and Path(path).is_file():
+        # Arrow counts that row from the start of its 4 MiB block, not of the file: find the
+        # line (on the error path only: the file is scanned once more, in Python)
+        change = _JSON_TYPE_CHANGE.search(text)
+        found = _json_problem_line(Path(path), change.group(1) if change else None)
+        if found is not None:
+            return InputError(f"cannot read {path!r} as {fmt}: line {found[0]}: {found[1]}")
+        text = _JSON_ROW.sub(" (a row of one of the file's 4 MiB blocks)", text)
+    return InputError(f"cannot read {path!r} as {fmt}: {text}")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else "null"
+
+
+def _json_problem_line(path: Path, pointer: str | None) -> tuple[int, str] | None:
+    """The first 1-based line of a JSON Lines file that is not a JSON object, or where the value
+    at ``pointer`` (``/a/b``) takes another JSON type than on the lines before it (nulls and
+    missing values aside), with what is wrong; None when no line is."""
+    parts = [p for p in (pointer or "").strip("/").split("/") if p]
+    first: str | None = None
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value: Any = json.loads(raw.rstrip(b"\r\n"))
+            except json.JSONDecodeError as exc:
+                return number, f"not valid JSON at column {exc.colno}: {exc.msg}"
+            except ValueError as exc:  # bytes that are not UTF-8
+                return number, f"not valid JSON: {exc}"
+            if not isinstance(value, dict):
+                return number, f"a JSON {_json_kind(value)}, not an object"
+            if not parts:
+                continue
+            for part in parts:
+                value = value.get(part) if isinstance(value, dict) else None
+            kind = _json_kind(value)
+            if kind == "null":
+                continue
+            if first is None:
+                first = kind
+            elif kind != first:
+                return number, (f"{'/'.join(parts)!r} changed from {first} to {kind}; a column "
+                                f"must hold one JSON type")
+    return None
+
+
+def _hidden(relative: Path) -> bool:
+    # Spark and Hadoop mark metadata (_SUCCESS, .crc, _temporary/) this way; pyarrow skips it too
+    return any(part.startswith((".", "_")) for part in relative.parts)
+
+
+@dataclass
+class InputSource:
+    """The files of one input and how to read them (see :func:`open_input`).
+
+    Attributes:
+        spec: the input as the user gave it.
+        files: the data files, sorted by path; the dataset reads them in this order, except
+            the blank text files, which hold no rows (see :func:`open_input`).
+        format: ``jsonl``, ``csv`` or ``parquet``.
+        root: the directory partition values are relative to (a directory input), else None.
+        dataset: the ``pyarrow.dataset`` over ``files``.
+    """
+
+    spec: str
+    files: list[Path]
+    format: str
+    root: Path | None
+    dataset: ds.Dataset
+    partition_columns: list[str] = field(default_factory=list)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns every file is read with (partition columns included)."""
+        return self.dataset.schema
+
+
+def resolve_files(spec: str) -> tuple[list[Path], Path | None]:
+    """The data files named by ``spec`` (a file, a directory or a glob), sorted, and the
+    directory they are relative to.
+
+    Raises:
+        InputError: nothing matches, or a directory holds no data file.
+    """
+    path = Path(spec)
+    if path.is_file():
+        return [path], None
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and not _hidden(p.relative_to(path)))
+        if not files:
+            raise InputError(f"input directory {spec!r} holds no data files")
+        return files, path
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+        if not files:
+            raise InputError(f"input glob {spec!r} matches no file")
+        return files, None
+    raise InputError(f"input {spec!r} does not exist (give a file, a directory or a glob)")
+
+
+def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = None,
+               delimiter: str | None = None) -> InputSource:
+    """Resolve ``spec`` and open it as a dataset.
+
+    Args:
+        spec: a file, a directory (``name=value`` sub-directories are Hive partitions) or a glob.
+        key_columns: read as strings in CSV files and partition paths, where types are guessed,
+            unless ``key_type`` declares another type (``007`` and ``7`` stay two keys).
+        key_type: a name in :data:`KEY_TYPES`: the key columns are read as, or cast to, it in
+            every format.
+        delimiter: the field delimiter of CSV input (see :func:`csv_delimiter`); refused for
+            other formats.
+
+    Text files (JSON Lines, CSV) that hold nothing but whitespace hold no rows: Spark and Hadoop
+    write such files for empty partitions. They stay part of the input (its identity, the path
+    checks) but are not read; an input made only of them is refused.
+
+    Raises:
+        InputError: no such input, mixed or unknown formats, unreadable files, a JSON file
+            nested deeper than :data:`MAX_JSON_DEPTH`, or no file with any content.
+    """
+    import pyarrow.dataset as ds
+
+    all_files, root = resolve_files(spec)
+    formats = {file_format(f, "input") for f in all_files}
+    if len(formats) > 1:
+        raise InputError(f"input {spec!r} mixes formats {sorted(formats)}; give one format")
+    fmt = formats.pop()
+    if delimiter is not None and fmt != "csv":
+        raise InputError(f"--delimiter applies to CSV and TSV input; {spec!r} is {fmt}")
+    files = [f for f in all_files if fmt == "parquet" or not _blank_text_file(f)]
+    if not files:
+        raise InputError(f"input {spec!r} holds no rows: "
+                         f"{'its file is' if len(all_files) == 1 else 'every file is'} empty "
+                         f"(or only whitespace)")
+    key_arrow = KEY_TYPES[key_type] if key_type is not None else pa.string()
+    if fmt == "parquet":
+        file_format_obj: ds.FileFormat = ds.ParquetFileFormat()
+    elif fmt == "csv":
+        file_format_obj = ds.CsvFileFormat(
+            read_options=pacsv.ReadOptions(block_size=_BLOCK),
+            parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(files, delimiter)),
+            convert_options=pacsv.ConvertOptions(
+                column_types={k: key_arrow for k in key_columns}))
+    else:
+        for f in files:
+            check_json_depth(f)
+        file_format_obj = ds.JsonFileFormat(read_options=pajson.ReadOptions(block_size=_BLOCK))
+    partitioning = None
+    partition_columns: list[str] = []
+    try:
+        if root is not None and any("=" in part for f in files
+                                    for part in f.relative_to(root).parts[:-1]):
+            found = ds.dataset([str(f) for f in files], format=file_format_obj,
+                               partitioning=ds.HivePartitioning.discover(infer_dictionary=False),
+                               partition_base_dir=str(root)).partitioning
+            assert found is not None
+            fields = [pa.field(f.name, key_arrow if f.name in key_columns else f.type)
+                      for f in found.schema]
+            partitioning = ds.HivePartitioning(pa.schema(fields))
+            partition_columns = [f.name for f in fields]
+        dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
+                             partitioning=partitioning,
+                             partition_base_dir=str(root) if root is not None else None)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise _read_error(spec, fmt, exc) from None
+    return InputSource(spec, all_files, fmt, root, dataset, partition_columns)
+
+
+def _blank_text_file(path: Path, limit: int = 1 << 16) -> bool:
+    """True for a text file of at most ``limit`` bytes holding only ASCII whitespace."""
+    size = path.stat().st_size
+    if size > limit:
+        return False
+    with open(path, "rb") as handle:
+        return not handle.read(limit + 1).strip()
+
+
+def iter_batches(source: InputSource, columns: Sequence[str], *, skip_rows: int = 0,
+                 batch_rows: int = 65_536, key_columns: Sequence[str] = (),
+                 key_type: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream ``columns`` of every file in order, after the first ``skip_rows`` rows.
+
+    Parquet files wholly inside ``skip_rows`` are skipped from their metadata, unread.
+
+    Raises:
+        InputError: a missing column, or a file that cannot be read; the message names the file.
+    """
+    missing = [c for c in columns if c not in source.schema.names]
+    if missing:
+        raise InputError(f"input has no column {missing[0]!r} (columns: {source.schema.names})")
+    seen = 0
+    for fragment in source.dataset.get_fragments():
+        try:
+            if source.format == "parquet" and skip_rows > seen:
+                rows = fragment.count_rows()
+                if seen + rows <= skip_rows:
+                    seen += rows
+                    continue
+            for batch in fragment.to_batches(schema=source.schema, columns=list(columns),
+                                             batch_size=batch_rows, use_threads=False):
+                if seen + batch.num_rows <= skip_rows:
+                    seen += batch.num_rows
+                    continue
+                if seen < skip_rows:
+                    batch = batch.slice(skip_rows - seen)
+                    seen = skip_rows
+                seen += batch.num_rows
+                # the JSON reader does not check UTF-8; an invalid string fails later, deep in
+                # a conversion, unless it is found here
+                batch.validate(full=True)
+                if key_type is not None:
+                    batch = _cast_keys(batch, key_columns, KEY_TYPES[key_type], fragment.path)
+                yield batch
+        except (pa.ArrowException, OSError,
+                UnicodeDecodeError) as exc:
+            raise _read_error(fragment.path, source.format, exc) from None
+
+
+def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataType,
+               path: str) -> pa.RecordBatch:
+    arrays = list(batch.columns)
+    for name in key_columns:
+        index = batch.schema.get_field_index(name)
+        if arrays[index].type != to:
+            try:
+                arrays[index] = pc.cast(arrays[index], to)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InputError(f"{path!r}: key column {name!r} is not --key-type "
+                                 f"{to}: {first_line(exc)}") from None
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int = 1 << 20) -> None:
+    """Refuse a JSON Lines file with a value nested deeper than ``limit``, before parsing.
+
+    The scan is vectorised: quotes not escaped by an odd run of backslashes toggle "inside a
+    string", brackets outside strings move the depth, and each line starts afresh. The file is
+    read in blocks; the state at a block's end is carried into the next one.
+
+    Raises:
+        InputError: naming the file, the line and the limit.
+    """
+    prefix = b""
+    lines_before = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            scan = _scan_depth(prefix + block)
+            if scan.deepest > limit:
+                raise InputError(f"input {str(path)!r} line {lines_before + scan.line + 1}: "
+                                 f"JSON nested deeper than {limit} levels; refused before "
+                                 f"parsing")
+            lines_before += block.count(b"\n")
+            prefix = (b"[" * max(scan.end_level, 0) + (b'"' if scan.end_in_string else b"")
+                      + (b"\\" if scan.end_escaping else b""))
+
+
+@dataclass
+class _DepthScan:
+    deepest: int  # the deepest nesting of any line
+    line: int  # the line it is on, counted from the start of the scanned bytes
+    end_level: int  # the state after the last byte, for the next block
+    end_in_string: bool
+    end_escaping: bool
+
+
+def _scan_depth(data: bytes) -> _DepthScan:
+    a = np.frombuffer(data, dtype=np.uint8)
+    n = len(a)
+    index = np.arange(n, dtype=np.int64)
+    last_plain = np.maximum.accumulate(np.where(a == 0x5C, -1, index))
+    quotes = np.flatnonzero(a == 0x22)
+    before = quotes - 1
+    run = np.where(before >= 0, before - last_plain[np.maximum(before, 0)], 0)
+    toggles = np.zeros(n, dtype=np.int64)
+    toggles[quotes[run % 2 == 0]] = 1
+    newline = a == 0x0A
+    line_of = np.cumsum(newline)
+    breaks = np.flatnonzero(newline)  # a line's counts start after the newline before it
+    flips = np.cumsum(toggles)
+    flips -= np.concatenate(([0], flips[breaks]))[line_of]
+    in_string = (flips & 1).astype(bool)
+    step = ((a == 0x5B) | (a == 0x7B)).astype(np.int64) - ((a == 0x5D) | (a == 0x7D))
+    step[in_string] = 0
+    level = np.cumsum(step)
+    level -= np.concatenate(([0], level[breaks]))[line_of]
+    deepest = int(np.argmax(level))
+    return _DepthScan(int(level[deepest]), int(line_of[deepest]), int(level[-1]),
+                      bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2))
