@@ -336,8 +336,8 @@ def static_section() -> list[str]:
         "",
         "`python -m benchmarks.static_bench` (`make bench`'s `static` step): one Parquet file, "
         "a 30 min gap, a count and a sum per session, every tool in its own process reading "
-        "the file itself; wall, CPU (user + system) and peak RSS of that process, median of "
-        f"{runs[0]['repeat']} runs. *pareto*: the issue's workload (about 526k users per 10M "
+        "the file itself; wall, CPU (user + system) and peak RSS of that process, the median "
+        "of the runs noted below the table. *pareto*: the issue's workload (about 526k users per 10M "
         "events, Pareto activity, rows in random order); *sample*: the bundled 1.2M-event "
         "clickstream. Ratios are this tool's figure over DuckDB's (and polars'); below 1 is "
         "better. Every row of a run found the same sessions, events and sum, unless marked.",
@@ -367,10 +367,10 @@ def static_section() -> list[str]:
             if not result["same_sessions"]:
                 notes.append(f"{result['workload']} {result['events']:,}: the tools disagree "
                              f"on the sessions (see the JSON)")
-        conditions = _conditions(data)
-        if conditions:
-            notes.append(conditions.strip())
-    lines += ["", *notes, ""] if notes else [""]
+        label = " and ".join(f"{r['events']:,}" for r in data["results"])
+        notes.append(f"{label} events: median of {data['repeat']} run(s)."
+                     f"{_conditions(data)}")
+    lines += ["", *(f"* {note}" for note in notes), ""]
     return lines
 
 
