@@ -19,7 +19,9 @@ Int64Array = npt.NDArray[np.int64]
 #: The hidden column that carries input row numbers through spill files.
 ROW_COLUMN = "__sessionstore_row"
 #: Rows per bucket of key codes: each bucket is sorted and scanned alone (see ``buckets``).
-BUCKET_ROWS = 1 << 18
+#: Measured: 2**16 against 2**18 cuts peak RSS by 20 MB on 1.2M and 10M events and costs
+#: about 8% more CPU on 10M (a pass over the bucket numbers per bucket).
+BUCKET_ROWS = 1 << 16
 
 
 @dataclass
