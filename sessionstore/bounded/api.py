@@ -199,6 +199,7 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
         batches = make_batches(columns)
     held = FrameBuilder(schema, columns)
     for batch in batches:
+        _check_nulls(batch, options, stats.events_in)
         held.add(batch)
         stats.events_in += batch.num_rows
         if progress is not None:
@@ -206,6 +207,17 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
         if working_bytes(held.nbytes, held.rows) > options.memory_limit:
             return _spilled(held, batches, options, stats, spill_dir, progress)
     return _finish(sessionize_table(held.finish(), options), stats)
+
+
+def _check_nulls(batch: pa.RecordBatch, options: Options, first_row: int) -> None:
+    """Refuse a null key or time in a batch of a stream, naming its input row (once spilled,
+    a partition's rows no longer say where they came from)."""
+    for what, name in [*(("key", k) for k in options.keys), ("time", options.time)]:
+        column = batch.column(name)
+        if column.null_count:
+            row = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+            raise ValueError(f"{what} column {name!r} is null at row {row}: every event needs "
+                             f"a {what}")
 
 
 def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
@@ -241,6 +253,7 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
         while first:
             write(first.pop(0))
         for batch in rest:
+            _check_nulls(batch, options, stats.events_in)
             write(batch)
             stats.events_in += batch.num_rows
             if progress is not None:

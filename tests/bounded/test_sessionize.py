@@ -334,3 +334,16 @@ def test_array_boundaries_equal_the_sequential_rule(case: tuple[Any, ...]) -> No
     got = session_starts(codes, times, ends, inclusive=inclusive, fixed_gap=fixed,
                          max_duration=None)
     assert got.tolist() == want.tolist()
+
+
+def test_nulls_in_a_stream_name_the_input_row_also_when_spilling(tmp_path: Path) -> None:
+    times: list[Any] = list(range(3_000))
+    times[2_500] = None
+    table = pa.table({"k": [i % 7 for i in range(3_000)], "t": pa.array(times, pa.int64())})
+    for limit in (None, 20_000):  # in memory, and spilled long before row 2,500
+        reader = pa.RecordBatchReader.from_batches(table.schema,
+                                                   table.to_batches(max_chunksize=100))
+        with pytest.raises(ValueError, match="time column 't' is null at row 2500"):
+            sessionize(reader, key="k", time="t", gap=5, aggregations="n=count",
+                       memory_limit=limit, spill_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
