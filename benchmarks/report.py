@@ -326,6 +326,54 @@ def peers_section() -> list[str]:
     return lines
 
 
+def static_section() -> list[str]:
+    """``benchmarks/static_bench.py``: sessionize against DuckDB and polars on one file."""
+    runs = [d for d in (_load("static"), _load("static_large")) if d is not None]
+    if not runs:
+        return []
+    lines = [
+        "## Static input",
+        "",
+        "`python -m benchmarks.static_bench` (`make bench`'s `static` step): one Parquet file, "
+        "a 30 min gap, a count and a sum per session, every tool in its own process reading "
+        "the file itself; wall, CPU (user + system) and peak RSS of that process, the median "
+        "of the runs noted below the table. *pareto*: the issue's workload (about 526k users per 10M "
+        "events, Pareto activity, rows in random order); *sample*: the bundled 1.2M-event "
+        "clickstream. Ratios are this tool's figure over DuckDB's (and polars'); below 1 is "
+        "better. Every row of a run found the same sessions, events and sum, unless marked.",
+        "",
+        "| workload | events | memory limit | tool | wall (s) | CPU (s) | peak RSS (MB) | "
+        "CPU x DuckDB | wall x DuckDB | RSS x DuckDB | CPU x polars | wall x polars | "
+        "sessions |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for data in runs:
+        for result in data["results"]:
+            rows = {r["tool"]: r for r in result["rows"]}
+            duck, polars = rows.get("duckdb"), rows.get("polars")
+            for tool, r in rows.items():
+                def ratio(peer: dict[str, Any] | None, key: str,
+                          r: dict[str, Any] = r) -> str:
+                    return f"{r[key] / peer[key]:.2f}" if peer else ""
+
+                lines.append(
+                    f"| {result['workload']} | {result['events']:,} | "
+                    f"{result['memory_limit'] or 'default'} | {tool} | {r['wall_s']:.2f} | "
+                    f"{r['cpu_s']:.2f} | {r['peak_rss_mb']:.0f} | {ratio(duck, 'cpu_s')} | "
+                    f"{ratio(duck, 'wall_s')} | {ratio(duck, 'peak_rss_mb')} | "
+                    f"{ratio(polars, 'cpu_s')} | {ratio(polars, 'wall_s')} | "
+                    f"{r['sessions']:,} |")
+            if not result["same_sessions"]:
+                notes.append(f"{result['workload']} {result['events']:,}: the tools disagree "
+                             f"on the sessions (see the JSON)")
+        label = " and ".join(f"{r['events']:,}" for r in data["results"])
+        notes.append(f"{label} events: median of {data['repeat']} run(s)."
+                     f"{_conditions(data)}")
+    lines += ["", *(f"* {note}" for note in notes), ""]
+    return lines
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     lines = [
@@ -336,7 +384,8 @@ def main() -> None:
         "asserted by the test suite. Re-run them with `make bench`.",
         "",
     ]
-    for section in (store_section, engine_section, spark_section, peers_section):
+    for section in (store_section, engine_section, spark_section, peers_section,
+                    static_section):
         lines += section()
     extra = DOCS / "bench" / "notes.md"
     if extra.exists():

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from .core import ROW_COLUMN, Part, sessionize_table
+from .frame import FrameBuilder, arrow_of, as_numpy
 from .options import (
     SESSION_COLUMNS,
     Options,
@@ -144,7 +145,7 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
     """The sessions of each partition of ``spill``; a partition still over the memory limit is
     split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
     for _, table in spill.read():
-        rows = table.column(ROW_COLUMN).to_numpy()
+        rows = as_numpy(table.column(ROW_COLUMN))
         if depth < MAX_SPLITS and table.num_rows > 1 and \
                 working_bytes(table.nbytes, table.num_rows) > options.memory_limit:
             parts = max(2, math.ceil(2 * working_bytes(table.nbytes, table.num_rows)
@@ -157,7 +158,12 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
                 yield from _partitioned(inner, options, stats, depth + 1, spill_dir)
             continue
         stats.partitions += 1
-        part = sessionize_table(table.drop_columns([ROW_COLUMN]), options, rows)
+        builder = FrameBuilder(table.schema, options.columns)
+        for batch in table.to_batches():
+            builder.add(batch)
+        del table  # the frame copies the columns out as the table goes
+        batch = None
+        part = sessionize_table(builder.finish(), options, rows)
         stats.invalid_gap_dropped += part.invalid_gap_dropped
         yield part.table
 
@@ -191,18 +197,27 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
     else:
         assert make_batches is not None
         batches = make_batches(columns)
-    held: list[pa.RecordBatch] = []
-    held_bytes = 0
+    held = FrameBuilder(schema, columns)
     for batch in batches:
-        held.append(batch)
-        held_bytes += batch.nbytes
+        _check_nulls(batch, options, stats.events_in)
+        held.add(batch)
         stats.events_in += batch.num_rows
         if progress is not None:
             progress(stats.events_in)
-        if working_bytes(held_bytes, stats.events_in) > options.memory_limit:
+        if working_bytes(held.nbytes, held.rows) > options.memory_limit:
             return _spilled(held, batches, options, stats, spill_dir, progress)
-    whole = pa.Table.from_batches(held, schema=pa.schema([schema.field(c) for c in columns]))
-    return _finish(sessionize_table(whole, options), stats)
+    return _finish(sessionize_table(held.finish(), options), stats)
+
+
+def _check_nulls(batch: pa.RecordBatch, options: Options, first_row: int) -> None:
+    """Refuse a null key or time in a batch of a stream, naming its input row (once spilled,
+    a partition's rows no longer say where they came from)."""
+    for what, name in [*(("key", k) for k in options.keys), ("time", options.time)]:
+        column = batch.column(name)
+        if column.null_count:
+            row = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+            raise ValueError(f"{what} column {name!r} is null at row {row}: every event needs "
+                             f"a {what}")
 
 
 def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
@@ -214,28 +229,31 @@ def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
     return part.table, stats
 
 
-def _spilled(held: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch], options: Options,
+def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Options,
              stats: Stats, spill_dir: str | Path | None,
              progress: Callable[[int], None] | None) -> tuple[pa.Table, Stats]:
     """Spill what is held and the rest of the stream to hash partitions, then sessionize them
     one by one."""
-    first = held[0]
-    schema = first.schema.append(pa.field(ROW_COLUMN, pa.int64()))
-    # Enough partitions for what was read so far to fit four times over: the stream may go on.
-    partitions = max(4, math.ceil(4 * working_bytes(sum(b.nbytes for b in held),
-                                                    stats.events_in) / options.memory_limit))
+    # The stream may go on for long: enough partitions for 16 times what was read so far (a
+    # partition that is still too large is split again, at the cost of reading it twice).
+    partitions = max(8, math.ceil(16 * working_bytes(held.nbytes, held.rows)
+                                  / options.memory_limit))
+    first = held.batches()
+    schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(
+        pa.field(ROW_COLUMN, pa.int64()))
     seen = 0
     with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
         def write(batch: pa.RecordBatch) -> None:
             nonlocal seen
-            numbered = batch.append_column(ROW_COLUMN, pa.array(
-                np.arange(seen, seen + batch.num_rows, dtype=np.int64)))
+            numbered = batch.append_column(ROW_COLUMN, arrow_of(
+                np.arange(seen, seen + batch.num_rows, dtype=np.int64), pa.int64()))
             spill.write(numbered)
             seen += batch.num_rows
 
-        while held:
-            write(held.pop(0))
+        while first:
+            write(first.pop(0))
         for batch in rest:
+            _check_nulls(batch, options, stats.events_in)
             write(batch)
             stats.events_in += batch.num_rows
             if progress is not None:

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from ..timeutil import duration_ms
+from .frame import as_numpy
 
 Int64Array = npt.NDArray[np.int64]
 INT64_MAX = 2**63 - 1
@@ -109,25 +110,37 @@ def time_kind(data_type: pa.DataType, name: str, time_unit: str | None) -> TimeK
                     f"dates or integers (cast floats or strings first)")
 
 
-def time_ticks(column: pa.ChunkedArray | pa.Array, name: str, first_row: int = 0) -> Int64Array:
+def time_ticks(column: Any, name: str, first_row: int = 0) -> Int64Array:
     """The time column as int64 ticks (see the module docstring).
 
     Raises:
         ValueError: a null time (naming the column and the row: every event needs a time, as
             in the CLI and the engine), or an unsigned value beyond int64.
     """
-    if column.null_count:
+    if isinstance(column, np.ndarray):  # integers without nulls (see Frame)
+        values = column
+    elif column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ValueError(f"time column {name!r} is null at row {first_row + row}: every event "
                          f"needs a time")
+    else:
+        values = None
+    if values is not None:
+        return _checked_int64(values, name, first_row)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     data_type = column.type
     if pa.types.is_date32(data_type):
-        return cast(Int64Array, column.cast(pa.int32()).to_numpy().astype(np.int64) * 86_400)
+        return as_numpy(column.view(pa.int32())).astype(np.int64) * np.int64(86_400)
     if pa.types.is_timestamp(data_type) or pa.types.is_date64(data_type):
-        return cast(Int64Array, np.asarray(column.cast(pa.int64()).to_numpy(), dtype=np.int64))
-    values = column.to_numpy()
+        return cast(Int64Array, as_numpy(column.view(pa.int64())))
+    return _checked_int64(as_numpy(column), name, first_row)
+
+
+def _checked_int64(values: Any, name: str, first_row: int) -> Int64Array:
+    if values.dtype.kind == "f":
+        raise TypeError(f"time column {name!r} has type {values.dtype}: it must hold "
+                        f"timestamps, dates or integers (cast floats or strings first)")
     if values.dtype == np.uint64 and len(values) and values.max() > INT64_MAX:
         row = int(np.argmax(values > INT64_MAX))
         raise ValueError(f"time column {name!r} holds {values[row]} at row {first_row + row}, "
@@ -212,8 +225,10 @@ class Options:
     @property
     def order_free(self) -> bool:
         """No output depends on the order of events with equal (key, time)."""
-        return all(s.kind in ("count", "min", "max") or
-                   (s.kind == "sum" and not _floating(self.planned, s.name))
+        # a float sum is a fold in order; a float min/max keeps the first of equal values
+        # (0.0 and -0.0) and a leading NaN: all three depend on the order of ties
+        return all(s.kind == "count" or
+                   (s.kind in ("sum", "min", "max") and not _floating(self.planned, s.name))
                    for s in self.specs)
 
 

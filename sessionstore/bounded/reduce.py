@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from .. import aggspec, kernels
 from ..aggregations import Combined
+from .frame import Frame, arrow_of, as_numpy, to_arrow
 
 Int64Array = npt.NDArray[np.int64]
 #: Names a session for error messages: index -> "key 'u1', session [0, 30)".
@@ -28,32 +29,38 @@ Describe = Callable[[int], str]
 
 
 class Sorted:
-    """The columns of a table in session order, each gathered once."""
+    """The columns of a frame in session order, each gathered once (numpy arrays for numeric
+    columns without nulls, Arrow arrays otherwise)."""
 
-    def __init__(self, table: pa.Table, perm: Int64Array | None) -> None:
-        self.table = table
-        self.perm = None if perm is None else pa.array(perm, pa.int64())
-        self._cache: dict[str, pa.Array] = {}
+    def __init__(self, frame: Frame, perm: Int64Array | None) -> None:
+        self.frame = frame
+        self.perm = perm
+        self._cache: dict[str, Any] = {}
 
-    def column(self, name: str) -> pa.Array:
+    def column(self, name: str) -> Any:
         found = self._cache.get(name)
         if found is None:
-            column = self.table.column(name)
-            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-            found = column if self.perm is None else column.take(self.perm)
+            found = self.frame.take(name, self.perm)
             self._cache[name] = found
         return found
 
+    def arrow(self, name: str) -> pa.Array:
+        """The column in session order as an Arrow array of its input type."""
+        return to_arrow(self.column(name), self.frame.types[name])
 
-def _present(values: pa.Array, bounds: Int64Array
-             ) -> tuple[pa.Array, Int64Array]:
+
+def _present(values: Any, bounds: Int64Array) -> tuple[Any, Int64Array]:
     """The non-null values, and how many of them each session holds."""
-    if not values.null_count:
+    if isinstance(values, np.ndarray) or not values.null_count:
         return values, np.diff(bounds)
     valid = values.is_valid().to_numpy(zero_copy_only=False)
     counts = np.add.reduceat(valid.astype(np.int64), bounds[:-1]) if len(valid) else \
         np.zeros(len(bounds) - 1, dtype=np.int64)
     return values.filter(pa.array(valid)), counts
+
+
+def _numpy(values: Any) -> npt.NDArray[Any]:
+    return values if isinstance(values, np.ndarray) else as_numpy(values)
 
 
 def _spread(results: pa.Array, nonempty: npt.NDArray[np.bool_]) -> pa.Array:
@@ -70,12 +77,12 @@ def _offsets(counts: Int64Array) -> Int64Array:
     return offsets
 
 
-def _sum(name: str, values: pa.Array, bounds: Int64Array, out_type: pa.DataType,
+def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
          describe: Describe) -> pa.Array:
     present, counts = _present(values, bounds)
     nonempty = counts > 0
     offsets = _offsets(counts[nonempty])
-    if pa.types.is_decimal(values.type):
+    if not isinstance(values, np.ndarray) and pa.types.is_decimal(values.type):
         engine = aggspec.to_engine(present)
         totals = [sum(engine[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(),
                                                     strict=True)]
@@ -85,7 +92,7 @@ def _sum(name: str, values: pa.Array, bounds: Int64Array, out_type: pa.DataType,
             raise ValueError(f"aggregation {name!r}: a session's sum does not fit in "
                              f"{out_type}: {exc}") from None
         return _spread(result, nonempty)
-    data = present.to_numpy(zero_copy_only=False)
+    data = _numpy(present)
     groups = kernels.EventGroups(np.arange(len(data), dtype=np.int64), offsets)
     try:
         sums = kernels.sum_per_session(groups, data)
@@ -93,7 +100,7 @@ def _sum(name: str, values: pa.Array, bounds: Int64Array, out_type: pa.DataType,
         raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe) from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"aggregation {name!r}: {exc}") from None
-    return _spread(pa.array(sums, out_type), nonempty)
+    return _spread(arrow_of(sums, out_type), nonempty)
 
 
 def _overflow(name: str, data: npt.NDArray[Any], offsets: Int64Array,
@@ -107,21 +114,21 @@ def _overflow(name: str, data: npt.NDArray[Any], offsets: Int64Array,
     return ValueError(f"aggregation {name!r}: a sum does not fit in int64")
 
 
-def _extreme(kind: str, values: pa.Array, bounds: Int64Array, out_type: pa.DataType
+def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
              ) -> pa.Array:
     present, counts = _present(values, bounds)
     nonempty = counts > 0
     starts = _offsets(counts[nonempty])[:-1]
-    data_type = values.type
     if len(starts) == 0:
         return pa.nulls(len(counts), out_type)
-    if pa.types.is_integer(data_type) or pa.types.is_floating(data_type):
-        data = present.to_numpy(zero_copy_only=False)
+    if isinstance(present, np.ndarray) or pa.types.is_integer(present.type) \
+            or pa.types.is_floating(present.type):
+        data = _numpy(present)
         if data.dtype.kind == "f":
             result = _float_extreme(kind, data, starts)
         else:
             result = (np.minimum if kind == "min" else np.maximum).reduceat(data, starts)
-        return _spread(pa.array(result, out_type), nonempty)
+        return _spread(arrow_of(result, out_type), nonempty)
     session = np.repeat(np.arange(len(starts), dtype=np.int64),
                         np.diff(np.append(starts, len(present))))
     grouped = pa.table({"s": session, "v": present}).group_by("s", use_threads=False) \
@@ -146,13 +153,15 @@ def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
     return result
 
 
-def _collect(values: pa.Array, bounds: Int64Array, out_type: pa.DataType) -> pa.Array:
+def _collect(values: Any, bounds: Int64Array, out_type: pa.DataType) -> pa.Array:
     present, counts = _present(values, bounds)
+    if isinstance(present, np.ndarray):
+        present = arrow_of(present, out_type.value_type)
     offsets = _offsets(counts)
     if offsets[-1] >= 2**31:
-        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), present).cast(
+        return pa.LargeListArray.from_arrays(arrow_of(offsets, pa.int64()), present).cast(
             out_type)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), present, type=out_type)
+    return pa.ListArray.from_arrays(arrow_of(offsets, pa.int32()), present, type=out_type)
 
 
 def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec.AggSpec],
@@ -178,7 +187,7 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
     folded: list[dict[str, Any]] | None = None
     for spec, field in zip(specs, planned.output_fields, strict=True):
         if spec.kind == "count":
-            out.append(pa.array(np.diff(bounds), pa.int64()))
+            out.append(arrow_of(np.diff(bounds), pa.int64()))
             continue
         if spec.kind == aggspec.CUSTOM:
             if folded is None:
@@ -188,14 +197,16 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
             continue
         assert spec.column is not None
         values = columns.column(spec.column)
+        if spec.kind in ("first", "last"):
+            values = columns.arrow(spec.column)
         if spec.kind == "sum":
             out.append(_sum(spec.name, values, bounds, field.type, describe))
         elif spec.kind in ("min", "max"):
             out.append(_extreme(spec.kind, values, bounds, field.type))
         elif spec.kind == "first":
-            out.append(values.take(pa.array(first_rows, pa.int64())))
+            out.append(values.take(arrow_of(first_rows, pa.int64())))
         elif spec.kind == "last":
-            out.append(values.take(pa.array(bounds[1:] - 1, pa.int64())))
+            out.append(values.take(arrow_of(bounds[1:] - 1, pa.int64())))
         elif spec.kind == "collect":
             out.append(_collect(values, bounds, field.type))
         else:  # pragma: no cover - aggspec.KINDS and this list are the same kinds
@@ -215,8 +226,8 @@ def fold_custom(columns: Sorted, bounds: Int64Array, planned: aggspec.AggPlan,
     parts = [(name, part) for name, part in zip(aggregation.names, aggregation.parts,
                                                  strict=True)
              if name in planned.custom_outputs]
-    engine_values = [_engine_list(columns.column(c)) for c in planned.value_columns]
-    engine_keys = [_engine_list(columns.column(k)) for k in keys]
+    engine_values = [_engine_list(columns.arrow(c)) for c in planned.value_columns]
+    engine_keys = [_engine_list(columns.arrow(k)) for k in keys]
     values = list(zip(*engine_values, strict=True)) if engine_values else \
         [()] * len(times)
     key_of: Callable[[int], Any] = ((lambda i: engine_keys[0][i]) if len(keys) == 1

@@ -17,7 +17,8 @@ from types import TracebackType
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from .frame import arrow_of, as_numpy
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -25,6 +26,8 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 def key_hashes(batch: pa.RecordBatch, keys: Sequence[str], salt: int) -> npt.NDArray[np.uint64]:
     """A hash per row of the key columns, equal for equal keys within this process (Python's
     ``hash`` of each distinct value, salted so that a partition can be split again)."""
+    import pyarrow.compute as pc
+
     total = np.zeros(batch.num_rows, dtype=np.uint64)
     for name in keys:
         column = batch.column(name)
@@ -33,7 +36,7 @@ def key_hashes(batch: pa.RecordBatch, keys: Sequence[str], salt: int) -> npt.NDA
         encoded = pc.dictionary_encode(column)
         distinct = np.array([hash((salt, value)) for value in encoded.dictionary.to_pylist()],
                             dtype=np.int64).view(np.uint64)
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        indices = as_numpy(encoded.indices)
         with np.errstate(over="ignore"):
             total = (total * _MIX) ^ distinct[indices]
     with np.errstate(over="ignore"):
@@ -77,7 +80,7 @@ class Spill:
             np.int64)
         order = np.argsort(part, kind="stable")
         counts = np.bincount(part, minlength=self.partitions)
-        grouped = batch.take(pa.array(order, pa.int64()))
+        grouped = batch.take(arrow_of(order, pa.int64()))
         at = 0
         for p in np.flatnonzero(counts).tolist():
             size = int(counts[p])
@@ -109,11 +112,15 @@ class Spill:
         for part in range(self.partitions):
             if not self.rows[part]:
                 continue
-            path = self.path(part)
-            with pa.OSFile(str(path), "rb") as source:
-                table = pa.ipc.open_stream(source).read_all()
-            path.unlink()
-            yield part, table
+            yield part, self._take(part)
+
+    def _take(self, part: int) -> pa.Table:
+        """Read a partition's file and delete it."""
+        path = self.path(part)
+        with pa.OSFile(str(path), "rb") as source:
+            table = pa.ipc.open_stream(source).read_all()
+        path.unlink()
+        return table
 
     def close(self) -> None:
         """Remove the files and their directory."""

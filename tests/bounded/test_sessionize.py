@@ -334,3 +334,43 @@ def test_array_boundaries_equal_the_sequential_rule(case: tuple[Any, ...]) -> No
     got = session_starts(codes, times, ends, inclusive=inclusive, fixed_gap=fixed,
                          max_duration=None)
     assert got.tolist() == want.tolist()
+
+
+def test_nulls_in_a_stream_name_the_input_row_also_when_spilling(tmp_path: Path) -> None:
+    times: list[Any] = list(range(3_000))
+    times[2_500] = None
+    table = pa.table({"k": [i % 7 for i in range(3_000)], "t": pa.array(times, pa.int64())})
+    for limit in (None, 20_000):  # in memory, and spilled long before row 2,500
+        reader = pa.RecordBatchReader.from_batches(table.schema,
+                                                   table.to_batches(max_chunksize=100))
+        with pytest.raises(ValueError, match="time column 't' is null at row 2500"):
+            sessionize(reader, key="k", time="t", gap=5, aggregations="n=count",
+                       memory_limit=limit, spill_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@st.composite
+def one_key_events(draw: st.DrawFn) -> tuple[list[list[Any]], int, bool]:
+    times = sorted(draw(st.lists(st.integers(-50, 50), min_size=1, max_size=40)))
+    events = [[t, seq, t + draw(st.integers(1, 30)), None] for seq, t in enumerate(times)]
+    return events, draw(st.integers(1, 40)), draw(st.booleans())
+
+
+@settings(max_examples=300)
+@given(one_key_events())
+def test_the_engines_cut_is_the_sorted_rule(case: tuple[list[list[Any]], int, bool]) -> None:
+    # the engine's per-key re-cut (engine/max_duration.py) is a second form of the rule for
+    # sorted events; this pins the two together
+    from sessionstore.bounded.scan import session_bounds
+    from sessionstore.engine.max_duration import cut
+
+    events, max_duration, inclusive = case
+    times = np.array([e[0] for e in events], dtype=np.int64)
+    ends = np.array([e[2] for e in events], dtype=np.int64)
+    first = scan_sessions(np.zeros(len(events), dtype=np.int64), times, ends, inclusive,
+                          max_duration)
+    starts_at = np.flatnonzero(first).astype(np.int64)
+    start, end = session_bounds(starts_at, times, ends, max_duration, fixed_gap=False)
+    cuts = cut(events, max_duration, inclusive)
+    assert [(c[0], c[1]) for c in cuts] == list(zip(start.tolist(), end.tolist(), strict=True))
+    assert [c[3] for c in cuts] == [*starts_at[1:].tolist(), len(events)]
