@@ -4,9 +4,9 @@ Rows arrive sorted by (key, time, arrival); session ``j`` holds rows ``bounds[j]
 Each kind has the semantics of :mod:`sessionstore.aggspec` (Spark's null rule: ``sum``, ``min``,
 ``max`` and ``collect`` skip nulls, ``first`` and ``last`` keep them) and gives exactly what the
 streaming paths give for the same events: a float sum is a left fold in (time, arrival) order
-(``kernels.sum_per_session``), a float ``min``/``max`` keeps the first of equal values and is
-NaN when the session's first value is NaN (Python's ``min``/``max``, which the engine's exact path
-applies), an integer sum that does not fit in int64 is an error.
+(``kernels.sum_per_session``), a float ``min``/``max`` is NaN when the session's first value is NaN
+and otherwise takes -0.0 below 0.0 (the engine's rule, ``aggregations.smaller``/``larger``), an
+integer sum that does not fit in int64 is an error.
 """
 
 from __future__ import annotations
@@ -138,16 +138,17 @@ def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
 
 def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
                    ) -> npt.NDArray[Any]:
-    """Python's ``min``/``max`` over each session's values in order: the first value is kept
-    unless a later one is strictly smaller (larger), so a NaN counts only as the first value,
-    and of equal values (0.0 and -0.0) the first wins."""
+    """The engine's ``min``/``max`` (:func:`sessionstore.aggregations.smaller` and ``larger``)
+    over each session's values in order: the first value is kept unless a later one is strictly
+    smaller (larger), so a NaN counts only as the first value, and a zero result is -0.0 for
+    ``min`` (0.0 for ``max``) when the session holds that zero, whatever the order."""
     result = (np.fmin if kind == "min" else np.fmax).reduceat(data, starts)
-    zero = np.flatnonzero(data == 0)
-    if len(zero):
-        at = result == 0
-        if at.any():
-            first_zero = zero[np.searchsorted(zero, starts[at])]
-            result[at] = data[first_zero]
+    if (result == 0).any():
+        from ..kernels import signed_zero_extremes  # numpy only; imported when a zero needs it
+
+        owner = np.repeat(np.arange(len(starts), dtype=np.int64),
+                          np.diff(np.append(starts, len(data))))
+        result = signed_zero_extremes(result, kind, [(owner, data)])
     first = data[starts]
     result[np.isnan(first)] = first[np.isnan(first)]
     return result
