@@ -3,7 +3,7 @@ duplicated. The test suite runs them at a moderate count; run a soak here::
 
     python -m benchmarks.soak --kills 1000
 
-Two loops:
+Three loops:
 
 * ``engine``: ``sessionstore sessionize --state`` (emit-on-close, offsets committed with the
   state) over a generated Parquet stream with frequent commits and frequent segment expiry. After
@@ -12,6 +12,8 @@ Two loops:
 * ``snapshots``: the Spark provider's batch loop (load ``b - 1``, process, commit ``b`` and
   upload its snapshot). After each kill, a fresh executor restores the newest published
   snapshot, and its sessions must hold exactly the events of the batches it claims.
+* ``checkpoints``: a store committing in a loop, killed while RocksDB builds, renames and
+  deletes checkpoints. Each reopen must be exact and remove every interrupted commit's leftover.
 """
 
 from __future__ import annotations
@@ -189,24 +191,107 @@ def snapshot_crash_loop(work: Path, kills: int, seed: int = 11) -> dict[str, Any
     return {"kills": kills, "exact_restores": restored, "batches_published": newest + 1}
 
 
+CHECKPOINT_CHILD = """
+import sys
+from sessionstore import Session, SessionStore
+store = SessionStore(sys.argv[1], retention_ms=10**12)
+batch = (store.committed_metadata or {"batch": -1})["batch"] + 1
+print("ready", flush=True)
+while True:
+    # batch b replaces batch b - 1: the store keeps 300 sessions, each valued b
+    for i in range(300):
+        if batch:
+            store.remove(Session(f"k{i}", (batch - 1) * 1_000 + i, (batch - 1) * 1_000 + i + 10))
+        store.put(Session(f"k{i}", batch * 1_000 + i, batch * 1_000 + i + 10),
+                  {"batch": batch, "pad": "x" * 64})
+    store.commit({"batch": batch})
+    print("committed", batch, flush=True)
+    batch += 1
+"""
+
+
+def _leftovers(state: Path) -> tuple[int, int, int]:
+    """The interrupted-commit leftovers under ``state/checkpoints``: their count, how many are
+    RocksDB's ``.tmp`` work directories, and the bytes of the files they hold (hard links to
+    SSTs included: the space stays held while they exist)."""
+    found = tmp = size = 0
+    root = state / "checkpoints"
+    for entry in (root.iterdir() if root.is_dir() else []):
+        if entry.name.startswith((".staging-", ".deleting-")):
+            found += 1
+            tmp += entry.name.endswith(".tmp")
+            size += sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+    return found, tmp, size
+
+
+def checkpoint_crash_loop(work: Path, kills: int, seed: int = 13) -> dict[str, Any]:
+    """SIGKILL a store that commits in a loop (RocksDB checkpoints built and renamed) ``kills``
+    times. After each kill, count the leftovers of interrupted commits, then open the store: it
+    must be at the newest batch seen or a later one, hold exactly that batch's sessions, and
+    have removed every leftover of its own naming. The store keeps 300 sessions (each batch replaces the
+    last), so every kill costs the same however long the loop runs."""
+    from sessionstore import SessionStore
+
+    rng = random.Random(seed)
+    script = work / "checkpoint_child.py"
+    script.write_text(CHECKPOINT_CHILD)
+    state = work / "state"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    newest = -1
+    seen = seen_tmp = held = exact = 0
+    for kill in range(kills):
+        child = subprocess.Popen([sys.executable, str(script), str(state)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _wait_for_line(child, b"ready", 120)
+            time.sleep(rng.uniform(0.0, 0.4))
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+        found, tmp, size = _leftovers(state)
+        seen += found
+        seen_tmp += tmp
+        held += size
+        with SessionStore(state, retention_ms=10**12) as store:
+            batch = (store.committed_metadata or {"batch": -1})["batch"]
+            values = [v["batch"] for _, v in store.find_sessions(-(2**63), 2**63 - 1)]
+        if batch < newest:
+            raise AssertionError(f"kill {kill}: the store went back from batch {newest} to "
+                                 f"{batch}")
+        newest = batch
+        if values != ([batch] * 300 if batch >= 0 else []):
+            raise AssertionError(f"kill {kill}: batch {batch} holds {len(values)} sessions of "
+                                 f"batches {sorted(set(values))}, expected 300 of {batch}")
+        after = _leftovers(state)
+        if after[0]:
+            raise AssertionError(f"kill {kill}: {after[0]} leftovers survived an open")
+        exact += 1
+    return {"kills": kills, "exact_reopens": exact, "batches_committed": newest + 1,
+            "leftovers_found": seen, "rocksdb_tmp_found": seen_tmp, "bytes_freed": held}
+
+
 def main(argv: list[str] | None = None) -> None:
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--snapshot-kills", type=int, default=200)
+    parser.add_argument("--checkpoint-kills", type=int, default=220)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("engine", "snap"):
+        for name in ("engine", "snap", "checkpoint"):
             (Path(tmp) / name).mkdir()
         engine = engine_crash_loop(Path(tmp) / "engine", args.kills)
         log.info("engine crash loop: %s", engine)
         snapshots = snapshot_crash_loop(Path(tmp) / "snap", args.snapshot_kills)
         log.info("snapshot crash loop: %s", snapshots)
+        checkpoints = checkpoint_crash_loop(Path(tmp) / "checkpoint", args.checkpoint_kills)
+        log.info("checkpoint crash loop: %s", checkpoints)
     from .common import write_results
 
-    log.info("wrote %s", write_results("soak", {"engine": engine, "snapshots": snapshots}))
+    log.info("wrote %s", write_results("soak", {"engine": engine, "snapshots": snapshots,
+                                                "checkpoints": checkpoints}))
 
 
 if __name__ == "__main__":

@@ -11,10 +11,65 @@ engine also passes the event time and an arrival sequence number to :meth:`Aggre
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class SumOverflowError(ValueError):
+    """An integer sum left int64.
+
+    The rule, on every path and front end: a session's integer sum is an int64 whenever the
+    engine keeps it (after each event on the event path, after each batch on the batch paths);
+    leaving that range is this error, as Spark's ``sum`` raises ``ARITHMETIC_OVERFLOW`` in ANSI
+    mode (its default since Spark 4). A sum never wraps (Spark's non-ANSI mode) and is never
+    widened, so every sum written is exact. The call that raises it changes nothing.
+
+    Attributes:
+        aggregation: the name of the failing output (set by :func:`combine`), or None.
+        key: the session's key.
+        total: the exact sum that does not fit.
+        timestamp_ms: the time of an event of the session (the last one added), or None when
+            the sum left int64 as two sessions merged.
+    """
+
+    def __init__(self, key: Any, total: int, timestamp_ms: int | None,
+                 aggregation: str | None = None, source: Aggregation | None = None) -> None:
+        self.key = key
+        self.total = total
+        self.timestamp_ms = timestamp_ms
+        self.aggregation = aggregation
+        self.source = source
+        name = "the sum" if aggregation is None else f"the sum {aggregation!r}"
+        where = ("as two of its sessions merge" if timestamp_ms is None
+                 else f"in the session holding its event at timestamp_ms {timestamp_ms}")
+        super().__init__(
+            f"{name} of key {key!r} leaves int64 {where}: it would be {total}; an integer sum "
+            f"never wraps or widens (Spark's sum raises ARITHMETIC_OVERFLOW here in ANSI "
+            f"mode); sum a float column to accept rounding instead")
+
+    def naming(self, aggregation: str) -> SumOverflowError:
+        """The same error, naming the output ``aggregation``."""
+        return SumOverflowError(self.key, self.total, self.timestamp_ms, aggregation)
+
+
+def int64_sum(total: Any, key: Any, timestamp_ms: int | None, source: Aggregation) -> Any:
+    """The one overflow check of integer sums: ``total`` itself when it is not an int or fits
+    int64 (every path's sums go through here, the columnar kernels falling back to the exact
+    path to name the session).
+
+    Raises:
+        SumOverflowError: ``total`` is an int outside int64.
+    """
+    if type(total) is int and not INT64_MIN <= total <= INT64_MAX:
+        raise SumOverflowError(key, total, timestamp_ms, source=source)
+    return total
 
 
 class Aggregation:
@@ -109,19 +164,45 @@ class _Sum(Aggregation):
         return 0
 
     def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
-        return acc + self.fn(value)
+        return int64_sum(acc + self.fn(value), key, timestamp_ms, self)
 
     def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
-        return acc1 + acc2
+        return int64_sum(acc1 + acc2, key, None, self)
 
     def add_run(
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
     ) -> Any:
-        return sum(map(self.fn, values), acc)  # the same left-to-right additions as add()
+        # the same left-to-right additions as add(); the sum kept is the run's total
+        total = sum(map(self.fn, values), acc)
+        return int64_sum(total, key, times_ms[-1] if times_ms else None, self)
 
     @property
     def columnar_kind(self) -> str | None:
         return "sum" if self._plain() else None
+
+
+def _signed_zero_tie(a: Any, b: Any) -> float:
+    """For two float zeros, ``sign(b) - sign(a)`` (-2: b is -0.0 and a is 0.0); else 0."""
+    if type(a) is float and type(b) is float:
+        return math.copysign(1.0, b) - math.copysign(1.0, a)
+    return 0.0
+
+
+def smaller(a: Any, b: Any) -> Any:
+    """``min(a, b)`` (``a`` on a tie: the first seen), except that -0.0 is below 0.0, as in IEEE
+    754's minimum: the rule of ``min_of`` on every path, so that the sign of a zero minimum does
+    not depend on arrival order or batching (the columnar kernels follow it:
+    :func:`sessionstore.kernels.signed_zero_extremes`)."""
+    if b < a:
+        return b
+    return b if b == 0 and a == 0 and _signed_zero_tie(a, b) < 0 else a
+
+
+def larger(a: Any, b: Any) -> Any:
+    """``max(a, b)`` (``a`` on a tie), except that 0.0 is above -0.0 (IEEE 754's maximum)."""
+    if b > a:
+        return b
+    return b if b == 0 and a == 0 and _signed_zero_tie(a, b) > 0 else a
 
 
 class _Extreme(Aggregation):
@@ -148,7 +229,7 @@ class _Extreme(Aggregation):
     def add_run(
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
     ) -> Any:
-        best = self.pick(map(self.fn, values))
+        best = functools.reduce(self.pick, map(self.fn, values))
         return best if acc is None else self.pick(acc, best)
 
     @property
@@ -304,23 +385,44 @@ class Combined(Aggregation):
         return [part.initial() for part in self.parts]
 
     def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: list[Any]) -> list[Any]:
-        return [
-            part.add(key, value, timestamp_ms, seq, item)
-            for part, item in zip(self.parts, acc, strict=True)
-        ]
+        try:
+            return [
+                part.add(key, value, timestamp_ms, seq, item)
+                for part, item in zip(self.parts, acc, strict=True)
+            ]
+        except SumOverflowError as exc:
+            raise self._named(exc) from None
 
     def merge(self, key: Any, acc1: list[Any], acc2: list[Any]) -> list[Any]:
-        return [
-            part.merge(key, a, b) for part, a, b in zip(self.parts, acc1, acc2, strict=True)
-        ]
+        try:
+            return [
+                part.merge(key, a, b) for part, a, b in zip(self.parts, acc1, acc2, strict=True)
+            ]
+        except SumOverflowError as exc:
+            raise self._named(exc) from None
 
     def add_run(
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: list[Any]
     ) -> list[Any]:
-        return [
-            part.add_run(key, values, times_ms, seqs, item)
-            for part, item in zip(self.parts, acc, strict=True)
-        ]
+        try:
+            return [
+                part.add_run(key, values, times_ms, seqs, item)
+                for part, item in zip(self.parts, acc, strict=True)
+            ]
+        except SumOverflowError as exc:
+            raise self._named(exc) from None
+
+    def _named(self, exc: SumOverflowError) -> SumOverflowError:
+        """``exc`` naming the output whose sum failed (the part is, or wraps, its source)."""
+        if exc.aggregation is not None:
+            return exc
+        for label, part in zip(self.names, self.parts, strict=True):
+            inner: Any = part
+            while inner is not None:
+                if inner is exc.source:
+                    return exc.naming(label)
+                inner = getattr(inner, "inner", None)
+        return exc
 
     def result(self, acc: list[Any]) -> dict[str, Any]:
         return {
@@ -376,12 +478,12 @@ def sum_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None)
 
 def min_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
     """The smallest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
-    return _with_column(_Extreme(_reader(fn, column), min, "min"), column)
+    return _with_column(_Extreme(_reader(fn, column), smaller, "min"), column)
 
 
 def max_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
     """The largest ``fn(value)`` (or ``column`` item, or value); None for an empty pane."""
-    return _with_column(_Extreme(_reader(fn, column), max, "max"), column)
+    return _with_column(_Extreme(_reader(fn, column), larger, "max"), column)
 
 
 def first_of(fn: Callable[[Any], Any] | None = None, *,

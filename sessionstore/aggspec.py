@@ -115,8 +115,26 @@ def _skipping(make: Callable[[], Aggregation]) -> Callable[[Callable[[Any], Any]
     return build
 
 
-def _add(a: Any, b: Any) -> Any:
-    return a + b
+class _NullableSum(Aggregation):
+    """Spark's ``sum`` behind :class:`SkipNulls`: None until a value comes (a session of nulls
+    sums to null), then the sum, with the one int64 check of every integer sum."""
+
+    name = "sum"
+
+    def initial(self) -> Any:
+        return None
+
+    def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
+        if acc is None:
+            return value
+        return aggregations.int64_sum(acc + value, key, timestamp_ms, self)
+
+    def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:
+        if acc1 is None:
+            return acc2
+        if acc2 is None:
+            return acc1
+        return aggregations.int64_sum(acc1 + acc2, key, None, self)
 
 
 @dataclass(frozen=True)
@@ -131,7 +149,7 @@ class Kind:
 #: Every kind that reads a column, with Spark's null rule and output types (``count`` reads no
 #: column and outputs int64).
 KINDS: dict[str, Kind] = {
-    "sum": Kind(_skipping(lambda: aggregations.reduce(_add)), _sum_type),
+    "sum": Kind(_skipping(_NullableSum), _sum_type),
     "min": Kind(_skipping(aggregations.min_of), _extreme_type),
     "max": Kind(_skipping(aggregations.max_of), _extreme_type),
     "first": Kind(aggregations.first_of, _any_type),

@@ -499,23 +499,29 @@ class _Run:
             for batch in iter_batches(self.source, columns, skip_rows=offset,
                                       batch_rows=args.batch_rows, key_columns=self.keys,
                                       key_type=args.key_type):
-                self.seen = seen
-                try:
-                    self.feed(batch)
-                except CliError:
-                    raise  # names its row already
-                except (TypeError, ValueError) as exc:
-                    raise CliError(f"input rows {seen}..{seen + batch.num_rows - 1}: "
-                                   f"{exc}") from None
-                seen += batch.num_rows
-                self.processed += batch.num_rows
-                since_commit += batch.num_rows
-                progress.update(batch.num_rows)
-                committing = since_commit >= args.commit_every
-                if committing:
-                    self.commit(seen)
-                    since_commit = 0
-                self.publish(write_file=committing)
+                # split the read batch where a commit falls: commits come every
+                # --commit-every rows exactly, whatever the read batch size
+                done = 0
+                while done < batch.num_rows:
+                    rows = min(batch.num_rows - done, args.commit_every - since_commit)
+                    part = batch if rows == batch.num_rows else batch.slice(done, rows)
+                    self.seen = seen
+                    try:
+                        self.feed(part)
+                    except CliError:
+                        raise  # names its row already
+                    except (TypeError, ValueError) as exc:
+                        raise CliError(f"input rows {seen}..{seen + rows - 1}: {exc}") from None
+                    done += rows
+                    seen += rows
+                    self.processed += rows
+                    since_commit += rows
+                    progress.update(rows)
+                    committing = since_commit >= args.commit_every
+                    if committing:
+                        self.commit(seen)
+                        since_commit = 0
+                    self.publish(write_file=committing)
             # The input is over: move W just far enough that every session closes, so the
             # emit-final latency metrics stay meaningful (INT64_MAX would make them huge).
             end = INT64_MAX if self.max_time_ms is None else \

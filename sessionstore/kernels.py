@@ -959,6 +959,40 @@ def max_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
     return _reduce_per_session(groups, values, np.maximum)
 
 
+def signed_zero_extremes(best: npt.NDArray[Any], kind: str,
+                         sources: list[tuple[Int64Array, npt.NDArray[Any]]]
+                         ) -> npt.NDArray[Any]:
+    """Each session's ``min``/``max`` (``best``) with the sign of a zero result set by the rule of
+    :func:`sessionstore.aggregations.smaller` and ``larger``: -0.0 is below 0.0, whatever the
+    order numpy's ties took.
+
+    Args:
+        best: the per-session results of ``np.minimum``/``np.maximum`` over ``sources``.
+        kind: ``"min"`` or ``"max"``.
+        sources: ``(session index, value)`` arrays of every value that went into ``best``.
+
+    Returns:
+        ``best`` itself when no float result is zero (the common case costs one comparison),
+        else a corrected copy.
+    """
+    if best.dtype.kind != "f":
+        return best
+    zero = best == 0
+    if not zero.any():
+        return best
+    negative_wins = kind == "min"
+    winner = np.zeros(len(best), dtype=bool)
+    for owner, values in sources:
+        data = np.asarray(values, dtype=np.float64)
+        hit = (data == 0) & (np.signbit(data) == negative_wins)
+        winner[owner[hit]] = True
+    signs = np.where(winner[zero], -0.0 if negative_wins else 0.0,
+                     0.0 if negative_wins else -0.0)
+    fixed = best.copy()
+    fixed[zero] = signs
+    return fixed
+
+
 def first_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
     """The value of each session's first event by (time, arrival): any dtype, objects too."""
     order, offsets = groups

@@ -53,8 +53,14 @@ def _check_key_part(part: Any, depth: int) -> None:
         return
     if part is None:
         raise ValueError("key must not be None (nor contain None)")
+    hint = ""
+    if isinstance(part, float):
+        # floats are not grouping keys here: NaN != NaN and -0.0 == 0.0 would need a
+        # normalisation (Spark's) that silently merges or splits keys; see docs/semantics.md
+        hint = "; floats are not accepted as keys: cast the column to a string or a scaled int"
     raise TypeError(
-        f"key must be str, bytes, int or a tuple of them, got {type(part).__name__}: {part!r:.80}"
+        f"key must be str, bytes, int or a tuple of them, got {type(part).__name__}: "
+        f"{part!r:.80}{hint}"
     )
 
 

@@ -625,14 +625,10 @@ class SessionAggregator:
         times = self._times
         cfg = self.config
         own_end = t + (cfg.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
-        # TimeKeeper.is_late and closed_before, inlined: this runs once per event
-        w = times.watermark
-        if w >= own_end + cfg.grace_ms:
+        if times.is_late(own_end):
             self._drop(key, value, t)
             return
-        closed_before = w - cfg.grace_ms
-        if closed_before < times.last_close:
-            closed_before = times.last_close
+        closed_before = times.closed_before()
         view = self._state.sessions_of(key, closed_before)
         start, end, joined = merge_event(view.keys(), t, own_end, closed_before,
                                          cfg.inclusive_gap)
@@ -690,7 +686,7 @@ class SessionAggregator:
         own_end = t + (self._max_gap if gap is None else gap)  # max_gap_ms: the fixed gap
         w = times.watermark
         grace = self._grace
-        if w >= own_end + grace:
+        if w >= own_end + grace:  # TimeKeeper.is_late, inlined (the hot path)
             self._drop(key, value, t)
             return
         closed_before = w - grace

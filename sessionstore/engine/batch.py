@@ -365,7 +365,7 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
     grace = cfg.grace_ms
     n = len(times)
     before = clock.watermarks_before(times)
-    late = before >= ends + grace
+    late = clock.late_in_batch(before, ends)
     # before - grace, without wrapping around below INT64_MIN
     closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace, clock.last_close)
     accepted = np.flatnonzero(~late)
@@ -541,7 +541,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     assert kinds is not None
     n = len(times)
     before = clock.watermarks_before(times)
-    late = before >= ends + cfg.grace_ms
+    late = clock.late_in_batch(before, ends)
     # before - grace, without wrapping around below INT64_MIN
     closed_before = np.maximum(np.maximum(before, NO_WATERMARK + cfg.grace_ms) - cfg.grace_ms,
                                clock.last_close)

@@ -444,11 +444,14 @@ def aggregate_plan(
             out.append(PartColumns(kind, _sum(groups, absorbed, owner, part.value, values)))
         elif kind in ("min", "max"):
             reduce = kernels.min_per_session if kind == "min" else kernels.max_per_session
+            assert values is not None
             best = reduce(groups, values)
+            sources = [(plan.event_session, values)]
             if len(owner):
-                (np.minimum if kind == "min" else np.maximum).at(
-                    best, owner, part.value[absorbed.order])
-            out.append(PartColumns(kind, best))
+                absorbed_values = part.value[absorbed.order]
+                (np.minimum if kind == "min" else np.maximum).at(best, owner, absorbed_values)
+                sources.append((owner, absorbed_values))
+            out.append(PartColumns(kind, kernels.signed_zero_extremes(best, kind, sources)))
         elif kind in ("first", "last"):
             assert values is not None and part.t_ms is not None and part.seq is not None
             pick = groups.order[groups.offsets[:-1] if kind == "first"

@@ -201,15 +201,10 @@ class MaxDuration:
         engine = self.engine
         engine._metrics.records_in += 1
         times = engine._times
-        grace = engine.config.grace_ms
-        md = self.max_duration_ms
-        w = times.watermark
-        if w >= own_window_end(t, own_end, md) + grace:
+        if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
             engine._drop(key, value, t)
             return
-        closed_before = w - grace
-        if closed_before < times.last_close:
-            closed_before = times.last_close
+        closed_before = times.closed_before()
         self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
         times.seq += 1
         if times.observe(t):
@@ -373,7 +368,7 @@ class MaxDuration:
             return
         before = clock.watermarks_before(times)
         own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
-        late = before >= own + grace
+        late = clock.late_in_batch(before, own)
         closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace,
                                    clock.last_close)
         accepted = np.flatnonzero(~late)

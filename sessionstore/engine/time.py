@@ -33,13 +33,21 @@ class TimeKeeper:
         self.last_on_time = NO_WATERMARK  # ON_TIME panes fired up to here (triggers)
         self.seq = 0  # arrival sequence of accepted events (orders ties in collect)
 
-    def is_late(self, t_ms: int, gap_ms: int | None = None) -> bool:
-        """Whether an event at ``t_ms`` with gap ``gap_ms`` (the fixed gap by default) is late:
-        its own window ``[t, t + gap)`` closed before it arrived."""
-        cfg = self.config
-        gap = cfg.gap_ms if gap_ms is None else gap_ms
-        assert gap is not None, "a dynamic gap needs the event's gap_ms"
-        return self.watermark >= t_ms + gap + cfg.grace_ms
+    def is_late(self, own_end_ms: int) -> bool:
+        """The late rule: an event whose own window ends at ``own_end_ms`` (``t + gap``; with
+        a maximum duration ``t + min(gap, max_duration)``) is late when that window closed
+        before it arrived, ``W >= own_end + grace``.
+
+        Every path calls this or :meth:`late_in_batch`; the fused event steps inline it for
+        speed (``tests/engine/test_late_rule.py`` pins each copy to it at the boundary).
+        """
+        return self.watermark >= own_end_ms + self.config.grace_ms
+
+    def late_in_batch(self, watermarks_before: np.ndarray, own_ends_ms: np.ndarray
+                      ) -> np.ndarray:
+        """:meth:`is_late` of each event of a batch, each against the watermark it meets on
+        arrival (:meth:`watermarks_before`); a bool array."""
+        return np.asarray(watermarks_before >= own_ends_ms + self.config.grace_ms)
 
     def closed_before(self) -> int:
         """Sessions ending at or before this never change again."""

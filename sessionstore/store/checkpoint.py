@@ -43,8 +43,10 @@ CHECKPOINTS_DIR = "checkpoints"
 STAGING_PREFIX = ".staging-"
 DELETING_PREFIX = ".deleting-"
 VERSION_DIR = re.compile(r"^v(\d{12})$")
-# What a commit may leave behind when interrupted: a checkpoint being built or being deleted.
-LEFTOVER_DIR = re.compile(r"^\.(?:staging|deleting)-v\d{12}$")
+# What a commit may leave behind when interrupted: a checkpoint being built or being deleted,
+# and RocksDB's own work directory for a checkpoint it is building ("<target>.tmp", renamed to
+# the target when done; a kill inside create_checkpoint leaves it, holding SSTs by hard link).
+LEFTOVER_DIR = re.compile(r"^\.(?:staging|deleting)-v\d{12}(?:\.tmp)?$")
 SEGMENT_CF_PREFIX = "seg"
 POINTER_NAME = "COMMITTED"
 POINTER_TEMP = "COMMITTED.tmp"
@@ -426,6 +428,8 @@ def read_pointer(store_path: str | os.PathLike[str]) -> int | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise StoreCorruptedError(path, "the COMMITTED pointer is a directory, not a file") from None
     return decode_pointer(raw, path)
 
 

@@ -169,6 +169,21 @@ def test_resuming_with_another_output_format_or_place_is_refused(tmp_path, capsy
             "other options")
 
 
+@pytest.mark.parametrize(("first", "then"), [("final", "update"), ("update", "final")])
+def test_resuming_with_another_emit_mode_is_refused(tmp_path, capsys, first, then):
+    # final writes each session once, update every change with retractions: a resume that
+    # switched would leave one output file in two modes (issue 25: the fingerprint must keep
+    # --emit)
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    out, state = tmp_path / "o.jsonl", ["--state", str(tmp_path / "state")]
+    assert main(sessionize(source, out, *state, "--emit", first)) == 0
+    capsys.readouterr()
+    written = out.read_bytes()
+    refused(capsys, sessionize(source, out, *state, "--emit", then), "other options", "emit")
+    assert out.read_bytes() == written
+    assert main(sessionize(source, out, *state, "--emit", first)) == 0  # the same mode resumes
+
+
 # -- how values are read --------------------------------------------------------------------------
 
 
@@ -445,3 +460,45 @@ def test_the_sweep_removes_only_directories_of_dead_runs_holding_no_lock(tmp_pat
         assert sweep_stale_temp_states(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.name for p in (locked, mine, other))
+
+
+# -- an integer sum that leaves int64 (issue 25) -------------------------------------------------
+
+
+def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(tmp_path,
+                                                                                capsys):
+    rows = [{"user": f"u{i}", "ts": i * 100_000_000, "v": 1} for i in range(3)]
+    rows += [{"user": "a", "ts": 400_000_000, "v": -(2**63)},
+             {"user": "a", "ts": 400_000_001, "v": -1}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+                      "--commit-every", "1", "--batch-rows", "1")
+    refused(capsys, argv, "input rows 4..4", "'s'", "'a'", "int64", "-9223372036854775809")
+    with ReadOnlySessionStore(state) as view:
+        version, metadata = view.version, view.metadata
+    written = out.read_bytes()
+    assert sorted(r["user"] for r in read_jsonl(out)) == ["u0", "u1", "u2"]  # committed
+    refused(capsys, argv, "input rows 4..4", "'s'", "'a'", "int64")  # the rerun: the same
+    with ReadOnlySessionStore(state) as view:
+        assert (view.version, view.metadata) == (version, metadata)
+    assert out.read_bytes() == written
+
+
+def test_commit_every_commits_exactly_every_n_rows_inside_a_read_batch(tmp_path, capsys):
+    # --commit-every 3 with read batches of 10 rows: commits at rows 3 and 6, so a failure at
+    # row 8 resumes from row 6 (it committed only at batch boundaries before: from row 0)
+    rows = [{"user": f"u{i}", "ts": i * 100_000_000, "v": 1} for i in range(7)]
+    rows += [{"user": "a", "ts": 800_000_000, "v": -(2**63)},
+             {"user": "a", "ts": 800_000_001, "v": -1},
+             {"user": "z", "ts": 900_000_000, "v": 1}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, state = tmp_path / "out.jsonl", tmp_path / "state"
+    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+                      "--commit-every", "3", "--batch-rows", "10")
+    refused(capsys, argv, "input rows 6..8", "'s'")
+    with ReadOnlySessionStore(state) as view:
+        assert view.metadata["user"]["offset"] == 6
+        assert view.version == 2  # one commit per 3 rows, none for the failed part
+    # the sessions closed by row 6 are in the output, once
+    assert sorted(r["user"] for r in read_jsonl(out)) == [f"u{i}" for i in range(5)]

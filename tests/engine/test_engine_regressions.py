@@ -163,3 +163,22 @@ def test_a_combined_aggregation_of_one_part_survives_a_reopen(tmp_path: Path, pa
     expected = {("a", 0, 150): {"n": 2, "total": 3}, ("b", 10, 110): {"n": 1, "total": 4}}
     assert {tuple(e.session): e.value for e in out} == {
         s: {name: r[name] for name in parts} for s, r in expected.items()}
+
+
+@pytest.mark.parametrize("path", ["event", "batch", "table"])
+@pytest.mark.parametrize("key", [1.5, float("nan"), -0.0])
+def test_float_keys_are_refused_with_the_accepted_types_and_a_cast_to_use(path, key):
+    # issue 25: documented in docs/semantics.md (keys are str, bytes, int or tuples of them)
+    import pyarrow as pa
+
+    windows = SessionWindows(10)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                               windows, aggregations.count())
+    with pytest.raises(TypeError, match=r"str, bytes, int or a tuple.*cast the column"):
+        if path == "event":
+            engine.process(key, None, 1)
+        elif path == "batch":
+            engine.process_batch([key], [None], [1])
+        else:
+            engine.process_table(pa.table({"k": [key], "t": [1]}), key="k", time="t")
+    assert engine.metrics["records-in"] == 0

@@ -344,3 +344,33 @@ def test_rocksdb_errors_are_classified_by_their_status():
     assert type(full) is OSError and "No space left" in str(full)
     assert translate(ValueError("Corruption: not from RocksDB"), fallback) is None
     assert translate(Exception("something else"), fallback) is None
+
+
+def test_an_open_removes_the_work_directory_of_an_interrupted_rocksdb_checkpoint(tmp_path):
+    # RocksDB builds a checkpoint in "<target>.tmp" and renames it when done: a SIGKILL during
+    # create_checkpoint leaves ".staging-v<N>.tmp", whose hard links hold SST space (issue 25)
+    path = committed_store(tmp_path / "s")
+    root = path / "checkpoints"
+    leftover = root / f".staging-{version_dir_name(2)}.tmp"
+    db = rocksdict.Rdict(str(tmp_path / "live"), options=rocksdict.Options(raw_mode=True))
+    try:
+        for i in range(100):
+            db[f"k{i}".encode()] = bytes(100)
+        db.flush()
+        rocksdict.Checkpoint(db).create_checkpoint(str(leftover))
+    finally:
+        db.close()
+    assert any(p.suffix == ".sst" for p in leftover.iterdir())
+    with SessionStore(path, retention_ms=10**9) as store:
+        assert store.committed_version == 1
+        assert store.committed_metadata == {"offset": SESSIONS}
+    assert sorted(p.name for p in root.iterdir()) == [version_dir_name(1)]
+
+
+def test_a_committed_pointer_that_is_a_directory_is_refused_by_name(tmp_path):
+    path = committed_store(tmp_path / "s")
+    (path / "COMMITTED").unlink()
+    (path / "COMMITTED").mkdir()
+    with pytest.raises(StoreCorruptedError, match="COMMITTED"):
+        SessionStore(path, retention_ms=10**9)
+    assert (path / "COMMITTED").is_dir()  # a refused open changes nothing

@@ -176,3 +176,24 @@ def test_refresh_against_a_concurrent_writer_process(tmp_path):
     assert max(seen) == versions
     assert len(seen) >= 5, seen
     print(f"refresh saw {len(seen)} versions, {retries} races retried")
+
+
+def test_the_read_floor_follows_the_committed_expiry_cap(tmp_path):
+    # An engine on an external watermark caps expiry (cap_expiry_time) below the stream time:
+    # sessions it has not closed stay readable in the writer, and must stay so in a view of
+    # the commit (issue 25: ignoring the cap hid them from the view only).
+    path = tmp_path / "s"
+    with SessionStore(path, retention_ms=100, segment_interval_ms=10) as writer:
+        writer.cap_expiry_time(150)
+        for i in range(40):
+            writer.put(Session(f"k{i}", i * 10, i * 10 + 5), i)  # ends 5 .. 395
+        writer.commit({"n": 1})
+        expected = sorted((s.key, s.end) for s, _ in writer.find_sessions(-(2**63), 2**63 - 1))
+        floor = writer.read_floor_ms
+    assert floor == 150 - 100 + 1  # capped: the stream time (395) would give 296
+    assert min(end for _, end in expected) == 55
+    with ReadOnlySessionStore(path, scratch_dir=tmp_path) as view:
+        assert view.read_floor_ms == floor
+        assert sorted((s.key, s.end) for s, _ in view.find_sessions(-(2**63), 2**63 - 1)) \
+            == expected
+        assert [v for _, v in view.fetch("k6")] == [6]  # ends at 65: above the capped floor
