@@ -41,7 +41,7 @@ from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .fast_event import bind_event_step
 from .max_duration import MaxDuration
-from .merge import END_START, merge_event
+from .merge import END_START, join_range, merge_event
 from .record import Phase, SessionRecord, as_stored, check_encodable
 from .time import TimeKeeper
 from .triggers import TriggerRunner
@@ -696,12 +696,7 @@ class SessionAggregator:
         state = self._state
         view = state.sessions_of(key, closed_before)
         if view:
-            if self._inclusive:
-                floor, latest_start = t, own_end
-            else:
-                floor, latest_start = t + 1, own_end - 1
-            if floor <= closed_before:
-                floor = closed_before + 1
+            floor, latest_start = join_range(t, own_end, closed_before, self._inclusive)
             joined: Any = []  # a loop: a comprehension is a call, and views hold 1-2 sessions
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:

@@ -6,7 +6,7 @@
 2. compute each event's watermark on arrival, so lateness and "closed before" are exactly what
    an event loop would see;
 3. load the open sessions of the batch's keys and hand everything to the merge plan
-   (:func:`~sessionstore.engine.merge.plan_batch`), which returns the resulting sessions and
+   (:func:`~sessionstore.engine.planner.plan`), which returns the resulting sessions and
    what each event and each open session went into;
 4. aggregate each resulting session (open accumulators merged, events folded in (time, arrival)
    order), and check every new accumulator can be stored — still before any change;
@@ -40,12 +40,13 @@ import numpy as np
 import pyarrow as pa
 
 from .. import batch as columns
-from .. import kernels, keyschema
+from .. import keyschema
 from ..packing import PackedValues, pack_session_records
 from ..serde import MsgpackSerde
 from ..store.base import SegmentedSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
+from . import planner
 from .columnar import (
     NUMERIC_KINDS,
     NotColumnar,
@@ -61,7 +62,6 @@ from .columnar import (
 from .config import NO_WATERMARK
 from .emit import Emit, make_emit
 from .max_duration import ChangeLog
-from .merge import plan_batch
 from .record import SessionRecord, check_encodable, first_unencodable
 
 if TYPE_CHECKING:
@@ -389,23 +389,24 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
                 open_starts.append(s)
                 open_ends.append(e)
                 open_raw.append(cached[0])
-    plan = plan_batch(acc_codes, acc_times, ends[accepted], acc_closed,
-                      np.array(open_codes, dtype=np.int64), np.array(open_starts, dtype=np.int64),
-                      np.array(open_ends, dtype=np.int64), cfg.inclusive_gap)
+    planned = planner.plan(
+        acc_codes, acc_times, ends[accepted], acc_closed, np.array(open_codes, dtype=np.int64),
+        np.array(open_starts, dtype=np.int64), np.array(open_ends, dtype=np.int64),
+        cfg.inclusive_gap, keys=len(uniques), by_time=False).plan
 
     # aggregate every resulting session; nothing has changed yet
     agg = engine.aggregation
-    s_codes = plan.session_codes.tolist()
-    s_starts = plan.session_starts_ms.tolist()
-    s_ends = plan.session_ends_ms.tolist()
+    s_codes = planned.session_codes.tolist()
+    s_starts = planned.session_starts_ms.tolist()
+    s_ends = planned.session_ends_ms.tolist()
     n_sessions = len(s_codes)
-    open_into = plan.open_session.tolist()
+    open_into = planned.open_session.tolist()
     members: list[list[int]] = [[] for _ in range(n_sessions)]
     for j in sorted(range(len(open_into)), key=lambda j: (open_ends[j], open_starts[j])):
         if open_into[j] >= 0:
             members[open_into[j]].append(j)
-    order = np.lexsort((seqs, acc_times, plan.event_session))
-    sorted_sessions = plan.event_session[order]
+    order = np.lexsort((seqs, acc_times, planned.event_session))
+    sorted_sessions = planned.event_session[order]
     cuts = np.flatnonzero(np.diff(sorted_sessions)) + 1
     run_bounds = np.concatenate(([0], cuts, [m])).tolist()
     run_session = sorted_sessions[np.concatenate(([0], cuts))].tolist() if m else []
@@ -562,11 +563,9 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
     # the plan, each session's events and its absorbed open sessions, in one compiled pass
-    # (the same plan as merge.plan_batch: property-tested in tests/kernels)
-    dense = kernels.plan_dense(acc_codes, len(uniques), acc_times, ends[accepted],
-                               closed_before[accepted], table_codes[cand], cand_starts,
-                               cand_ends, cfg.inclusive_gap,
-                               by_time=needs_time_order(kinds, acc_values))
+    dense = planner.plan(acc_codes, acc_times, ends[accepted], closed_before[accepted],
+                         table_codes[cand], cand_starts, cand_ends, cfg.inclusive_gap,
+                         keys=len(uniques), by_time=needs_time_order(kinds, acc_values))
     plan = dense.plan
     open_parts = [part.take(cand) for part in table.parts]
     new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,

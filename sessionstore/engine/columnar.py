@@ -4,7 +4,7 @@ The fast batch path keeps every open session (end after the close cursor) of the
 :class:`OpenTable`: a key column, start and end arrays, and one set of accumulator columns per
 built-in aggregation part (:class:`PartColumns`). A batch then costs array operations over the
 batch and the table, never a Python call per event or per session: the merge plan comes from
-:func:`sessionstore.kernels.plan_sessions`, the accumulators from the vectorised aggregations
+:func:`sessionstore.engine.planner.plan`, the accumulators from the vectorised aggregations
 of :mod:`sessionstore.kernels`, and the store sees one ``remove_many`` and one ``put_many``.
 
 Combination order (what makes the fast path equal the exact path bit for bit): a session's new

@@ -35,6 +35,7 @@ from ..store.caching import _TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
+from .merge import join_range
 from .record import SessionRecord, check_encodable
 
 if TYPE_CHECKING:
@@ -136,12 +137,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             return out
         joined: Any = None
         if view:
-            if inclusive:
-                floor, latest_start = t, own_end
-            else:
-                floor, latest_start = t + 1, own_end - 1
-            if floor <= closed_before:
-                floor = closed_before + 1
+            floor, latest_start = join_range(t, own_end, closed_before, inclusive)
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:
                     if joined is not None:  # a merge of several sessions: the full step

@@ -62,6 +62,7 @@ import numpy as np
 
 from .. import keyschema
 from ..aggregations import Aggregation
+from ..gap_boundary import reaches
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
 from .config import NO_WATERMARK
@@ -115,7 +116,7 @@ def _run_from(events: list[Any], j: int, run: int, limit: int, inclusive: bool
     while j < n:
         event = events[j]
         t = event[0]
-        if t >= limit or (t > run if inclusive else t >= run):
+        if t >= limit or not reaches(run, t, inclusive):
             break
         if event[2] > run:
             run = event[2]
@@ -243,7 +244,7 @@ class MaxDuration:
             start = b[0]
             if j == last and t >= events[-1][0]:
                 # after every open event of the key: it extends the last session or starts one
-                if t < start + md and (t <= max_end if inclusive else t < max_end):
+                if t < start + md and reaches(max_end, t, inclusive):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
                     acc, events = self._grow(key, value, t, seq, raw[0], events, event,
@@ -497,7 +498,7 @@ class MaxDuration:
             own_end = ends[row]
             value = values[row]
             if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
-                    and (t <= cur[2] if inclusive else t < cur[2]):
+                    and reaches(cur[2], t, inclusive):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
                     cur[3] = list(cur[3])
                     if incremental:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import kernels
+from sessionstore.engine import planner
 
 # Sizes are for the default profile (100 examples); a soak profile with more scales them up.
 PROFILE_SCALE = settings.default.max_examples / 100
@@ -139,8 +140,8 @@ def test_nan_propagates_through_min_and_max() -> None:
 
 
 def test_open_sessions_group_by_the_session_that_absorbed_them() -> None:
-    plan = kernels.plan_sessions([1, 2], [10, 50], [20, 60], [0, 0],
-                                 [1, 1, 2, 9], [15, 0, 70, 0], [30, 12, 80, 5], True)
+    plan = planner.plan([1, 2], [10, 50], [20, 60], [0, 0],
+                        [1, 1, 2, 9], [15, 0, 70, 0], [30, 12, 80, 5], True).plan
     groups = kernels.group_open_sessions(plan, [15, 0, 70, 0])
     assert plan.session_starts_ms.tolist() == [0, 50]
     assert groups.offsets.tolist() == [0, 2, 2]
