@@ -42,7 +42,7 @@ from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .fast_event import bind_event_step
 from .max_duration import MaxDuration
 from .merge import END_START, join_range, merge_event
-from .record import Phase, SessionRecord, as_stored, check_encodable
+from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -689,10 +689,7 @@ class SessionAggregator:
         if w >= own_end + grace:  # TimeKeeper.is_late, inlined (the hot path)
             self._drop(key, value, t)
             return
-        closed_before = w - grace
-        last_close = times.last_close
-        if closed_before < last_close:
-            closed_before = last_close
+        closed_before = times.closed_before()
         state = self._state
         view = state.sessions_of(key, closed_before)
         if view:
@@ -722,9 +719,7 @@ class SessionAggregator:
                     start = s
                 if e > end:
                     end = e
-                raw = view[b][0]
-                accs.append(raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
-                            else SessionRecord.from_wire(raw).acc)
+                accs.append(acc_of(view[b][0]))
             if self._count:
                 acc = sum(accs) + 1
             else:
@@ -739,7 +734,7 @@ class SessionAggregator:
         same = len(joined) == 1 and joined[0] == (start, end)
         # plain tuples: msgpack stores the record tuple as the record list, and the garbage
         # collector stops tracking both (a list, or a Session, would stay tracked while cached)
-        state.put_merged(key, view, joined, (key, start, end), (acc, 0, 0, 0, None))
+        state.put_merged(key, view, joined, (key, start, end), plain_record(acc))
         if self._updates:
             if not self.write_cache:
                 new = _new_session((key, start, end))
@@ -884,11 +879,7 @@ class SessionAggregator:
         new_session = _new_session
         count = self._count
         for row in taken:
-            raw = row[4]
-            if type(raw) is tuple or (type(raw) is list and len(raw) == 5):
-                acc = raw[0]
-            else:
-                acc = SessionRecord.from_wire(raw).acc
+            acc = acc_of(row[4])
             if count and type(acc) is int:  # count's result is its accumulator
                 append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
             else:

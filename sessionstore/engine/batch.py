@@ -59,7 +59,6 @@ from .columnar import (
     numeric_column,
     object_array,
 )
-from .config import NO_WATERMARK
 from .emit import Emit, make_emit
 from .max_duration import ChangeLog
 from .record import SessionRecord, check_encodable, first_unencodable
@@ -362,12 +361,10 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
     cfg = engine.config
     clock = engine._times
     metrics = engine._metrics
-    grace = cfg.grace_ms
     n = len(times)
     before = clock.watermarks_before(times)
     late = clock.late_in_batch(before, ends)
-    # before - grace, without wrapping around below INT64_MIN
-    closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace, clock.last_close)
+    closed_before = clock.closed_before_in_batch(before)
     accepted = np.flatnonzero(~late)
     m = len(accepted)
     acc_codes = codes[accepted]
@@ -543,9 +540,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     n = len(times)
     before = clock.watermarks_before(times)
     late = clock.late_in_batch(before, ends)
-    # before - grace, without wrapping around below INT64_MIN
-    closed_before = np.maximum(np.maximum(before, NO_WATERMARK + cfg.grace_ms) - cfg.grace_ms,
-                               clock.last_close)
+    closed_before = clock.closed_before_in_batch(before)
     accepted = np.flatnonzero(~late)
     m = len(accepted)
     acc_codes = codes[accepted]

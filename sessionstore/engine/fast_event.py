@@ -36,7 +36,7 @@ from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
 from .merge import join_range
-from .record import SessionRecord, check_encodable
+from .record import acc_of, check_encodable, plain_record
 
 if TYPE_CHECKING:
     from .aggregator import SessionAggregator
@@ -91,7 +91,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     key_bytes_get = state._key_bytes.get
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
-    count_records = [(n, 0, 0, 0, None) for n in range(_SHARED_COUNTS)]
+    count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
     count_entries = [(record, False) for record in count_records]
     count_stored = [(record, True) for record in count_records]
     tombstone = _TOMBSTONE
@@ -115,10 +115,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             metrics.records_in += 1
             drop(key, value, t)
             return []
-        closed_before = w - grace
-        last_close = times.last_close
-        if closed_before < last_close:
-            closed_before = last_close
+        closed_before = times.closed_before()
         # CachingSessionStore.sessions_of, inlined for a held view or a key the store lacks
         if view is not None:
             held_floor = floors[key]
@@ -158,9 +155,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             if own_end > end:
                 end = own_end
             entry = view[joined]
-            raw = entry[0]
-            old = (raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
-                   else SessionRecord.from_wire(raw).acc)
+            old = acc_of(entry[0])
             if not count:
                 acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), old))
             elif type(old) is int:
@@ -171,7 +166,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
-        record = count_records[acc] if shared else (acc, 0, 0, 0, None)
+        record = count_records[acc] if shared else plain_record(acc)
         sid = (key, start, end)
         pending = state._pending
         # CachingSessionStore.put_merged, inlined

@@ -65,9 +65,8 @@ from ..aggregations import Aggregation
 from ..gap_boundary import reaches
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
-from .config import NO_WATERMARK
 from .emit import Emit, make_emit
-from .record import check_encodable
+from .record import acc_of, check_encodable, events_of, record_with_events
 
 if TYPE_CHECKING:
     from .aggregator import SessionAggregator
@@ -143,12 +142,13 @@ def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], in
     Raises:
         ValueError: the record was written without ``max_duration_ms`` (or is damaged).
     """
-    if not isinstance(raw, list | tuple) or len(raw) != 7:
+    kept = events_of(raw)
+    if kept is None:
         raise ValueError(
             f"session {Session(key, *bounds)} was stored without max_duration_ms (its record "
             f"keeps no events); open this store with the windows it was written with"
         )
-    return raw[5], raw[6]
+    return kept
 
 
 def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
@@ -159,7 +159,7 @@ def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
 
 
 def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
-    return [acc, 0, 0, 0, None, events, max_end]
+    return record_with_events(acc, events, max_end)
 
 
 class MaxDuration:
@@ -247,13 +247,13 @@ class MaxDuration:
                 if t < start + md and reaches(max_end, t, inclusive):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
-                    acc, events = self._grow(key, value, t, seq, raw[0], events, event,
+                    acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event,
                                              len(events))
                     moved = end != b[1]
                     if moved:
-                        removed.append((b, raw[0]))
+                        removed.append((b, acc_of(raw)))
                     added.append((start, end, acc, events, new_max, moved,
-                                  None if moved else raw[0]))
+                                  None if moved else acc_of(raw)))
                 else:
                     added.append((t, own_window_end(t, own_end, md),
                                   agg.add(key, value, t, seq, agg.initial()), [event], own_end,
@@ -263,8 +263,8 @@ class MaxDuration:
                 # it joins that session (the events around it are connected, and stay so) and
                 # no bound or later cut moves, so it is an update in place, not a re-cut
                 pos = bisect.bisect_right(events, t, key=_FIRST)  # after equal times
-                acc, events = self._grow(key, value, t, seq, raw[0], events, event, pos)
-                added.append((start, b[1], acc, events, max_end, False, raw[0]))
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, pos)
+                added.append((start, b[1], acc, events, max_end, False, acc_of(raw)))
             else:
                 appended = False
         elif bounds:
@@ -296,8 +296,8 @@ class MaxDuration:
                 if not fresh:
                     kept.add((start, end))  # changed in place: no removal
                 added.append((start, end, acc, members, max_end, fresh,
-                              None if fresh else view[(start, end)][0][0]))
-            removed = [(b, view[b][0][0]) for b in old if b not in kept]
+                              None if fresh else acc_of(view[(start, end)][0])))
+            removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
         if engine._check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
@@ -361,8 +361,6 @@ class MaxDuration:
         """
         engine = self.engine
         clock = engine._times
-        cfg = engine.config
-        grace = cfg.grace_ms
         md = self.max_duration_ms
         n = len(times)
         if n == 0:
@@ -370,8 +368,7 @@ class MaxDuration:
         before = clock.watermarks_before(times)
         own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
         late = clock.late_in_batch(before, own)
-        closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace,
-                                   clock.last_close)
+        closed_before = clock.closed_before_in_batch(before)
         accepted = np.flatnonzero(~late)
         m = len(accepted)
         seq0 = clock.seq + 1
@@ -486,7 +483,7 @@ class MaxDuration:
                 open_events, max_end = _payload(raw, key, last)
                 if times[rows[0]] < open_events[-1][0]:
                     return None
-                cur = [last[0], last[1], max_end, open_events, raw[0], last, raw[0], False]
+                cur = [last[0], last[1], max_end, open_events, acc_of(raw), last, acc_of(raw), False]
         done: list[list[Any]] = []
         fresh: list[int] = []
         if disordered:
