@@ -48,7 +48,7 @@ class SumOverflowError(ValueError):
         self.source = source
         name = "the sum" if aggregation is None else f"the sum {aggregation!r}"
         where = ("as two of its sessions merge" if timestamp_ms is None
-                 else f"in the session holding its event at timestamp_ms {timestamp_ms}")
+                 else f"in the session holding its event at time {timestamp_ms}")
         super().__init__(
             f"{name} of key {key!r} leaves int64 {where}: it would be {total}; an integer sum "
             f"never wraps or widens (Spark's sum raises ARITHMETIC_OVERFLOW here in ANSI "

@@ -155,8 +155,16 @@ class ColumnarRunner:
             fill = pa.scalar(_identity(part.kind, floating), target)
             arrays[f"{_PREFIX}v{i}"] = pc.fill_null(values.cast(target), fill)
             arrays[f"{_PREFIX}n{i}"] = pc.is_valid(values).cast(pa.int64())
-        emitted = self.engine.process_table(pa.table(arrays), key=self.key_names, time=_TIME,
-                                            gap=None if cfg.gap_column is None else _GAP)
+        try:
+            emitted = self.engine.process_table(pa.table(arrays), key=self.key_names,
+                                                time=_TIME,
+                                                gap=None if cfg.gap_column is None else _GAP)
+        except aggregations.SumOverflowError as exc:
+            # name the user's output, not the engine column that carries it
+            names = {f"{_PREFIX}v{i}": part.name for i, part in enumerate(self.parts)}
+            if exc.aggregation not in names:
+                raise
+            raise exc.naming(names[exc.aggregation]) from None
         if emitted.num_rows:
             raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
                                f"watermark moved")
