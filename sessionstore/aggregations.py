@@ -466,6 +466,12 @@ def count() -> Aggregation:
     return _Count()
 
 
+def is_count(aggregation: Aggregation) -> bool:
+    """Whether ``aggregation`` is :func:`count`'s (whose accumulator is the plain int the
+    event paths add to directly)."""
+    return type(aggregation) is _Count
+
+
 def sum_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:
     """The sum of ``fn(value)`` (of the ``column`` item, or of the values themselves).
 

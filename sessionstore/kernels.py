@@ -1,4 +1,5 @@
-"""Columnar kernels for the batch path: the session plan of a batch, and built-in aggregations.
+"""The planner's compiled kernel: the session plan of a batch (the built-in aggregations over a
+plan are in :mod:`sessionstore.folds`, array utilities in :mod:`sessionstore.arrays`).
 
 ``plan_dense`` is the one compiled kernel of the planner
 (:mod:`sessionstore.engine.planner`): for a whole batch at once, it answers the question the event
@@ -21,11 +22,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 
+from .arrays import Int64Array, first_row, int64_column
 from .gap_boundary import reaches
 
-Int64Array = npt.NDArray[np.int64]
 _F = TypeVar("_F", bound=Callable[..., Any])
 _COMPILED: dict[str, Any] = {}
 
@@ -94,37 +94,6 @@ class SessionPlan(NamedTuple):
     open_session: Int64Array
 
 
-def int64_column(name: str, values: Any, rows: int | None = None) -> Int64Array:
-    """``values`` as a one-dimensional int64 array, or an error naming ``name``.
-
-    Args:
-        name: the argument's name, for messages.
-        values: any integer array-like (an empty list is fine).
-        rows: the length it must have, if any.
-
-    Raises:
-        TypeError: the values are not integers (floats and bools included).
-        ValueError: the shape is wrong, or an unsigned value does not fit in int64 (naming
-            the row).
-    """
-    array = np.asarray(values)
-    if array.ndim != 1 or (rows is not None and len(array) != rows):
-        wanted = "" if rows is None else f" with {rows} rows"
-        raise ValueError(f"{name} must be one-dimensional{wanted}, got shape {array.shape}")
-    if array.dtype.kind not in "iu":
-        if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
-            return np.empty(0, dtype=np.int64)
-        raise TypeError(f"{name} must hold integers (int64), got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        row = int(np.argmax(array > np.iinfo(np.int64).max))
-        raise ValueError(f"{name}[{row}] = {array[row]} does not fit in int64")
-    return np.ascontiguousarray(array, dtype=np.int64)
-
-
-def _first_row(mask: npt.NDArray[np.bool_]) -> int:
-    return int(np.argmax(mask))
-
-
 def _plan_inputs(key_codes: Any, times_ms: Any, ends_ms: Any, closed_before_ms: Any,
                  open_codes: Any, open_starts_ms: Any, open_ends_ms: Any
                  ) -> tuple[Int64Array, ...]:
@@ -147,13 +116,13 @@ def _plan_inputs(key_codes: Any, times_ms: Any, ends_ms: Any, closed_before_ms: 
             raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
     bad = ends <= times
     if bad.any():
-        row = _first_row(bad)
+        row = first_row(bad)
         raise ValueError(
             f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
         )
     bad = o_starts >= o_ends
     if bad.any():
-        row = _first_row(bad)
+        row = first_row(bad)
         raise ValueError(
             f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
             f"{o_ends[row]}"
@@ -214,6 +183,19 @@ def _find_root(parent: Int64Array, sid: int) -> int:
         parent[sid] = root
         sid = following
     return root
+
+
+class EventGroups(NamedTuple):
+    """Events grouped by session, each group in (time, arrival) order (or arrival order).
+
+    Attributes:
+        order: int64[n], event indices; the events of session ``j`` are
+            ``order[offsets[j]:offsets[j + 1]]``.
+        offsets: int64[s + 1], ascending, ``offsets[0] == 0`` and ``offsets[-1] == n``.
+    """
+
+    order: Int64Array
+    offsets: Int64Array
 
 
 # -- the fused plan of the batch path: plan, groups and absorbed sessions in one pass -------
@@ -295,7 +277,7 @@ def plan_dense(
     for name, array in (("key_codes", codes), ("open_codes", o_codes)):
         bad = (array < 0) | (array >= keys)
         if bad.any():
-            row = _first_row(bad)
+            row = first_row(bad)
             raise ValueError(f"{name}[{row}] = {array[row]} is not in [0, {keys})")
     (status, bad_row, s_codes, s_starts, s_ends, event_session, open_session, event_order,
      event_offsets, absorbed_order, absorbed_offsets) = compiled(_plan_dense)(
@@ -600,265 +582,3 @@ _HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
     "_reach": (reaches,),
     "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root, reaches),
 }
-
-
-# -- aggregations over a plan ----------------------------------------------------------------
-#
-# Order of combination, the contract the event path must match to be bit-for-bit equal: a
-# session's events are taken in (time, arrival) order; a float sum is a left fold in that order
-# (((v0 + v1) + v2) + ...), starting from ``initial`` when one is given and from v0 otherwise.
-# np.add.reduceat cannot be used for floats: it sums pairwise in blocks, which is not a left
-# fold (measured: it differs from the fold in the last bits on long segments). Integer sums do
-# not depend on the order: they are computed modulo 2**64 and checked to fit in int64.
-# min/max propagate NaN (np.minimum/np.maximum), so their result does not depend on order either.
-
-
-class EventGroups(NamedTuple):
-    """Events grouped by session, each group in (time, arrival) order (or arrival order).
-
-    Attributes:
-        order: int64[n], event indices; the events of session ``j`` are
-            ``order[offsets[j]:offsets[j + 1]]``.
-        offsets: int64[s + 1], ascending, ``offsets[0] == 0`` and ``offsets[-1] == n``.
-    """
-
-    order: Int64Array
-    offsets: Int64Array
-
-
-def group_events(
-    event_session: Any, times_ms: Any, sessions: int, *, by_time: bool = True
-) -> EventGroups:
-    """Group the events of a batch by the session that holds them.
-
-    Args:
-        event_session: int64[n], each event's session index (``SessionPlan.event_session``).
-        times_ms: int64[n], event times, to order each group by (time, arrival).
-        sessions: how many sessions there are; every one must hold at least one event.
-        by_time: False orders each group by arrival alone.
-
-    Returns:
-        :class:`EventGroups`.
-
-    Raises:
-        ValueError: lengths differ, an index is outside ``[0, sessions)``, or a session holds no
-            event.
-    """
-    owner = int64_column("event_session", event_session)
-    times = int64_column("times_ms", times_ms)
-    if len(times) != len(owner):
-        raise ValueError(f"times_ms has {len(times)} rows, event_session has {len(owner)}")
-    if len(owner) and (owner.min() < 0 or owner.max() >= sessions):
-        row = _first_row((owner < 0) | (owner >= sessions))
-        raise ValueError(f"event_session[{row}] = {owner[row]} is not in [0, {sessions})")
-    counts = np.bincount(owner, minlength=sessions)
-    if sessions and counts.min() == 0:
-        raise ValueError(f"session {int(np.argmin(counts))} holds no event")
-    order = np.lexsort((times, owner)) if by_time else np.argsort(owner, kind="stable")
-    offsets = np.zeros(sessions + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return EventGroups(order.astype(np.int64), offsets)
-
-
-def _numeric_column(name: str, values: Any, n: int) -> npt.NDArray[Any]:
-    array = np.asarray(values)
-    if array.dtype.kind == "f" and array.ndim == 1 and len(array) == n:
-        return array.astype(np.float64, copy=False)
-    try:
-        return int64_column(name, array, n)
-    except TypeError:
-        raise TypeError(f"{name} must hold ints or floats, got dtype {array.dtype}") from None
-
-
-def count_per_session(groups: EventGroups) -> Int64Array:
-    """How many events of the batch each session holds."""
-    return np.diff(groups.offsets)
-
-
-def sum_per_session(
-    groups: EventGroups, values: Any, initial: Any = None
-) -> npt.NDArray[Any]:
-    """The sum of each session's event values, combined in the documented order.
-
-    Args:
-        groups: from :func:`group_events`.
-        values: int or float [n], one per event.
-        initial: optional [s], each session's accumulator before the batch; the fold starts
-            from it (for floats the order matters: ``((initial + v0) + v1) + ...``).
-
-    Returns:
-        int64[s] for integer values, float64[s] for floats (floats win if either is float).
-
-    Raises:
-        OverflowError: an integer sum does not fit in int64 (the message names the session).
-        TypeError / ValueError: values that are not numbers, or of the wrong length.
-    """
-    order, offsets = groups
-    sessions = len(offsets) - 1
-    data = _numeric_column("values", values, len(order))
-    start = None if initial is None else _numeric_column("initial", initial, sessions)
-    if data.dtype.kind == "f" or (start is not None and start.dtype.kind == "f"):
-        data = data.astype(np.float64, copy=False)
-        first = np.zeros(sessions, dtype=np.float64) if start is None else start.astype(
-            np.float64, copy=False)
-        return cast(npt.NDArray[Any], compiled(_fold_add)(
-            order, offsets, data, first, start is not None))
-    if sessions == 0:
-        return np.zeros(0, dtype=np.int64)
-    sorted_values = data[order]
-    with np.errstate(over="ignore"):
-        total = np.add.reduceat(sorted_values, offsets[:-1])  # exact modulo 2**64
-        if start is not None:
-            total = total + start
-    # The wrapped total is the true sum whenever the true sum fits in int64. A float estimate
-    # (off by far less than 2**61 here) finds the sessions that might not fit; those are
-    # recomputed with Python ints.
-    estimate = np.add.reduceat(sorted_values.astype(np.float64), offsets[:-1])
-    if start is not None:
-        estimate = estimate + start.astype(np.float64)
-    for j in np.flatnonzero(np.abs(estimate) >= 2.0**62).tolist():
-        exact = sum(sorted_values[offsets[j]:offsets[j + 1]].tolist())
-        if start is not None:
-            exact += int(start[j])
-        if not -(2**63) <= exact < 2**63:
-            raise OverflowError(f"the sum of session {j} is {exact}, which does not fit in int64")
-    return cast(Int64Array, total)
-
-
-def _fold_add(order: Int64Array, offsets: Int64Array, values: npt.NDArray[np.float64],
-              initial: npt.NDArray[np.float64], use_initial: bool) -> npt.NDArray[np.float64]:
-    sessions = len(offsets) - 1
-    out = np.empty(sessions, dtype=np.float64)
-    for j in range(sessions):
-        k = offsets[j]
-        if use_initial:
-            acc = initial[j]
-        else:
-            acc = values[order[k]]
-            k += 1
-        for q in range(k, offsets[j + 1]):
-            acc += values[order[q]]
-        out[j] = acc
-    return out
-
-
-def _reduce_per_session(groups: EventGroups, values: Any,
-                        ufunc: np.ufunc) -> npt.NDArray[Any]:
-    order, offsets = groups
-    data = _numeric_column("values", values, len(order))
-    if len(offsets) == 1:
-        return data[:0]
-    return ufunc.reduceat(data[order], offsets[:-1])
-
-
-def min_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The smallest event value of each session; NaN if any value is NaN."""
-    return _reduce_per_session(groups, values, np.minimum)
-
-
-def max_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The largest event value of each session; NaN if any value is NaN."""
-    return _reduce_per_session(groups, values, np.maximum)
-
-
-def signed_zero_extremes(best: npt.NDArray[Any], kind: str,
-                         sources: list[tuple[Int64Array, npt.NDArray[Any]]]
-                         ) -> npt.NDArray[Any]:
-    """Each session's ``min``/``max`` (``best``) with the sign of a zero result set by the rule of
-    :func:`sessionstore.aggregations.smaller` and ``larger``: -0.0 is below 0.0, whatever the
-    order numpy's ties took.
-
-    Args:
-        best: the per-session results of ``np.minimum``/``np.maximum`` over ``sources``.
-        kind: ``"min"`` or ``"max"``.
-        sources: ``(session index, value)`` arrays of every value that went into ``best``.
-
-    Returns:
-        ``best`` itself when no float result is zero (the common case costs one comparison),
-        else a corrected copy.
-    """
-    if best.dtype.kind != "f":
-        return best
-    zero = best == 0
-    if not zero.any():
-        return best
-    negative_wins = kind == "min"
-    winner = np.zeros(len(best), dtype=bool)
-    for owner, values in sources:
-        data = np.asarray(values, dtype=np.float64)
-        hit = (data == 0) & (np.signbit(data) == negative_wins)
-        winner[owner[hit]] = True
-    signs = np.where(winner[zero], -0.0 if negative_wins else 0.0,
-                     0.0 if negative_wins else -0.0)
-    fixed = best.copy()
-    fixed[zero] = signs
-    return fixed
-
-
-def first_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The value of each session's first event by (time, arrival): any dtype, objects too."""
-    order, offsets = groups
-    return np.asarray(values)[order[offsets[:-1]]]
-
-
-def last_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The value of each session's last event by (time, arrival): any dtype, objects too."""
-    order, offsets = groups
-    return np.asarray(values)[order[offsets[1:] - 1]]
-
-
-def collect_per_session(groups: EventGroups, values: Any) -> list[list[Any]]:
-    """Each session's event values as a Python list, ordered by (time, arrival)."""
-    order, offsets = groups
-    flat = np.asarray(values)[order].tolist()
-    bounds = offsets.tolist()
-    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-def group_open_sessions(plan: SessionPlan, open_starts_ms: Any) -> EventGroups:
-    """The open sessions each planned session absorbed, ordered by start.
-
-    Folding their accumulators in this order, then continuing with the session's events (see
-    ``initial`` of :func:`sum_per_session`), is the documented order for merges. Sessions that
-    absorbed nothing have an empty group.
-
-    Returns:
-        :class:`EventGroups` over open-session indices (``order`` lists only absorbed ones).
-    """
-    starts = int64_column("open_starts_ms", open_starts_ms)
-    owner = plan.open_session
-    if len(starts) != len(owner):
-        raise ValueError(f"open_starts_ms has {len(starts)} rows, the plan has {len(owner)}")
-    absorbed = np.flatnonzero(owner >= 0)
-    order = absorbed[np.lexsort((starts[absorbed], owner[absorbed]))]
-    sessions = len(plan.session_codes)
-    offsets = np.zeros(sessions + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner[absorbed], minlength=sessions), out=offsets[1:])
-    return EventGroups(order.astype(np.int64), offsets)
-
-
-def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Array:
-    """A stable permutation sorting rows by ``columns``, the most significant first.
-
-    The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
-    columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
-    once (what bulk writes sort by, key rank, end and start within one batch, nearly always
-    fits); otherwise it falls back to ``np.lexsort``. ``distinct=True`` promises that no two
-    rows are equal in every column, so that an unstable sort gives the same permutation (about
-    four times faster again).
-    """
-    if not columns or len(columns[0]) == 0:
-        return np.zeros(0, dtype=np.int64)
-    lows = [int(column.min()) for column in columns]
-    spans = [int(column.max()) - low for column, low in zip(columns, lows, strict=True)]
-    widths = [span.bit_length() for span in spans]
-    if sum(widths) > 63:
-        return np.lexsort(columns[::-1]).astype(np.int64)
-    packed = np.zeros(len(columns[0]), dtype=np.int64)
-    for column, low, width in zip(columns, lows, widths, strict=True):
-        if width:
-            # column - low fits in `width` bits, but may not fit in int64 on the way: subtract
-            # as unsigned (two's complement wraps to the right value).
-            offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
-            packed = (packed << width) | offset
-    return np.argsort(packed, kind="quicksort" if distinct else "stable").astype(np.int64)

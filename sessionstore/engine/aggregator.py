@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation, Combined, _Count
+from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
 from ..store.metered import HistogramReading, MeteredSessionStore
@@ -163,7 +163,7 @@ class SessionAggregator:
         # the lean event path: no trigger and no maximum duration, so a stored record is only
         # its accumulator (no SessionRecord objects); the count is folded without calls
         self._lean = trigger is None and windows.max_duration_ms is None
-        self._count = type(aggregation) is _Count
+        self._count = is_count(aggregation)
         self._fixed_lean = self._lean and not self.config.dynamic
         self._max_t = self.config.max_timestamp_ms
         self._max_gap = self.config.max_gap_ms

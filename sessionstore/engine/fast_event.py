@@ -30,8 +30,8 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..aggregations import _Count
-from ..store.caching import _TOMBSTONE
+from ..aggregations import is_count
+from ..store.caching import TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
@@ -76,7 +76,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     closes_in_cache = engine._closes_in_cache
     check_acc = engine._check_acc
     agg = engine.aggregation
-    count = type(agg) is _Count
+    count = is_count(agg)
     result = agg.result
     views = state._views
     views_get = views.get
@@ -94,7 +94,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
     count_entries = [(record, False) for record in count_records]
     count_stored = [(record, True) for record in count_records]
-    tombstone = _TOMBSTONE
+    tombstone = TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)

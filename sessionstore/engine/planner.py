@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from ..kernels import DensePlan, EventGroups, SessionPlan, int64_column
+from ..arrays import int64_column
+from ..kernels import DensePlan, EventGroups, SessionPlan
 from .merge import merge_event
 
 Plan = DensePlan

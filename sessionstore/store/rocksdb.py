@@ -37,8 +37,8 @@ import numpy as np
 import rocksdict
 
 from .. import keyschema
+from ..arrays import sort_order
 from ..errors import StoreCorruptedError
-from ..kernels import sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .checkpoint import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import kernels
+from sessionstore import folds, kernels
 from sessionstore.engine.planner import plan_reference
 from sessionstore.kernels import plan_dense
 
@@ -66,9 +66,9 @@ def _check(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, 
     assert got.absorbed.order.tolist() == reference.absorbed.order.tolist()
     assert got.absorbed.offsets.tolist() == reference.absorbed.offsets.tolist()
     # and what the separate groupings answer
-    groups = kernels.group_events(plan.event_session, ev[:, 1], sessions, by_time=by_time)
+    groups = folds.group_events(plan.event_session, ev[:, 1], sessions, by_time=by_time)
     assert got.events.order.tolist() == groups.order.tolist()
-    opens_grouped = kernels.group_open_sessions(plan, op[:, 1])
+    opens_grouped = folds.group_open_sessions(plan, op[:, 1])
     assert got.absorbed.order.tolist() == opens_grouped.order.tolist()
 
 
