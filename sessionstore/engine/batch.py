@@ -64,10 +64,10 @@ from .max_duration import ChangeLog
 from .record import SessionRecord, check_encodable, first_unencodable
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 
-def process_batch(engine: SessionAggregator, keys: Any, values: Any,
+def process_batch(engine: EngineHost, keys: Any, values: Any,
                   timestamps_ms: Any, gaps_ms: Any = None) -> list[Emit]:
     """Add a batch of events in arrival order.
 
@@ -218,7 +218,7 @@ class EventGaps:
         self.dropped = n - len(kept)
 
 
-def event_gaps(engine: SessionAggregator, values: Any, times: np.ndarray,
+def event_gaps(engine: EngineHost, values: Any, times: np.ndarray,
                name: str) -> EventGaps:
     """Validate a batch's per-event gaps (vectorised for integer columns).
 
@@ -295,7 +295,7 @@ def _is_missing(item: Any) -> bool:
     return type(item).__name__ in ("NAType", "NaTType")
 
 
-def _count_invalid_gaps(engine: SessionAggregator, gaps: EventGaps | None) -> None:
+def _count_invalid_gaps(engine: EngineHost, gaps: EventGaps | None) -> None:
     """Count the batch's events dropped for an invalid gap (after the batch succeeded)."""
     if gaps is None or not gaps.dropped:
         return
@@ -305,7 +305,7 @@ def _count_invalid_gaps(engine: SessionAggregator, gaps: EventGaps | None) -> No
     metrics.dropped_invalid_gap += gaps.dropped
 
 
-def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: list[Any],
+def _precheck_accumulators(engine: EngineHost, keys: list[Any], values: list[Any],
                            times: np.ndarray) -> None:
     """For the event-by-event path: refuse values whose own accumulator cannot be stored."""
     agg = engine.aggregation
@@ -316,7 +316,7 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
                         f"the accumulator of values[{row}]")
 
 
-def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list[Any],
+def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
                         times: np.ndarray, ends: np.ndarray, kept: np.ndarray | None,
                         out: list[Emit], codes: np.ndarray) -> None:
     """A batch with ``max_duration_ms`` (each kept row, with ``kept``; ``ends`` is each row's
@@ -355,7 +355,7 @@ def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list
         out.extend(engine._drain_forwarded())
 
 
-def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
+def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
               values: list[Any], times: np.ndarray, out: list[Emit], ends: np.ndarray) -> None:
     """The exact batch path; ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
@@ -491,7 +491,7 @@ Block = tuple[OpenTable, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
 
 
-def _part_values_of_list(engine: SessionAggregator, values: Any) -> list[Any]:
+def _part_values_of_list(engine: EngineHost, values: Any) -> list[Any]:
     """Per aggregation part, the batch's values (a list, or a flat numeric numpy array) as an
     array (None for count).
 
@@ -527,7 +527,7 @@ def _items(values: list[Any], column: str) -> list[Any]:
         raise
 
 
-def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
+def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
           part_values: list[Any], times: np.ndarray, late_values: list[Any] | None,
           ends: np.ndarray) -> list[Block]:
     """The columnar batch step. Everything that can fail on the batch's content fails before
@@ -627,7 +627,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     return blocks
 
 
-def _store_takes_packed(engine: SessionAggregator, kinds: list[str]) -> bool:
+def _store_takes_packed(engine: EngineHost, kinds: list[str]) -> bool:
     """Whether the batch's records can go to the store packed already (see
     :mod:`sessionstore.packing`): numeric accumulators, and a store of this package whose serde
     is msgpack's (its ``put_many`` takes :class:`PackedValues` as they are)."""
@@ -647,7 +647,7 @@ SESSION_END = "session_end_ms"
 RETRACTION = "retracted"
 
 
-def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str], time: str,
+def process_table(engine: EngineHost, table: Any, *, key: str | list[str], time: str,
                   value: str | None = None, gap: str | None = None) -> pa.Table:
     """Add a batch of events given as an Arrow table; return what it emits as an Arrow table.
 
@@ -768,7 +768,7 @@ def _table_keys(table: pa.Table, names: list[str]) -> tuple[np.ndarray, list[Any
     return inverse.reshape(-1).astype(np.int64), uniques, None
 
 
-def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | None
+def _table_part_values(engine: EngineHost, table: pa.Table, value: str | None
                        ) -> tuple[list[Any] | None, list[Any]]:
     """Per part, its column as an array, and the Arrow type of its output; (None, types) when
     a column cannot take the fast path.
@@ -826,7 +826,7 @@ def _part_output_type(kind: str, data_type: Any) -> Any:
     return pa.list_(data_type) if kind == "collect" else data_type
 
 
-def _output_types(engine: SessionAggregator, table: pa.Table, value: str | None
+def _output_types(engine: EngineHost, table: pa.Table, value: str | None
                   ) -> list[Any] | None:
     """The output types of built-in aggregations over ``table`` (None for custom ones, or a
     part that names no column): what an empty exact-path result is typed as, so that it has
@@ -864,7 +864,7 @@ def _key_arrays(keys: list[Any], names: list[str], table: pa.Table) -> list[pa.A
             for part, name in zip(split, names, strict=True)]
 
 
-def _output_table(engine: SessionAggregator, key_arrays: list[pa.Array], names: list[str],
+def _output_table(engine: EngineHost, key_arrays: list[pa.Array], names: list[str],
                   starts: Any, ends: Any, flags: Any, results: list[pa.Array]) -> pa.Table:
     arrays = [*key_arrays, pa.array(starts, type=pa.int64()), pa.array(ends, type=pa.int64())]
     fields = [*names, SESSION_START, SESSION_END]
@@ -876,7 +876,7 @@ def _output_table(engine: SessionAggregator, key_arrays: list[pa.Array], names: 
     return pa.Table.from_arrays(arrays, names=fields)
 
 
-def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list[str],
+def _blocks_to_table(engine: EngineHost, blocks: list[Block], names: list[str],
                      table: pa.Table, types: list[Any]) -> pa.Table:
     assert engine._columnar_kinds is not None
     kinds = engine._columnar_kinds
@@ -901,7 +901,7 @@ def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list
     return pa.concat_tables(pieces)
 
 
-def emits_as_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
+def emits_as_table(engine: EngineHost, emits: list[Emit], names: list[str],
                    schema: pa.Schema | None) -> pa.Table:
     """``emits`` in :func:`process_table`'s columns: the key column(s) ``names``, the session
     bounds, the update flag (``ON_WINDOW_UPDATE``) and the aggregation outputs. With ``schema``
@@ -926,7 +926,7 @@ def emits_as_table(engine: SessionAggregator, emits: list[Emit], names: list[str
     return _emits_to_table(engine, emits, names, template)
 
 
-def _emits_to_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
+def _emits_to_table(engine: EngineHost, emits: list[Emit], names: list[str],
                     table: pa.Table, types: list[Any] | None = None) -> pa.Table:
     keys = [e.session.key for e in emits]
     labels = engine._result_names

@@ -39,7 +39,7 @@ from .merge import join_range
 from .record import acc_of, check_encodable, plain_record
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 _MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
 _MSGPACK_INT_MAX = (1 << 64) - 1
@@ -49,7 +49,7 @@ _SHARED_COUNTS = 256
 EventStep = Callable[..., list[Emit]]
 
 
-def bind_event_step(engine: SessionAggregator) -> EventStep | None:
+def bind_event_step(engine: EngineHost) -> EventStep | None:
     """The fused ``process(key, value, timestamp_ms, gap_ms=None)`` of ``engine``, or None when
     the engine is not one it applies to (then the class's ``process`` does everything)."""
     if not engine._fixed_lean or engine.write_cache:

@@ -69,7 +69,7 @@ from .emit import Emit, make_emit
 from .record import acc_of, check_encodable, events_of, record_with_events
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 _FIRST = operator.itemgetter(0)
 
@@ -174,7 +174,7 @@ class MaxDuration:
         ValueError: the engine has a trigger (not supported with a maximum duration).
     """
 
-    def __init__(self, engine: SessionAggregator, max_duration_ms: int) -> None:
+    def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         if engine.trigger is not None:
             raise ValueError(
                 "max_duration_ms does not combine with trigger=: events move between sessions "

@@ -74,7 +74,7 @@ def _check(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, 
 
 @settings(max_examples=round(400 * PROFILE_SCALE))
 @given(batches(), st.booleans(), st.booleans())
-def test_plan_dense_equals_the_loop_and_the_separate_kernels(
+def test_plan_dense_equals_the_loop_and_the_reference(
         batch: tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int]], bool],
         by_time: bool, plain_python: bool) -> None:
     """The compiled kernel and its Python source both equal the model and the reference."""
