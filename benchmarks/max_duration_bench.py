@@ -5,8 +5,10 @@ the input; asserts nothing::
     python -m benchmarks.max_duration_bench                      # 4k, 8k, 16k events
     python -m benchmarks.max_duration_bench --sizes 4000 64000   # bigger (reversed is slow)
 
-Events are 10 ms apart with a 100 ms gap and a 10 s maximum duration (sessions of 1,000
-events); lateness covers the whole input, so every event is accepted whatever the order.
+Events are 10 ms apart with a 100 ms gap, under two maximum durations: 10 s (a chain of
+sessions of 1,000 events, cut by the maximum duration: a newest-first event moves the first
+event of each, so each is re-cut) and one day (one session). Lateness covers the whole input,
+so every event is accepted whatever the order.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from sessionstore.timeutil import INT64_MAX
 from .common import write_results
 
 log = logging.getLogger("benchmarks.max_duration")
-STEP_MS, GAP_MS, MAX_DURATION_MS = 10, 100, 10_000
+STEP_MS, GAP_MS = 10, 100
+MAX_DURATIONS_MS = {"chained": 10_000, "one session": 86_400_000}
 ORDERS = ("sorted", "reversed", "shuffled")
 
 
@@ -45,9 +48,9 @@ def arrival(n: int, order: str, seed: int = 1) -> list[int]:
     return times
 
 
-def run(n: int, order: str, path: str) -> dict[str, Any]:
+def run(n: int, order: str, path: str, layout: str) -> dict[str, Any]:
     """One row: feed the events through ``process`` or one ``process_batch``; close all."""
-    windows = SessionWindows(GAP_MS, max_duration_ms=MAX_DURATION_MS)
+    windows = SessionWindows(GAP_MS, max_duration_ms=MAX_DURATIONS_MS[layout])
     lateness = n * STEP_MS
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=windows.retention_ms + lateness), windows,
@@ -64,7 +67,9 @@ def run(n: int, order: str, path: str) -> dict[str, Any]:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if sum(e.value for e in out) != n:
         raise AssertionError(f"{order} {path} {n}: {sum(e.value for e in out)} events out")
-    return {"events": n, "order": order, "path": path, "sessions": len(out),
+    assert engine._max_duration is not None
+    return {"events": n, "order": order, "path": path, "layout": layout, "sessions": len(out),
+            "events_re_cut": engine._max_duration.recut_events,
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 
@@ -73,20 +78,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4_000, 8_000, 16_000])
     parser.add_argument("--paths", nargs="+", default=["event", "batch"],
                         choices=["event", "batch"])
+    parser.add_argument("--layouts", nargs="+", default=list(MAX_DURATIONS_MS),
+                        choices=list(MAX_DURATIONS_MS))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = []
-    for path in args.paths:
-        for order in ORDERS:
-            previous = None
-            for n in args.sizes:
-                row = run(n, order, path)
-                if previous is not None:
-                    row["cpu_growth"] = round(row["cpu_s"] / max(previous["cpu_s"], 1e-3), 2)
-                    row["size_growth"] = round(n / previous["events"], 2)
-                previous = row
-                rows.append(row)
-                log.info("%s", row)
+    for layout in args.layouts:
+        for path in args.paths:
+            for order in ORDERS:
+                previous = None
+                for n in args.sizes:
+                    row = run(n, order, path, layout)
+                    if previous is not None:
+                        row["cpu_growth"] = round(row["cpu_s"] / max(previous["cpu_s"], 1e-3),
+                                                  2)
+                        row["size_growth"] = round(n / previous["events"], 2)
+                    previous = row
+                    rows.append(row)
+                    log.info("%s", row)
     log.info("wrote %s", write_results("max_duration", {"rows": rows}))
 
 

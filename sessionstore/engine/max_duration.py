@@ -19,21 +19,31 @@ the cuts move and events move between sessions, which aggregates alone cannot fo
 session is open, its record keeps its events, ``[t, seq, own_end, value]`` in (time, arrival)
 order, and the largest ``t + gap`` over them; an event re-cuts, by the rule above, the key's open
 sessions from the one it falls into (earlier sessions cannot change: the cut is a left-to-right
-scan, and the scan up to that session's first event is the same). Re-cut sessions get their
-accumulator recomputed from their events (``initial()`` then ``add`` in (time, arrival) order);
-the diff (removed sessions, new or changed ones) goes through the engine's normal store writes
+scan, and the scan up to that session's first event is the same), reading the later ones only
+while the new cut reaches them (:func:`cut_until_unchanged`: where a new session ends right
+before a stored session's first event, the cut from there on is the stored one). Re-cut
+sessions get their accumulator recomputed from their events (``initial()`` then ``add`` in
+(time, arrival) order); the diff (removed sessions, new or changed ones) goes through the
+engine's normal store writes
 and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
 (``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are final:
 they never join a re-cut. An event that comes after every open event of its key (the in-order
 case) only extends the last session or starts a new one, at the cost of one ``add``; so does
 an event inside a session that reaches no further than the session's events do (no bound and
-no later cut moves). Built-in accumulators are extended then, as everywhere in the engine (a
-float sum adds in arrival order); other aggregations are always folded again from the events.
+no later cut moves), and an event before every open session of its key that either does not
+reach the first one (a session of its own) or becomes its first event while that session keeps
+all its events and reaches no further (only its bounds change): a key arriving newest first
+costs O(events), not a re-cut per event. Built-in accumulators are extended then, as
+everywhere in the engine (a float sum adds in arrival order); other aggregations are always
+folded again from the events.
 
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
-every change). An out-of-order event costs O(events of the sessions it re-cuts).
+every change). An out-of-order event costs O(events of the sessions it re-cuts); when a
+newest-first event moves the first event of several open sessions (sessions cut by the maximum
+duration, one after the other), every one of them changes and is re-cut
+(:attr:`MaxDuration.recut_events` counts that work).
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -56,6 +66,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,6 +134,49 @@ def _run_from(events: list[Any], j: int, run: int, limit: int, inclusive: bool
     return run, j
 
 
+def cut_until_unchanged(gathered: list[Any], following: int,
+                        events_of: Callable[[int], list[Any]], max_duration_ms: int,
+                        inclusive: bool) -> tuple[list[Cut], int]:
+    """:func:`cut` of a key's open events from the start of one open session on, reading the
+    sessions after it only while the new cut reaches them.
+
+    The cut is a left-to-right scan, so where a session of the new cut ends right before the
+    first event of a stored session, the cut from there on is the stored one: the scan stops.
+    Over all the events it gives what :func:`cut` gives (the tests compare both with the
+    oracle).
+
+    Args:
+        gathered: ``[t, seq, own_end, value]`` lists sorted by (t, seq): the events of an open
+            session, the new event among them; extended in place with the events read.
+        following: how many open sessions come after those events.
+        events_of: the events of the ``i``-th of those, ``0 <= i < following``.
+        max_duration_ms, inclusive: as :func:`cut`.
+
+    Returns:
+        The cuts over ``gathered`` as extended, and how many following sessions were read
+        (those are replaced by the cuts; the rest stay as stored).
+    """
+    out: list[Cut] = []
+    used = 0
+    i = 0
+    while i < len(gathered):
+        first = gathered[i]
+        start = first[0]
+        limit = start + max_duration_ms
+        run, j = _run_from(gathered, i + 1, first[2], limit, inclusive)
+        while j == len(gathered) and used < following:
+            more = events_of(used)
+            t = more[0][0]
+            if t >= limit or (t > run if inclusive else t >= run):
+                break  # the next stored session starts where it did: the rest is unchanged
+            gathered.extend(more)
+            used += 1
+            run, j = _run_from(gathered, j, run, limit, inclusive)
+        out.append((start, run if run < limit else limit, run, j))
+        i = j
+    return out, used
+
+
 def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
     """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
     own end so far, ``start + max_duration``, and the index after its last event) over
@@ -187,6 +241,9 @@ class MaxDuration:
         # exactly); any other aggregation is folded again from the events, so that only its
         # initializer and aggregator are used, on fresh accumulators
         self._incremental = columnar_parts(engine.aggregation) is not None
+        #: events gathered by full re-cuts (an operation count: tests bound the work of
+        #: disordered input with it, without timing)
+        self.recut_events = 0
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
@@ -268,23 +325,50 @@ class MaxDuration:
             else:
                 appended = False
         elif bounds:
-            appended = False
+            # before every open session of the key; the scan from t meets the first one
+            b = bounds[0]
+            raw = view[b][0]
+            events, max_end = _payload(raw, key, b)
+            limit = t + md
+            first_t = b[0]  # its first event's time
+            if first_t >= limit or (first_t > own_end if inclusive else first_t >= own_end):
+                # the scan stops before the first open event: a session of its own, and the
+                # cut from that event on is the one stored
+                added.append((t, own_window_end(t, own_end, md),
+                              agg.add(key, value, t, seq, agg.initial()), [event], own_end,
+                              True, None))
+            elif own_end <= max_end and events[-1][0] < limit:
+                # it becomes the first event of the first session, which keeps every event
+                # (their runs only grow, all are before the new limit) and reaches no further
+                # (the run and the limit only move back): only that session's bounds change
+                acc, events = self._grow(key, value, t, seq, raw[0], events, event, 0)
+                removed.append((b, raw[0]))
+                added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
+                              True, None))
+            else:
+                appended = False
         else:  # no open session
             added.append((t, own_window_end(t, own_end, md),
                           agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
                           None))
         if not appended:
+            # the event falls at or after the start of bounds[first] and before the next one
             first = j if j > 0 else 0
-            old = bounds[first:]
-            gathered: list[Any] = []
-            for b in old:
-                gathered.extend(_payload(view[b][0], key, b)[0])
+            gathered = list(_payload(view[bounds[first]][0], key, bounds[first])[0])
             pos = bisect.bisect_right(gathered, t, key=_FIRST)  # after equal times: arrival
             gathered.insert(pos, event)
+            after = bounds[first + 1:]
+
+            def events_of(i: int) -> list[Any]:
+                return _payload(view[after[i]][0], key, after[i])[0]
+
+            cuts, used = cut_until_unchanged(gathered, len(after), events_of, md, inclusive)
+            old = bounds[first:first + 1 + used]
+            self.recut_events += len(gathered)
             old_set = set(old)
             kept: set[tuple[int, int]] = set()
             low = 0
-            for start, end, max_end, stop in cut(gathered, md, inclusive):
+            for start, end, max_end, stop in cuts:
                 members = gathered[low:stop]
                 holds_new = low <= pos < stop
                 low = stop
