@@ -167,7 +167,7 @@ def cut_until_unchanged(gathered: list[Any], following: int,
         while j == len(gathered) and used < following:
             more = events_of(used)
             t = more[0][0]
-            if t >= limit or (t > run if inclusive else t >= run):
+            if t >= limit or not reaches(run, t, inclusive):
                 break  # the next stored session starts where it did: the rest is unchanged
             gathered.extend(more)
             used += 1
@@ -331,7 +331,7 @@ class MaxDuration:
             events, max_end = _payload(raw, key, b)
             limit = t + md
             first_t = b[0]  # its first event's time
-            if first_t >= limit or (first_t > own_end if inclusive else first_t >= own_end):
+            if first_t >= limit or not reaches(own_end, first_t, inclusive):
                 # the scan stops before the first open event: a session of its own, and the
                 # cut from that event on is the one stored
                 added.append((t, own_window_end(t, own_end, md),
@@ -341,8 +341,8 @@ class MaxDuration:
                 # it becomes the first event of the first session, which keeps every event
                 # (their runs only grow, all are before the new limit) and reaches no further
                 # (the run and the limit only move back): only that session's bounds change
-                acc, events = self._grow(key, value, t, seq, raw[0], events, event, 0)
-                removed.append((b, raw[0]))
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0)
+                removed.append((b, acc_of(raw)))
                 added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
                               True, None))
             else:
