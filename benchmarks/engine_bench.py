@@ -7,7 +7,8 @@ a plain-Python dict sessionizer written as a user would, the event-at-a-time pat
 and both batch paths (``process_batch`` on Python values, ``process_table`` on an Arrow table),
 the engine on the RocksDB store and in memory, ``--repeat`` times in turn; it reports medians in
 wall-clock time and in CPU time. Then Nexmark q11 (10 s gap) with emit-on-close and with a Beam
-trigger. It reports numbers and asserts none::
+trigger. A state-size sweep measures the CPU of a batch of 10k changed sessions at 10k, 100k,
+1M and 5M retained open sessions (``--state-sizes``). It reports numbers and asserts none::
 
     python -m benchmarks.engine_bench --events 50000 --repeat 1 --skip-q11   # quick
     python -m benchmarks.engine_bench                                         # as make bench
@@ -205,6 +206,77 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
     return rows
 
 
+STATE_SIZES = (10_000, 100_000, 1_000_000, 5_000_000)
+STATE_CHANGED = 10_000
+STATE_BATCHES = 5
+
+
+def state_rows(sizes: tuple[int, ...], changed: int, root: Path, repeat: int = 3,
+               batches: int = STATE_BATCHES) -> list[dict[str, Any]]:
+    """The state-size sweep: what a batch of ``changed`` changed sessions costs when the engine
+    retains ``size`` open sessions (``process_table``, count per key, emit-on-close).
+
+    The state is loaded with one ``process_table`` call of ``size`` events on distinct keys
+    (one session each, none closing: the watermark stays far below their ends) and committed;
+    its rate is reported as the bulk load (sessions per second). Then ``batches`` batches each
+    extend ``changed`` of those sessions (each batch's own keys), with a commit per batch on
+    RocksDB. It reports the median CPU and wall time of a batch, in memory and on RocksDB."""
+    import pyarrow as pa
+
+    rows = []
+    gap_ms = 3_600_000  # nothing closes during the sweep
+    if sizes:  # load the compiled kernels before the first timed batch
+        warm = SessionAggregator(InMemorySessionStore(retention_ms=2 * gap_ms),
+                                 SessionWindows(gap_ms), aggregations.count())
+        warm.process_table(pa.table({"k": np.arange(100), "t": np.zeros(100, np.int64)}),
+                           key="k", time="t")
+    for size in sizes:
+        for store_kind in ("memory", "rocksdb"):
+            cpus: list[float] = []
+            walls: list[float] = []
+            loads: list[float] = []
+            for round_ in range(repeat):
+                windows = SessionWindows(gap_ms)
+                store = _open_store(store_kind, root, f"state-{size}-{round_}",
+                                    windows.retention_ms + gap_ms)
+                engine = SessionAggregator(store, windows, aggregations.count(),
+                                           max_out_of_orderness_ms=gap_ms,
+                                           emit=EmitStrategy.ON_WINDOW_CLOSE)
+                keys = np.arange(size, dtype=np.int64)
+                gc.collect()
+                start = time.perf_counter()
+                engine.process_table(pa.table({"k": keys, "t": np.zeros(size, dtype=np.int64)}),
+                                     key="k", time="t")
+                engine.commit()
+                loads.append(size / (time.perf_counter() - start))
+                rng = np.random.default_rng(round_)
+                for b in range(batches):
+                    changing = rng.choice(size, min(changed, size), replace=False)
+                    table = pa.table({"k": changing.astype(np.int64),
+                                      "t": np.full(len(changing), 1 + b, dtype=np.int64)})
+                    gc.collect()
+                    wall = time.perf_counter()
+                    cpu = time.process_time()
+                    engine.process_table(table, key="k", time="t")
+                    if store_kind == "rocksdb":
+                        engine.commit()
+                    cpus.append(time.process_time() - cpu)
+                    walls.append(time.perf_counter() - wall)
+                store.close()
+                del engine, store
+                gc.collect()
+            row = {"retained": size, "changed": changed, "store": store_kind,
+                   "batch_cpu_ms": 1000 * statistics.median(cpus),
+                   "batch_wall_ms": 1000 * statistics.median(walls),
+                   "load_sessions_per_s": statistics.median(loads),
+                   "load_average": list(os.getloadavg())}
+            rows.append(row)
+            log.info("retained %9d, %s: a batch of %d changes %7.1f ms cpu (%7.1f ms wall); "
+                     "load %9.0f sessions/s", size, store_kind, changed, row["batch_cpu_ms"],
+                     row["batch_wall_ms"], row["load_sessions_per_s"])
+    return rows
+
+
 def run_engine(
     keys: list[int], times: list[int], store_kind: str, batched: bool, trigger: bool,
     root: Path, chunk: int = 100_000,
@@ -247,13 +319,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bidders", type=int, default=20_000)
     parser.add_argument("--skip-q11", action="store_true", help="run the sweeps only")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--state-sizes", type=int, nargs="*", default=list(STATE_SIZES),
+                        help="retained open sessions of the state-size sweep (none: skip it)")
+    parser.add_argument("--state-changed", type=int, default=STATE_CHANGED,
+                        help="changed sessions per batch in the state-size sweep")
+    parser.add_argument("--skip-sweeps", action="store_true",
+                        help="skip the q11-like sweeps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(tempfile.mkdtemp(prefix="engine-bench-"))
     conditions: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
                                   "load_average_start": list(os.getloadavg())}
     try:
-        sweeps = sweep_rows(args.events, args.bidders, root, args.repeat)
+        sweeps = [] if args.skip_sweeps else sweep_rows(args.events, args.bidders, root,
+                                                         args.repeat)
+        states = state_rows(tuple(args.state_sizes), args.state_changed, root, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows: list[dict[str, Any]] = []
@@ -265,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
                                         "events": args.events, "q11_events": args.q11_events,
                                         "repeat": args.repeat, "bidders": args.bidders,
                                         "gap_ms": GAP_MS, "batch_events": BATCH_EVENTS,
-                                        "sweeps": sweeps, "runs": rows})
+                                        "sweeps": sweeps, "state_sweep": states,
+                                        "runs": rows})
         log.info("wrote %s", path)
 
 

@@ -192,7 +192,7 @@ def smaller(a: Any, b: Any) -> Any:
     """``min(a, b)`` (``a`` on a tie: the first seen), except that -0.0 is below 0.0, as in IEEE
     754's minimum: the rule of ``min_of`` on every path, so that the sign of a zero minimum does
     not depend on arrival order or batching (the columnar kernels follow it:
-    :func:`sessionstore.kernels.signed_zero_extremes`)."""
+    :func:`sessionstore.folds.signed_zero_extremes`)."""
     if b < a:
         return b
     return b if b == 0 and a == 0 and _signed_zero_tie(a, b) < 0 else a
@@ -464,6 +464,12 @@ def _with_column(aggregation: Aggregation, column: str | None) -> Aggregation:
 def count() -> Aggregation:
     """The number of events in the session."""
     return _Count()
+
+
+def is_count(aggregation: Aggregation) -> bool:
+    """Whether ``aggregation`` is :func:`count`'s (whose accumulator is the plain int the
+    event paths add to directly)."""
+    return type(aggregation) is _Count
 
 
 def sum_of(fn: Callable[[Any], Any] | None = None, *, column: str | None = None) -> Aggregation:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import keyschema
+from .gap_boundary import reaches
 from .timeutil import timestamp_ms as to_timestamp_ms
 
 
@@ -207,8 +208,7 @@ def runs(codes: np.ndarray, times_ms: np.ndarray, seqs: np.ndarray, gap_ms: int,
     if len(order) == 0:
         empty = np.empty(0, dtype=np.int64)
         return Runs(order, np.zeros(1, dtype=np.int64), empty, empty, empty)
-    step = np.diff(sorted_times)
-    apart = step > gap_ms if inclusive_gap else step >= gap_ms
+    apart = ~reaches(sorted_times[:-1] + gap_ms, sorted_times[1:], inclusive_gap)
     breaks = np.flatnonzero((sorted_codes[1:] != sorted_codes[:-1]) | apart) + 1
     starts = np.concatenate(([0], breaks))
     bounds = np.concatenate((starts, [len(order)]))

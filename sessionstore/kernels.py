@@ -1,9 +1,11 @@
-"""Columnar kernels for the batch path: the session plan of a batch, and built-in aggregations.
+"""The planner's compiled kernel: the session plan of a batch (the built-in aggregations over a
+plan are in :mod:`sessionstore.folds`, array utilities in :mod:`sessionstore.arrays`).
 
-``plan_sessions`` answers, for a whole batch at once, the question the event path answers one
-event at a time: which session does each event end up in, and which stored open sessions does that
-session absorb. It is exact: it returns what a per-event loop returns, given the same per-event
-``closed_before_ms``.
+``plan_dense`` is the one compiled kernel of the planner
+(:mod:`sessionstore.engine.planner`): for a whole batch at once, it answers the question the event
+path answers one event at a time: which session does each event end up in, and which stored open
+sessions does that session absorb. It is exact: it returns what the planner's reference (a
+per-event loop) returns, given the same per-event ``closed_before_ms``.
 
 Why a per-key sequential pass is exact: an event only ever merges with sessions of its own key,
 and once ``closed_before_ms`` is fixed per event, nothing that happens to one key changes what
@@ -20,9 +22,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
-import numpy.typing as npt
 
-Int64Array = npt.NDArray[np.int64]
+from .arrays import Int64Array, first_row, int64_column
+from .gap_boundary import reaches
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 _COMPILED: dict[str, Any] = {}
 
@@ -59,7 +62,7 @@ def compiled(function: _F) -> _F:
 
 
 # Status codes the per-key pass reports instead of raising (a compiled kernel cannot raise with
-# a useful message); plan_sessions turns them into errors that name the argument and the row.
+# a useful message); plan_dense turns them into errors that name the argument and the row.
 _OK = 0
 _CLOSED_BEFORE_DECREASES = 1
 _OPEN_SESSIONS_OVERLAP = 2
@@ -91,37 +94,6 @@ class SessionPlan(NamedTuple):
     open_session: Int64Array
 
 
-def int64_column(name: str, values: Any, rows: int | None = None) -> Int64Array:
-    """``values`` as a one-dimensional int64 array, or an error naming ``name``.
-
-    Args:
-        name: the argument's name, for messages.
-        values: any integer array-like (an empty list is fine).
-        rows: the length it must have, if any.
-
-    Raises:
-        TypeError: the values are not integers (floats and bools included).
-        ValueError: the shape is wrong, or an unsigned value does not fit in int64 (naming
-            the row).
-    """
-    array = np.asarray(values)
-    if array.ndim != 1 or (rows is not None and len(array) != rows):
-        wanted = "" if rows is None else f" with {rows} rows"
-        raise ValueError(f"{name} must be one-dimensional{wanted}, got shape {array.shape}")
-    if array.dtype.kind not in "iu":
-        if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
-            return np.empty(0, dtype=np.int64)
-        raise TypeError(f"{name} must hold integers (int64), got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        row = int(np.argmax(array > np.iinfo(np.int64).max))
-        raise ValueError(f"{name}[{row}] = {array[row]} does not fit in int64")
-    return np.ascontiguousarray(array, dtype=np.int64)
-
-
-def _first_row(mask: npt.NDArray[np.bool_]) -> int:
-    return int(np.argmax(mask))
-
-
 def _plan_inputs(key_codes: Any, times_ms: Any, ends_ms: Any, closed_before_ms: Any,
                  open_codes: Any, open_starts_ms: Any, open_ends_ms: Any
                  ) -> tuple[Int64Array, ...]:
@@ -144,114 +116,18 @@ def _plan_inputs(key_codes: Any, times_ms: Any, ends_ms: Any, closed_before_ms: 
             raise ValueError(f"{name} has {len(array)} rows, open_codes has {m}")
     bad = ends <= times
     if bad.any():
-        row = _first_row(bad)
+        row = first_row(bad)
         raise ValueError(
             f"ends_ms[{row}] = {ends[row]} must be > times_ms[{row}] = {times[row]}"
         )
     bad = o_starts >= o_ends
     if bad.any():
-        row = _first_row(bad)
+        row = first_row(bad)
         raise ValueError(
             f"open_starts_ms[{row}] = {o_starts[row]} must be < open_ends_ms[{row}] = "
             f"{o_ends[row]}"
         )
     return codes, times, ends, closed, o_codes, o_starts, o_ends
-
-
-def plan_sessions(
-    key_codes: Any,
-    times_ms: Any,
-    ends_ms: Any,
-    closed_before_ms: Any,
-    open_codes: Any,
-    open_starts_ms: Any,
-    open_ends_ms: Any,
-    inclusive: bool,
-) -> SessionPlan:
-    """Plan the sessions of one batch of accepted events, exactly as a per-event loop would.
-
-    The loop being reproduced: events are taken in the order given (arrival order). Event ``i``
-    of key ``k`` has the window ``[times_ms[i], ends_ms[i])``. The sessions of ``k`` whose end is
-    ``<= closed_before_ms[i]`` are final: they never merge again. The event merges with every
-    session of ``k`` that is not final and whose window overlaps its own (``inclusive=True``:
-    overlaps or touches, as Spark, Flink and Kafka Streams do; ``inclusive=False``: overlaps
-    strictly, Beam's rule); the merged session spans all of them and the event. Merging is
-    transitive, one event can bridge several sessions, and sessions only grow. If nothing
-    merges, the event opens a session of its own, even when it overlaps a final session.
-
-    Args:
-        key_codes: int64[n], a code per event identifying its key (any integers).
-        times_ms: int64[n], event times.
-        ends_ms: int64[n], each event's own window end (``time + gap``); must be ``> time``.
-            Nothing here assumes one gap for all events.
-        closed_before_ms: int64[n]; sessions of the event's key ending at or before it are final
-            when the event arrives. It must not decrease from one event of a key to the next
-            (the watermark never goes back).
-        open_codes, open_starts_ms, open_ends_ms: int64[m], the open sessions of the batch's
-            keys before the batch, in any order, each with ``start < end``. Those of a key that
-            are not final at the key's first event must not overlap (nor touch, when
-            ``inclusive``): they would already have merged.
-        inclusive: whether windows that merely touch merge.
-
-    Returns:
-        A :class:`SessionPlan`.
-
-    Raises:
-        TypeError: an argument does not hold integers.
-        ValueError: arrays of one group differ in length or are not one-dimensional; an event
-            has ``ends_ms <= times_ms``; an open session has ``start >= end``;
-            ``closed_before_ms`` decreases within a key; open sessions overlap. The message
-            names the argument and the row.
-    """
-    codes, times, ends, closed, o_codes, o_starts, o_ends = _plan_inputs(
-        key_codes, times_ms, ends_ms, closed_before_ms, open_codes, open_starts_ms, open_ends_ms)
-    n, m = len(codes), len(o_codes)
-
-    event_order = np.argsort(codes, kind="stable")
-    sorted_codes = codes[event_order]
-    breaks = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
-    group_bounds = np.concatenate(([0], breaks, [n]) if n else ([0],)).astype(np.int64)
-    group_codes = sorted_codes[group_bounds[:-1]]
-    open_order = np.lexsort((o_starts, o_codes)).astype(np.int64)
-    sorted_open_codes = o_codes[open_order]
-    open_lo = np.searchsorted(sorted_open_codes, group_codes, side="left").astype(np.int64)
-    open_hi = np.searchsorted(sorted_open_codes, group_codes, side="right").astype(np.int64)
-
-    status, bad_row, event_root, open_root, sess_start, sess_end, sess_code = compiled(
-        _plan_groups
-    )(
-        event_order.astype(np.int64), group_bounds, open_lo, open_hi, open_order,
-        codes, times, ends, closed, o_codes, o_starts, o_ends, bool(inclusive),
-    )
-    if status == _CLOSED_BEFORE_DECREASES:
-        raise ValueError(
-            f"closed_before_ms[{bad_row}] = {closed[bad_row]} is below an earlier event's of "
-            f"the same key (key code {codes[bad_row]}): it must not decrease within a key"
-        )
-    if status == _OPEN_SESSIONS_OVERLAP:
-        rule = "overlap or touch" if inclusive else "overlap"
-        raise ValueError(
-            f"open session {bad_row} (key code {o_codes[bad_row]}, [{o_starts[bad_row]}, "
-            f"{o_ends[bad_row]})) and another open session of that key {rule}; open sessions "
-            f"that are not final must be disjoint"
-        )
-
-    used = np.zeros(n + m, dtype=np.bool_)
-    used[event_root] = True
-    roots = np.flatnonzero(used)  # ascending ids, so the stable lexsort breaks ties by creation
-    out_codes = sess_code[roots]
-    out_starts = sess_start[roots]
-    out_ends = sess_end[roots]
-    order = np.lexsort((out_ends, out_starts, out_codes))
-    rank_of_id = np.empty(n + m, dtype=np.int64)
-    rank_of_id[roots[order]] = np.arange(len(roots), dtype=np.int64)
-    event_session = rank_of_id[event_root]
-    open_session = np.full(m, -1, dtype=np.int64)
-    touched = open_root >= 0
-    open_session[touched] = rank_of_id[open_root[touched]]
-    return SessionPlan(
-        out_codes[order], out_starts[order], out_ends[order], event_session, open_session
-    )
 
 
 def _reach(active: Int64Array, front: int, size: int, sess_start: Int64Array,
@@ -264,7 +140,7 @@ def _reach(active: Int64Array, front: int, size: int, sess_start: Int64Array,
     while lo < hi:
         mid = (lo + hi) // 2
         mid_end = sess_end[active[mid]]
-        if mid_end > t or (inclusive and mid_end == t):
+        if reaches(mid_end, t, inclusive):
             hi = mid
         else:
             lo = mid + 1
@@ -273,7 +149,7 @@ def _reach(active: Int64Array, front: int, size: int, sess_start: Int64Array,
     while hi < top:
         mid = (hi + top) // 2
         mid_start = sess_start[active[mid]]
-        if mid_start < e or (inclusive and mid_start == e):
+        if reaches(e, mid_start, inclusive):
             hi = mid + 1
         else:
             top = mid
@@ -309,124 +185,17 @@ def _find_root(parent: Int64Array, sid: int) -> int:
     return root
 
 
-def _plan_groups(
-    event_order: Int64Array,
-    group_bounds: Int64Array,
-    open_lo: Int64Array,
-    open_hi: Int64Array,
-    open_order: Int64Array,
-    codes: Int64Array,
-    times: Int64Array,
-    ends: Int64Array,
-    closed: Int64Array,
-    open_codes: Int64Array,
-    open_starts: Int64Array,
-    open_ends: Int64Array,
-    inclusive: bool,
-) -> tuple[int, int, Int64Array, Int64Array, Int64Array, Int64Array, Int64Array]:
-    """The per-key sequential pass.
+class EventGroups(NamedTuple):
+    """Events grouped by session, each group in (time, arrival) order (or arrival order).
 
-    Session ids: open session ``j`` has id ``j``; the sessions events open get ids ``m, m+1,
-    ...`` in creation order. A merge keeps the id of the earliest-starting session it absorbs
-    and points the others at it (``parent``); the roots are resolved at the end.
-
-    Returns ``(status, bad_row, event_root, open_root, start, end, code)`` where ``event_root``
-    is each event's final session id, ``open_root`` the final id of each open session an event
-    touched (-1 otherwise), and ``start``/``end``/``code`` are indexed by id.
+    Attributes:
+        order: int64[n], event indices; the events of session ``j`` are
+            ``order[offsets[j]:offsets[j + 1]]``.
+        offsets: int64[s + 1], ascending, ``offsets[0] == 0`` and ``offsets[-1] == n``.
     """
-    n = len(times)
-    m = len(open_starts)
-    capacity = n + m
-    parent = np.arange(capacity, dtype=np.int64)
-    sess_start = np.empty(capacity, dtype=np.int64)
-    sess_end = np.empty(capacity, dtype=np.int64)
-    sess_code = np.empty(capacity, dtype=np.int64)
-    sess_start[:m] = open_starts
-    sess_end[:m] = open_ends
-    sess_code[:m] = open_codes
-    touched = np.zeros(m, dtype=np.bool_)
-    event_id = np.empty(n, dtype=np.int64)
-    largest = 0
-    for g in range(len(group_bounds) - 1):
-        size = (group_bounds[g + 1] - group_bounds[g]) + (open_hi[g] - open_lo[g])
-        if size > largest:
-            largest = size
-    # The not-final sessions of the current key, as ids ordered by start (so by end too).
-    active = np.empty(largest, dtype=np.int64)
-    next_id = m
-    for g in range(len(group_bounds) - 1):
-        first_event = event_order[group_bounds[g]]
-        first_closed = closed[first_event]
-        size = 0
-        for j in range(open_lo[g], open_hi[g]):
-            sid = open_order[j]
-            if open_ends[sid] <= first_closed:
-                continue  # final before the key's first event: no event can touch it
-            if size > 0:
-                prev_end = sess_end[active[size - 1]]
-                if prev_end > open_starts[sid] or (inclusive and prev_end == open_starts[sid]):
-                    return (_OPEN_SESSIONS_OVERLAP, sid, event_id, parent, sess_start, sess_end,
-                            sess_code)
-            active[size] = sid
-            size += 1
-        front = 0
-        previous_closed = first_closed
-        for k in range(group_bounds[g], group_bounds[g + 1]):
-            i = event_order[k]
-            t = times[i]
-            e = ends[i]
-            c = closed[i]
-            if c < previous_closed:
-                return (_CLOSED_BEFORE_DECREASES, i, event_id, parent, sess_start, sess_end,
-                        sess_code)
-            previous_closed = c
-            while front < size and sess_end[active[front]] <= c:
-                front += 1
-            lo, hi = _reach(active, front, size, sess_start, sess_end, t, e, inclusive)
-            if lo == hi:
-                sid = next_id
-                next_id += 1
-                sess_start[sid] = t
-                sess_end[sid] = e
-                sess_code[sid] = codes[i]
-                _insert_at(active, size, lo, sid)
-                size += 1
-            else:
-                # issue 12's max_duration_ms would decide here whether the merged span is
-                # allowed, and otherwise split; everything else in the pass stays as it is.
-                sid = active[lo]
-                new_start = sess_start[sid]
-                if t < new_start:
-                    new_start = t
-                new_end = sess_end[active[hi - 1]]
-                if e > new_end:
-                    new_end = e
-                if sid < m:
-                    touched[sid] = True
-                for q in range(lo + 1, hi):
-                    other = active[q]
-                    parent[other] = sid
-                    if other < m:
-                        touched[other] = True
-                sess_start[sid] = new_start
-                sess_end[sid] = new_end
-                size = _drop_merged(active, size, lo, hi)
-            event_id[i] = sid
-    # Resolve every id to the session that finally holds it, compressing the paths as we go.
-    open_root = np.full(m, -1, dtype=np.int64)
-    for q in range(n + m):
-        if q < n:
-            sid = event_id[q]
-        elif touched[q - n]:
-            sid = q - n
-        else:
-            continue
-        root = _find_root(parent, sid)
-        if q < n:
-            event_id[q] = root
-        else:
-            open_root[q - n] = root
-    return _OK, -1, event_id, open_root, sess_start, sess_end, sess_code
+
+    order: Int64Array
+    offsets: Int64Array
 
 
 # -- the fused plan of the batch path: plan, groups and absorbed sessions in one pass -------
@@ -436,7 +205,7 @@ class DensePlan(NamedTuple):
     """What :func:`plan_dense` returns: the plan and both groupings the aggregations need.
 
     Attributes:
-        plan: the :class:`SessionPlan` (exactly :func:`plan_sessions`' answer).
+        plan: the :class:`SessionPlan` (exactly the planner's reference answer).
         events: the events of each planned session (:class:`EventGroups`), each group in
             (time, arrival) order when asked for (``by_time``), else in arrival order.
         absorbed: the open sessions each planned session absorbed, ordered by start (what
@@ -461,22 +230,35 @@ def plan_dense(
     *,
     by_time: bool = True,
 ) -> DensePlan:
-    """:func:`plan_sessions`, :func:`group_events` and :func:`group_open_sessions` in one
-    compiled pass, for key codes that are dense (``0 <= code < keys``, as a factorisation
-    gives them).
+    """The plan of one batch of accepted events, with each session's events and absorbed open
+    sessions, in one compiled pass, for key codes that are dense (``0 <= code < keys``, as a
+    factorisation gives them).
+
+    The loop being reproduced (:func:`sessionstore.engine.planner.plan_reference`): events are
+    taken in the order given (arrival order). Event ``i`` of key ``k`` has the window
+    ``[times_ms[i], ends_ms[i])``. The sessions of ``k`` whose end is ``<= closed_before_ms[i]``
+    are final: they never merge again. The event merges with every session of ``k`` that is not
+    final and whose window overlaps its own (``inclusive=True``: overlaps or touches;
+    ``inclusive=False``: overlaps strictly); the merged session spans all of them and the event.
+    If nothing merges, the event opens a session of its own.
 
     The events and the open sessions are put in key order by counting sorts (no comparison
     sort over the batch), each key's sessions come out of its sequential pass already in
     ``(start, end, creation)`` order, and each session's events are ordered by time within
     the session (most are short and already in order), so the batch is never sorted as a
-    whole. The answer is the same as the three functions' (property-tested against them).
+    whole. The answer is the reference's (property-tested against it).
 
     Args:
         key_codes: int64[n], each event's key code, in ``[0, keys)``.
         keys: how many key codes there are.
-        times_ms, ends_ms, closed_before_ms: as :func:`plan_sessions`.
+        times_ms, ends_ms: int64[n], each event's time and own window end (``> time``).
+        closed_before_ms: int64[n], the close cursor on each event's arrival; it must not
+            decrease from one event of a key to the next.
         open_codes: int64[m], each open session's key code, in ``[0, keys)``.
-        open_starts_ms, open_ends_ms, inclusive: as :func:`plan_sessions`.
+        open_starts_ms, open_ends_ms: int64[m], the open sessions (``start < end``), any
+            order; those of a key not final at its first event must be disjoint (and not
+            touch, when ``inclusive``).
+        inclusive: whether windows that merely touch merge.
         by_time: False leaves each session's events in arrival order (enough for count,
             integer sums, min and max, which do not depend on the order).
 
@@ -484,8 +266,10 @@ def plan_dense(
         A :class:`DensePlan`.
 
     Raises:
-        TypeError / ValueError: as :func:`plan_sessions`; a key code outside ``[0, keys)``
-            (naming the argument and the row).
+        TypeError: an argument does not hold integers.
+        ValueError: lengths differ; an event has ``ends_ms <= times_ms``; an open session has
+            ``start >= end``; ``closed_before_ms`` decreases within a key; open sessions
+            overlap; a key code outside ``[0, keys)`` (naming the argument and the row).
     """
     codes, times, ends, closed, o_codes, o_starts, o_ends = _plan_inputs(
         key_codes, times_ms, ends_ms, closed_before_ms, open_codes, open_starts_ms, open_ends_ms)
@@ -493,7 +277,7 @@ def plan_dense(
     for name, array in (("key_codes", codes), ("open_codes", o_codes)):
         bad = (array < 0) | (array >= keys)
         if bad.any():
-            row = _first_row(bad)
+            row = first_row(bad)
             raise ValueError(f"{name}[{row}] = {array[row]} is not in [0, {keys})")
     (status, bad_row, s_codes, s_starts, s_ends, event_session, open_session, event_order,
      event_offsets, absorbed_order, absorbed_offsets) = compiled(_plan_dense)(
@@ -596,8 +380,8 @@ def _plan_dense(
     by_time: bool,
 ) -> tuple[int, int, Int64Array, Int64Array, Int64Array, Int64Array, Int64Array, Int64Array,
            Int64Array, Int64Array, Int64Array]:
-    """The compiled pass of :func:`plan_dense` (the per-key loop of :func:`_plan_groups`, with
-    counting sorts around it).
+    """The compiled pass of :func:`plan_dense` (a per-key sequential loop, with counting sorts
+    around it).
 
     Returns ``(status, bad_row, session codes, starts, ends, event_session, open_session,
     event order, event offsets, absorbed order, absorbed offsets)``.
@@ -676,7 +460,7 @@ def _plan_dense(
                 continue  # final before the key's first event: no event can touch it
             if size > 0:
                 prev_end = sess_end[active[size - 1]]
-                if prev_end > sess_start[sid] or (inclusive and prev_end == sess_start[sid]):
+                if reaches(prev_end, sess_start[sid], inclusive):
                     return (_OPEN_SESSIONS_OVERLAP, open_order[sid], empty, empty, empty, empty,
                             empty, empty, empty, empty, empty)
             active[size] = sid
@@ -795,268 +579,6 @@ def _plan_dense(
 
 _HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
     "_sort_rows": (_before,),
-    "_plan_groups": (_reach, _insert_at, _drop_merged, _find_root),
-    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root),
+    "_reach": (reaches,),
+    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root, reaches),
 }
-
-
-# -- aggregations over a plan ----------------------------------------------------------------
-#
-# Order of combination, the contract the event path must match to be bit-for-bit equal: a
-# session's events are taken in (time, arrival) order; a float sum is a left fold in that order
-# (((v0 + v1) + v2) + ...), starting from ``initial`` when one is given and from v0 otherwise.
-# np.add.reduceat cannot be used for floats: it sums pairwise in blocks, which is not a left
-# fold (measured: it differs from the fold in the last bits on long segments). Integer sums do
-# not depend on the order: they are computed modulo 2**64 and checked to fit in int64.
-# min/max propagate NaN (np.minimum/np.maximum), so their result does not depend on order either.
-
-
-class EventGroups(NamedTuple):
-    """Events grouped by session, each group in (time, arrival) order (or arrival order).
-
-    Attributes:
-        order: int64[n], event indices; the events of session ``j`` are
-            ``order[offsets[j]:offsets[j + 1]]``.
-        offsets: int64[s + 1], ascending, ``offsets[0] == 0`` and ``offsets[-1] == n``.
-    """
-
-    order: Int64Array
-    offsets: Int64Array
-
-
-def group_events(
-    event_session: Any, times_ms: Any, sessions: int, *, by_time: bool = True
-) -> EventGroups:
-    """Group the events of a batch by the session that holds them.
-
-    Args:
-        event_session: int64[n], each event's session index (``SessionPlan.event_session``).
-        times_ms: int64[n], event times, to order each group by (time, arrival).
-        sessions: how many sessions there are; every one must hold at least one event.
-        by_time: False orders each group by arrival alone.
-
-    Returns:
-        :class:`EventGroups`.
-
-    Raises:
-        ValueError: lengths differ, an index is outside ``[0, sessions)``, or a session holds no
-            event.
-    """
-    owner = int64_column("event_session", event_session)
-    times = int64_column("times_ms", times_ms)
-    if len(times) != len(owner):
-        raise ValueError(f"times_ms has {len(times)} rows, event_session has {len(owner)}")
-    if len(owner) and (owner.min() < 0 or owner.max() >= sessions):
-        row = _first_row((owner < 0) | (owner >= sessions))
-        raise ValueError(f"event_session[{row}] = {owner[row]} is not in [0, {sessions})")
-    counts = np.bincount(owner, minlength=sessions)
-    if sessions and counts.min() == 0:
-        raise ValueError(f"session {int(np.argmin(counts))} holds no event")
-    order = np.lexsort((times, owner)) if by_time else np.argsort(owner, kind="stable")
-    offsets = np.zeros(sessions + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return EventGroups(order.astype(np.int64), offsets)
-
-
-def _numeric_column(name: str, values: Any, n: int) -> npt.NDArray[Any]:
-    array = np.asarray(values)
-    if array.dtype.kind == "f" and array.ndim == 1 and len(array) == n:
-        return array.astype(np.float64, copy=False)
-    try:
-        return int64_column(name, array, n)
-    except TypeError:
-        raise TypeError(f"{name} must hold ints or floats, got dtype {array.dtype}") from None
-
-
-def count_per_session(groups: EventGroups) -> Int64Array:
-    """How many events of the batch each session holds."""
-    return np.diff(groups.offsets)
-
-
-def sum_per_session(
-    groups: EventGroups, values: Any, initial: Any = None
-) -> npt.NDArray[Any]:
-    """The sum of each session's event values, combined in the documented order.
-
-    Args:
-        groups: from :func:`group_events`.
-        values: int or float [n], one per event.
-        initial: optional [s], each session's accumulator before the batch; the fold starts
-            from it (for floats the order matters: ``((initial + v0) + v1) + ...``).
-
-    Returns:
-        int64[s] for integer values, float64[s] for floats (floats win if either is float).
-
-    Raises:
-        OverflowError: an integer sum does not fit in int64 (the message names the session).
-        TypeError / ValueError: values that are not numbers, or of the wrong length.
-    """
-    order, offsets = groups
-    sessions = len(offsets) - 1
-    data = _numeric_column("values", values, len(order))
-    start = None if initial is None else _numeric_column("initial", initial, sessions)
-    if data.dtype.kind == "f" or (start is not None and start.dtype.kind == "f"):
-        data = data.astype(np.float64, copy=False)
-        first = np.zeros(sessions, dtype=np.float64) if start is None else start.astype(
-            np.float64, copy=False)
-        return cast(npt.NDArray[Any], compiled(_fold_add)(
-            order, offsets, data, first, start is not None))
-    if sessions == 0:
-        return np.zeros(0, dtype=np.int64)
-    sorted_values = data[order]
-    with np.errstate(over="ignore"):
-        total = np.add.reduceat(sorted_values, offsets[:-1])  # exact modulo 2**64
-        if start is not None:
-            total = total + start
-    # The wrapped total is the true sum whenever the true sum fits in int64. A float estimate
-    # (off by far less than 2**61 here) finds the sessions that might not fit; those are
-    # recomputed with Python ints.
-    estimate = np.add.reduceat(sorted_values.astype(np.float64), offsets[:-1])
-    if start is not None:
-        estimate = estimate + start.astype(np.float64)
-    for j in np.flatnonzero(np.abs(estimate) >= 2.0**62).tolist():
-        exact = sum(sorted_values[offsets[j]:offsets[j + 1]].tolist())
-        if start is not None:
-            exact += int(start[j])
-        if not -(2**63) <= exact < 2**63:
-            raise OverflowError(f"the sum of session {j} is {exact}, which does not fit in int64")
-    return cast(Int64Array, total)
-
-
-def _fold_add(order: Int64Array, offsets: Int64Array, values: npt.NDArray[np.float64],
-              initial: npt.NDArray[np.float64], use_initial: bool) -> npt.NDArray[np.float64]:
-    sessions = len(offsets) - 1
-    out = np.empty(sessions, dtype=np.float64)
-    for j in range(sessions):
-        k = offsets[j]
-        if use_initial:
-            acc = initial[j]
-        else:
-            acc = values[order[k]]
-            k += 1
-        for q in range(k, offsets[j + 1]):
-            acc += values[order[q]]
-        out[j] = acc
-    return out
-
-
-def _reduce_per_session(groups: EventGroups, values: Any,
-                        ufunc: np.ufunc) -> npt.NDArray[Any]:
-    order, offsets = groups
-    data = _numeric_column("values", values, len(order))
-    if len(offsets) == 1:
-        return data[:0]
-    return ufunc.reduceat(data[order], offsets[:-1])
-
-
-def min_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The smallest event value of each session; NaN if any value is NaN."""
-    return _reduce_per_session(groups, values, np.minimum)
-
-
-def max_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The largest event value of each session; NaN if any value is NaN."""
-    return _reduce_per_session(groups, values, np.maximum)
-
-
-def signed_zero_extremes(best: npt.NDArray[Any], kind: str,
-                         sources: list[tuple[Int64Array, npt.NDArray[Any]]]
-                         ) -> npt.NDArray[Any]:
-    """Each session's ``min``/``max`` (``best``) with the sign of a zero result set by the rule of
-    :func:`sessionstore.aggregations.smaller` and ``larger``: -0.0 is below 0.0, whatever the
-    order numpy's ties took.
-
-    Args:
-        best: the per-session results of ``np.minimum``/``np.maximum`` over ``sources``.
-        kind: ``"min"`` or ``"max"``.
-        sources: ``(session index, value)`` arrays of every value that went into ``best``.
-
-    Returns:
-        ``best`` itself when no float result is zero (the common case costs one comparison),
-        else a corrected copy.
-    """
-    if best.dtype.kind != "f":
-        return best
-    zero = best == 0
-    if not zero.any():
-        return best
-    negative_wins = kind == "min"
-    winner = np.zeros(len(best), dtype=bool)
-    for owner, values in sources:
-        data = np.asarray(values, dtype=np.float64)
-        hit = (data == 0) & (np.signbit(data) == negative_wins)
-        winner[owner[hit]] = True
-    signs = np.where(winner[zero], -0.0 if negative_wins else 0.0,
-                     0.0 if negative_wins else -0.0)
-    fixed = best.copy()
-    fixed[zero] = signs
-    return fixed
-
-
-def first_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The value of each session's first event by (time, arrival): any dtype, objects too."""
-    order, offsets = groups
-    return np.asarray(values)[order[offsets[:-1]]]
-
-
-def last_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The value of each session's last event by (time, arrival): any dtype, objects too."""
-    order, offsets = groups
-    return np.asarray(values)[order[offsets[1:] - 1]]
-
-
-def collect_per_session(groups: EventGroups, values: Any) -> list[list[Any]]:
-    """Each session's event values as a Python list, ordered by (time, arrival)."""
-    order, offsets = groups
-    flat = np.asarray(values)[order].tolist()
-    bounds = offsets.tolist()
-    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-def group_open_sessions(plan: SessionPlan, open_starts_ms: Any) -> EventGroups:
-    """The open sessions each planned session absorbed, ordered by start.
-
-    Folding their accumulators in this order, then continuing with the session's events (see
-    ``initial`` of :func:`sum_per_session`), is the documented order for merges. Sessions that
-    absorbed nothing have an empty group.
-
-    Returns:
-        :class:`EventGroups` over open-session indices (``order`` lists only absorbed ones).
-    """
-    starts = int64_column("open_starts_ms", open_starts_ms)
-    owner = plan.open_session
-    if len(starts) != len(owner):
-        raise ValueError(f"open_starts_ms has {len(starts)} rows, the plan has {len(owner)}")
-    absorbed = np.flatnonzero(owner >= 0)
-    order = absorbed[np.lexsort((starts[absorbed], owner[absorbed]))]
-    sessions = len(plan.session_codes)
-    offsets = np.zeros(sessions + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner[absorbed], minlength=sessions), out=offsets[1:])
-    return EventGroups(order.astype(np.int64), offsets)
-
-
-def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Array:
-    """A stable permutation sorting rows by ``columns``, the most significant first.
-
-    The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
-    columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
-    once (what bulk writes sort by, key rank, end and start within one batch, nearly always
-    fits); otherwise it falls back to ``np.lexsort``. ``distinct=True`` promises that no two
-    rows are equal in every column, so that an unstable sort gives the same permutation (about
-    four times faster again).
-    """
-    if not columns or len(columns[0]) == 0:
-        return np.zeros(0, dtype=np.int64)
-    lows = [int(column.min()) for column in columns]
-    spans = [int(column.max()) - low for column, low in zip(columns, lows, strict=True)]
-    widths = [span.bit_length() for span in spans]
-    if sum(widths) > 63:
-        return np.lexsort(columns[::-1]).astype(np.int64)
-    packed = np.zeros(len(columns[0]), dtype=np.int64)
-    for column, low, width in zip(columns, lows, widths, strict=True):
-        if width:
-            # column - low fits in `width` bits, but may not fit in int64 on the way: subtract
-            # as unsigned (two's complement wraps to the right value).
-            offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
-            packed = (packed << width) | offset
-    return np.argsort(packed, kind="quicksort" if distinct else "stable").astype(np.int64)

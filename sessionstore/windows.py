@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import gap_boundary
 from .timeutil import INT64_MAX, check_int64, duration_ms
 
 
@@ -139,9 +140,7 @@ class SessionWindows:
         gap = self.gap_ms if gap_ms is None else gap_ms
         if gap is None:
             raise ValueError("merge_bounds needs the event's gap_ms with a dynamic gap")
-        if self.inclusive_gap:
-            return timestamp_ms, timestamp_ms + gap
-        return timestamp_ms + 1, timestamp_ms + gap - 1
+        return gap_boundary.merge_bounds(timestamp_ms, timestamp_ms + gap, self.inclusive_gap)
 
 
 def latest_event_time_ms(max_gap_ms: int, grace_ms: int) -> int:

@@ -4,7 +4,7 @@ Rows arrive sorted by (key, time, arrival); session ``j`` holds rows ``bounds[j]
 Each kind has the semantics of :mod:`sessionstore.aggspec` (Spark's null rule: ``sum``, ``min``,
 ``max`` and ``collect`` skip nulls, ``first`` and ``last`` keep them) and gives exactly what the
 streaming paths give for the same events: a float sum is a left fold in (time, arrival) order
-(``kernels.sum_per_session``), a float ``min``/``max`` is NaN when the session's first value is NaN
+(``folds.sum_per_session``), a float ``min``/``max`` is NaN when the session's first value is NaN
 and otherwise takes -0.0 below 0.0 (the engine's rule, ``aggregations.smaller``/``larger``), an
 integer sum that does not fit in int64 is an error.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .. import aggspec, kernels
+from .. import aggspec, folds, kernels
 from ..aggregations import Combined
 from .frame import Frame, arrow_of, as_numpy, to_arrow
 
@@ -95,7 +95,7 @@ def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
     data = _numpy(present)
     groups = kernels.EventGroups(np.arange(len(data), dtype=np.int64), offsets)
     try:
-        sums = kernels.sum_per_session(groups, data)
+        sums = folds.sum_per_session(groups, data)
     except OverflowError:
         raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe) from None
     except (TypeError, ValueError) as exc:
@@ -144,7 +144,7 @@ def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
     ``min`` (0.0 for ``max``) when the session holds that zero, whatever the order."""
     result = (np.fmin if kind == "min" else np.fmax).reduceat(data, starts)
     if (result == 0).any():
-        from ..kernels import signed_zero_extremes  # numpy only; imported when a zero needs it
+        from ..folds import signed_zero_extremes  # numpy only; imported when a zero needs it
 
         owner = np.repeat(np.arange(len(starts), dtype=np.int64),
                           np.diff(np.append(starts, len(data))))

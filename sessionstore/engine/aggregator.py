@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation, Combined, _Count
+from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
 from ..store.metered import HistogramReading, MeteredSessionStore
@@ -41,8 +41,8 @@ from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .fast_event import bind_event_step
 from .max_duration import MaxDuration
-from .merge import END_START, merge_event
-from .record import Phase, SessionRecord, as_stored, check_encodable
+from .merge import END_START, join_range, merge_event
+from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -163,7 +163,7 @@ class SessionAggregator:
         # the lean event path: no trigger and no maximum duration, so a stored record is only
         # its accumulator (no SessionRecord objects); the count is folded without calls
         self._lean = trigger is None and windows.max_duration_ms is None
-        self._count = type(aggregation) is _Count
+        self._count = is_count(aggregation)
         self._fixed_lean = self._lean and not self.config.dynamic
         self._max_t = self.config.max_timestamp_ms
         self._max_gap = self.config.max_gap_ms
@@ -689,19 +689,11 @@ class SessionAggregator:
         if w >= own_end + grace:  # TimeKeeper.is_late, inlined (the hot path)
             self._drop(key, value, t)
             return
-        closed_before = w - grace
-        last_close = times.last_close
-        if closed_before < last_close:
-            closed_before = last_close
+        closed_before = times.closed_before()
         state = self._state
         view = state.sessions_of(key, closed_before)
         if view:
-            if self._inclusive:
-                floor, latest_start = t, own_end
-            else:
-                floor, latest_start = t + 1, own_end - 1
-            if floor <= closed_before:
-                floor = closed_before + 1
+            floor, latest_start = join_range(t, own_end, closed_before, self._inclusive)
             joined: Any = []  # a loop: a comprehension is a call, and views hold 1-2 sessions
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:
@@ -727,9 +719,7 @@ class SessionAggregator:
                     start = s
                 if e > end:
                     end = e
-                raw = view[b][0]
-                accs.append(raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
-                            else SessionRecord.from_wire(raw).acc)
+                accs.append(acc_of(view[b][0]))
             if self._count:
                 acc = sum(accs) + 1
             else:
@@ -744,7 +734,7 @@ class SessionAggregator:
         same = len(joined) == 1 and joined[0] == (start, end)
         # plain tuples: msgpack stores the record tuple as the record list, and the garbage
         # collector stops tracking both (a list, or a Session, would stay tracked while cached)
-        state.put_merged(key, view, joined, (key, start, end), (acc, 0, 0, 0, None))
+        state.put_merged(key, view, joined, (key, start, end), plain_record(acc))
         if self._updates:
             if not self.write_cache:
                 new = _new_session((key, start, end))
@@ -889,11 +879,7 @@ class SessionAggregator:
         new_session = _new_session
         count = self._count
         for row in taken:
-            raw = row[4]
-            if type(raw) is tuple or (type(raw) is list and len(raw) == 5):
-                acc = raw[0]
-            else:
-                acc = SessionRecord.from_wire(raw).acc
+            acc = acc_of(row[4])
             if count and type(acc) is int:  # count's result is its accumulator
                 append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
             else:

@@ -6,7 +6,7 @@
 2. compute each event's watermark on arrival, so lateness and "closed before" are exactly what
    an event loop would see;
 3. load the open sessions of the batch's keys and hand everything to the merge plan
-   (:func:`~sessionstore.engine.merge.plan_batch`), which returns the resulting sessions and
+   (:func:`~sessionstore.engine.planner.plan`), which returns the resulting sessions and
    what each event and each open session went into;
 4. aggregate each resulting session (open accumulators merged, events folded in (time, arrival)
    order), and check every new accumulator can be stored — still before any change;
@@ -40,12 +40,13 @@ import numpy as np
 import pyarrow as pa
 
 from .. import batch as columns
-from .. import kernels, keyschema
+from .. import keyschema
 from ..packing import PackedValues, pack_session_records
 from ..serde import MsgpackSerde
 from ..store.base import SegmentedSessionStore
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
 from ..types import Session
+from . import planner
 from .columnar import (
     NUMERIC_KINDS,
     NotColumnar,
@@ -58,17 +59,15 @@ from .columnar import (
     numeric_column,
     object_array,
 )
-from .config import NO_WATERMARK
 from .emit import Emit, make_emit
 from .max_duration import ChangeLog
-from .merge import plan_batch
 from .record import SessionRecord, check_encodable, first_unencodable
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 
-def process_batch(engine: SessionAggregator, keys: Any, values: Any,
+def process_batch(engine: EngineHost, keys: Any, values: Any,
                   timestamps_ms: Any, gaps_ms: Any = None) -> list[Emit]:
     """Add a batch of events in arrival order.
 
@@ -219,7 +218,7 @@ class EventGaps:
         self.dropped = n - len(kept)
 
 
-def event_gaps(engine: SessionAggregator, values: Any, times: np.ndarray,
+def event_gaps(engine: EngineHost, values: Any, times: np.ndarray,
                name: str) -> EventGaps:
     """Validate a batch's per-event gaps (vectorised for integer columns).
 
@@ -296,7 +295,7 @@ def _is_missing(item: Any) -> bool:
     return type(item).__name__ in ("NAType", "NaTType")
 
 
-def _count_invalid_gaps(engine: SessionAggregator, gaps: EventGaps | None) -> None:
+def _count_invalid_gaps(engine: EngineHost, gaps: EventGaps | None) -> None:
     """Count the batch's events dropped for an invalid gap (after the batch succeeded)."""
     if gaps is None or not gaps.dropped:
         return
@@ -306,7 +305,7 @@ def _count_invalid_gaps(engine: SessionAggregator, gaps: EventGaps | None) -> No
     metrics.dropped_invalid_gap += gaps.dropped
 
 
-def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: list[Any],
+def _precheck_accumulators(engine: EngineHost, keys: list[Any], values: list[Any],
                            times: np.ndarray) -> None:
     """For the event-by-event path: refuse values whose own accumulator cannot be stored."""
     agg = engine.aggregation
@@ -317,7 +316,7 @@ def _precheck_accumulators(engine: SessionAggregator, keys: list[Any], values: l
                         f"the accumulator of values[{row}]")
 
 
-def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list[Any],
+def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
                         times: np.ndarray, ends: np.ndarray, kept: np.ndarray | None,
                         out: list[Emit], codes: np.ndarray) -> None:
     """A batch with ``max_duration_ms`` (each kept row, with ``kept``; ``ends`` is each row's
@@ -356,18 +355,16 @@ def _max_duration_batch(engine: SessionAggregator, keys: list[Any], values: list
         out.extend(engine._drain_forwarded())
 
 
-def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
+def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
               values: list[Any], times: np.ndarray, out: list[Emit], ends: np.ndarray) -> None:
     """The exact batch path; ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
     clock = engine._times
     metrics = engine._metrics
-    grace = cfg.grace_ms
     n = len(times)
     before = clock.watermarks_before(times)
     late = clock.late_in_batch(before, ends)
-    # before - grace, without wrapping around below INT64_MIN
-    closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace, clock.last_close)
+    closed_before = clock.closed_before_in_batch(before)
     accepted = np.flatnonzero(~late)
     m = len(accepted)
     acc_codes = codes[accepted]
@@ -389,23 +386,24 @@ def _columnar(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any],
                 open_starts.append(s)
                 open_ends.append(e)
                 open_raw.append(cached[0])
-    plan = plan_batch(acc_codes, acc_times, ends[accepted], acc_closed,
-                      np.array(open_codes, dtype=np.int64), np.array(open_starts, dtype=np.int64),
-                      np.array(open_ends, dtype=np.int64), cfg.inclusive_gap)
+    planned = planner.plan(
+        acc_codes, acc_times, ends[accepted], acc_closed, np.array(open_codes, dtype=np.int64),
+        np.array(open_starts, dtype=np.int64), np.array(open_ends, dtype=np.int64),
+        cfg.inclusive_gap, keys=len(uniques), by_time=False).plan
 
     # aggregate every resulting session; nothing has changed yet
     agg = engine.aggregation
-    s_codes = plan.session_codes.tolist()
-    s_starts = plan.session_starts_ms.tolist()
-    s_ends = plan.session_ends_ms.tolist()
+    s_codes = planned.session_codes.tolist()
+    s_starts = planned.session_starts_ms.tolist()
+    s_ends = planned.session_ends_ms.tolist()
     n_sessions = len(s_codes)
-    open_into = plan.open_session.tolist()
+    open_into = planned.open_session.tolist()
     members: list[list[int]] = [[] for _ in range(n_sessions)]
     for j in sorted(range(len(open_into)), key=lambda j: (open_ends[j], open_starts[j])):
         if open_into[j] >= 0:
             members[open_into[j]].append(j)
-    order = np.lexsort((seqs, acc_times, plan.event_session))
-    sorted_sessions = plan.event_session[order]
+    order = np.lexsort((seqs, acc_times, planned.event_session))
+    sorted_sessions = planned.event_session[order]
     cuts = np.flatnonzero(np.diff(sorted_sessions)) + 1
     run_bounds = np.concatenate(([0], cuts, [m])).tolist()
     run_session = sorted_sessions[np.concatenate(([0], cuts))].tolist() if m else []
@@ -493,7 +491,7 @@ Block = tuple[OpenTable, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
 
 
-def _part_values_of_list(engine: SessionAggregator, values: Any) -> list[Any]:
+def _part_values_of_list(engine: EngineHost, values: Any) -> list[Any]:
     """Per aggregation part, the batch's values (a list, or a flat numeric numpy array) as an
     array (None for count).
 
@@ -529,7 +527,7 @@ def _items(values: list[Any], column: str) -> list[Any]:
         raise
 
 
-def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
+def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
           part_values: list[Any], times: np.ndarray, late_values: list[Any] | None,
           ends: np.ndarray) -> list[Block]:
     """The columnar batch step. Everything that can fail on the batch's content fails before
@@ -542,9 +540,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     n = len(times)
     before = clock.watermarks_before(times)
     late = clock.late_in_batch(before, ends)
-    # before - grace, without wrapping around below INT64_MIN
-    closed_before = np.maximum(np.maximum(before, NO_WATERMARK + cfg.grace_ms) - cfg.grace_ms,
-                               clock.last_close)
+    closed_before = clock.closed_before_in_batch(before)
     accepted = np.flatnonzero(~late)
     m = len(accepted)
     acc_codes = codes[accepted]
@@ -562,11 +558,9 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
     # the plan, each session's events and its absorbed open sessions, in one compiled pass
-    # (the same plan as merge.plan_batch: property-tested in tests/kernels)
-    dense = kernels.plan_dense(acc_codes, len(uniques), acc_times, ends[accepted],
-                               closed_before[accepted], table_codes[cand], cand_starts,
-                               cand_ends, cfg.inclusive_gap,
-                               by_time=needs_time_order(kinds, acc_values))
+    dense = planner.plan(acc_codes, acc_times, ends[accepted], closed_before[accepted],
+                         table_codes[cand], cand_starts, cand_ends, cfg.inclusive_gap,
+                         keys=len(uniques), by_time=needs_time_order(kinds, acc_values))
     plan = dense.plan
     open_parts = [part.take(cand) for part in table.parts]
     new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
@@ -633,7 +627,7 @@ def _fast(engine: SessionAggregator, codes: np.ndarray, uniques: list[Any], uniq
     return blocks
 
 
-def _store_takes_packed(engine: SessionAggregator, kinds: list[str]) -> bool:
+def _store_takes_packed(engine: EngineHost, kinds: list[str]) -> bool:
     """Whether the batch's records can go to the store packed already (see
     :mod:`sessionstore.packing`): numeric accumulators, and a store of this package whose serde
     is msgpack's (its ``put_many`` takes :class:`PackedValues` as they are)."""
@@ -653,7 +647,7 @@ SESSION_END = "session_end_ms"
 RETRACTION = "retracted"
 
 
-def process_table(engine: SessionAggregator, table: Any, *, key: str | list[str], time: str,
+def process_table(engine: EngineHost, table: Any, *, key: str | list[str], time: str,
                   value: str | None = None, gap: str | None = None) -> pa.Table:
     """Add a batch of events given as an Arrow table; return what it emits as an Arrow table.
 
@@ -774,7 +768,7 @@ def _table_keys(table: pa.Table, names: list[str]) -> tuple[np.ndarray, list[Any
     return inverse.reshape(-1).astype(np.int64), uniques, None
 
 
-def _table_part_values(engine: SessionAggregator, table: pa.Table, value: str | None
+def _table_part_values(engine: EngineHost, table: pa.Table, value: str | None
                        ) -> tuple[list[Any] | None, list[Any]]:
     """Per part, its column as an array, and the Arrow type of its output; (None, types) when
     a column cannot take the fast path.
@@ -832,7 +826,7 @@ def _part_output_type(kind: str, data_type: Any) -> Any:
     return pa.list_(data_type) if kind == "collect" else data_type
 
 
-def _output_types(engine: SessionAggregator, table: pa.Table, value: str | None
+def _output_types(engine: EngineHost, table: pa.Table, value: str | None
                   ) -> list[Any] | None:
     """The output types of built-in aggregations over ``table`` (None for custom ones, or a
     part that names no column): what an empty exact-path result is typed as, so that it has
@@ -870,7 +864,7 @@ def _key_arrays(keys: list[Any], names: list[str], table: pa.Table) -> list[pa.A
             for part, name in zip(split, names, strict=True)]
 
 
-def _output_table(engine: SessionAggregator, key_arrays: list[pa.Array], names: list[str],
+def _output_table(engine: EngineHost, key_arrays: list[pa.Array], names: list[str],
                   starts: Any, ends: Any, flags: Any, results: list[pa.Array]) -> pa.Table:
     arrays = [*key_arrays, pa.array(starts, type=pa.int64()), pa.array(ends, type=pa.int64())]
     fields = [*names, SESSION_START, SESSION_END]
@@ -882,7 +876,7 @@ def _output_table(engine: SessionAggregator, key_arrays: list[pa.Array], names: 
     return pa.Table.from_arrays(arrays, names=fields)
 
 
-def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list[str],
+def _blocks_to_table(engine: EngineHost, blocks: list[Block], names: list[str],
                      table: pa.Table, types: list[Any]) -> pa.Table:
     assert engine._columnar_kinds is not None
     kinds = engine._columnar_kinds
@@ -907,7 +901,7 @@ def _blocks_to_table(engine: SessionAggregator, blocks: list[Block], names: list
     return pa.concat_tables(pieces)
 
 
-def emits_as_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
+def emits_as_table(engine: EngineHost, emits: list[Emit], names: list[str],
                    schema: pa.Schema | None) -> pa.Table:
     """``emits`` in :func:`process_table`'s columns: the key column(s) ``names``, the session
     bounds, the update flag (``ON_WINDOW_UPDATE``) and the aggregation outputs. With ``schema``
@@ -932,7 +926,7 @@ def emits_as_table(engine: SessionAggregator, emits: list[Emit], names: list[str
     return _emits_to_table(engine, emits, names, template)
 
 
-def _emits_to_table(engine: SessionAggregator, emits: list[Emit], names: list[str],
+def _emits_to_table(engine: EngineHost, emits: list[Emit], names: list[str],
                     table: pa.Table, types: list[Any] | None = None) -> pa.Table:
     keys = [e.session.key for e in emits]
     labels = engine._result_names

@@ -4,7 +4,7 @@ The fast batch path keeps every open session (end after the close cursor) of the
 :class:`OpenTable`: a key column, start and end arrays, and one set of accumulator columns per
 built-in aggregation part (:class:`PartColumns`). A batch then costs array operations over the
 batch and the table, never a Python call per event or per session: the merge plan comes from
-:func:`sessionstore.kernels.plan_sessions`, the accumulators from the vectorised aggregations
+:func:`sessionstore.engine.planner.plan`, the accumulators from the vectorised aggregations
 of :mod:`sessionstore.kernels`, and the store sees one ``remove_many`` and one ``put_many``.
 
 Combination order (what makes the fast path equal the exact path bit for bit): a session's new
@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import kernels, keyschema
+from .. import arrays, folds, kernels, keyschema
 from ..aggregations import Aggregation, Combined
 from ..types import Session
 from .emit import Emit
@@ -265,7 +265,7 @@ class OpenTable:
 
     def store_order(self) -> Int64Array:
         """Rows in (end, encoded key, start) order: the store's ``find_sessions`` order."""
-        return kernels.sort_order([self.ends_ms, key_ranks(self.keys), self.starts_ms])
+        return arrays.sort_order([self.ends_ms, key_ranks(self.keys), self.starts_ms])
 
     def wire_records(self, *, combined: bool) -> list[Any]:
         """The stored value of each row: the session record ``[acc, 0, 0, 0, None]``, with
@@ -430,20 +430,20 @@ def aggregate_plan(
     """
     sessions = len(plan.session_codes)
     if groups is None:
-        groups = kernels.group_events(plan.event_session, times_ms, sessions)
+        groups = folds.group_events(plan.event_session, times_ms, sessions)
     if absorbed is None:
-        absorbed = kernels.group_open_sessions(plan, open_starts_ms)
+        absorbed = folds.group_open_sessions(plan, open_starts_ms)
     owner = plan.open_session[absorbed.order]
     out = []
     for kind, part, values in zip(kinds, open_parts, event_values, strict=True):
         if kind == "count":
-            total = kernels.count_per_session(groups).astype(np.int64)
+            total = folds.count_per_session(groups).astype(np.int64)
             np.add.at(total, owner, part.value[absorbed.order])
             out.append(PartColumns(kind, total))
         elif kind == "sum":
             out.append(PartColumns(kind, _sum(groups, absorbed, owner, part.value, values)))
         elif kind in ("min", "max"):
-            reduce = kernels.min_per_session if kind == "min" else kernels.max_per_session
+            reduce = folds.min_per_session if kind == "min" else folds.max_per_session
             assert values is not None
             best = reduce(groups, values)
             sources = [(plan.event_session, values)]
@@ -451,7 +451,7 @@ def aggregate_plan(
                 absorbed_values = part.value[absorbed.order]
                 (np.minimum if kind == "min" else np.maximum).at(best, owner, absorbed_values)
                 sources.append((owner, absorbed_values))
-            out.append(PartColumns(kind, kernels.signed_zero_extremes(best, kind, sources)))
+            out.append(PartColumns(kind, folds.signed_zero_extremes(best, kind, sources)))
         elif kind in ("first", "last"):
             assert values is not None and part.t_ms is not None and part.seq is not None
             pick = groups.order[groups.offsets[:-1] if kind == "first"
@@ -500,11 +500,11 @@ def _sum(groups: kernels.EventGroups, absorbed: kernels.EventGroups, owner: Int6
     sessions = len(groups.offsets) - 1
     if values.dtype.kind == "f":
         # 0 + absorbed sums in start order, + (0 + events in (time, arrival) order)
-        run = kernels.sum_per_session(groups, values, np.zeros(sessions))
+        run = folds.sum_per_session(groups, values, np.zeros(sessions))
         return kernels.compiled(_fold_open_then_run)(
             absorbed.order, absorbed.offsets, open_values.astype(np.float64), run)
     try:
-        run = kernels.sum_per_session(groups, values)
+        run = folds.sum_per_session(groups, values)
     except OverflowError:
         raise NotColumnar("an integer sum leaves int64") from None
     total = run.copy()

@@ -30,15 +30,16 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..aggregations import _Count
-from ..store.caching import _TOMBSTONE
+from ..aggregations import is_count
+from ..store.caching import TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
-from .record import SessionRecord, check_encodable
+from .merge import join_range
+from .record import acc_of, check_encodable, plain_record
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 _MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
 _MSGPACK_INT_MAX = (1 << 64) - 1
@@ -48,7 +49,7 @@ _SHARED_COUNTS = 256
 EventStep = Callable[..., list[Emit]]
 
 
-def bind_event_step(engine: SessionAggregator) -> EventStep | None:
+def bind_event_step(engine: EngineHost) -> EventStep | None:
     """The fused ``process(key, value, timestamp_ms, gap_ms=None)`` of ``engine``, or None when
     the engine is not one it applies to (then the class's ``process`` does everything)."""
     if not engine._fixed_lean or engine.write_cache:
@@ -75,7 +76,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     closes_in_cache = engine._closes_in_cache
     check_acc = engine._check_acc
     agg = engine.aggregation
-    count = type(agg) is _Count
+    count = is_count(agg)
     result = agg.result
     views = state._views
     views_get = views.get
@@ -90,10 +91,10 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
     key_bytes_get = state._key_bytes.get
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
-    count_records = [(n, 0, 0, 0, None) for n in range(_SHARED_COUNTS)]
+    count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
     count_entries = [(record, False) for record in count_records]
     count_stored = [(record, True) for record in count_records]
-    tombstone = _TOMBSTONE
+    tombstone = TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)
@@ -114,10 +115,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             metrics.records_in += 1
             drop(key, value, t)
             return []
-        closed_before = w - grace
-        last_close = times.last_close
-        if closed_before < last_close:
-            closed_before = last_close
+        closed_before = times.closed_before()
         # CachingSessionStore.sessions_of, inlined for a held view or a key the store lacks
         if view is not None:
             held_floor = floors[key]
@@ -136,12 +134,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             return out
         joined: Any = None
         if view:
-            if inclusive:
-                floor, latest_start = t, own_end
-            else:
-                floor, latest_start = t + 1, own_end - 1
-            if floor <= closed_before:
-                floor = closed_before + 1
+            floor, latest_start = join_range(t, own_end, closed_before, inclusive)
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:
                     if joined is not None:  # a merge of several sessions: the full step
@@ -162,9 +155,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             if own_end > end:
                 end = own_end
             entry = view[joined]
-            raw = entry[0]
-            old = (raw[0] if type(raw) is tuple or (type(raw) is list and len(raw) == 5)
-                   else SessionRecord.from_wire(raw).acc)
+            old = acc_of(entry[0])
             if not count:
                 acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), old))
             elif type(old) is int:
@@ -175,7 +166,7 @@ def bind_event_step(engine: SessionAggregator) -> EventStep | None:
             check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
-        record = count_records[acc] if shared else (acc, 0, 0, 0, None)
+        record = count_records[acc] if shared else plain_record(acc)
         sid = (key, start, end)
         pending = state._pending
         # CachingSessionStore.put_merged, inlined

@@ -73,14 +73,14 @@ import numpy as np
 
 from .. import keyschema
 from ..aggregations import Aggregation
+from ..gap_boundary import reaches
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
-from .config import NO_WATERMARK
 from .emit import Emit, make_emit
-from .record import check_encodable
+from .record import acc_of, check_encodable, events_of, record_with_events
 
 if TYPE_CHECKING:
-    from .aggregator import SessionAggregator
+    from .host import EngineHost
 
 _FIRST = operator.itemgetter(0)
 
@@ -126,7 +126,7 @@ def _run_from(events: list[Any], j: int, run: int, limit: int, inclusive: bool
     while j < n:
         event = events[j]
         t = event[0]
-        if t >= limit or (t > run if inclusive else t >= run):
+        if t >= limit or not reaches(run, t, inclusive):
             break
         if event[2] > run:
             run = event[2]
@@ -167,7 +167,7 @@ def cut_until_unchanged(gathered: list[Any], following: int,
         while j == len(gathered) and used < following:
             more = events_of(used)
             t = more[0][0]
-            if t >= limit or (t > run if inclusive else t >= run):
+            if t >= limit or not reaches(run, t, inclusive):
                 break  # the next stored session starts where it did: the rest is unchanged
             gathered.extend(more)
             used += 1
@@ -196,12 +196,13 @@ def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], in
     Raises:
         ValueError: the record was written without ``max_duration_ms`` (or is damaged).
     """
-    if not isinstance(raw, list | tuple) or len(raw) != 7:
+    kept = events_of(raw)
+    if kept is None:
         raise ValueError(
             f"session {Session(key, *bounds)} was stored without max_duration_ms (its record "
             f"keeps no events); open this store with the windows it was written with"
         )
-    return raw[5], raw[6]
+    return kept
 
 
 def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
@@ -212,7 +213,7 @@ def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
 
 
 def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
-    return [acc, 0, 0, 0, None, events, max_end]
+    return record_with_events(acc, events, max_end)
 
 
 class MaxDuration:
@@ -227,7 +228,7 @@ class MaxDuration:
         ValueError: the engine has a trigger (not supported with a maximum duration).
     """
 
-    def __init__(self, engine: SessionAggregator, max_duration_ms: int) -> None:
+    def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         if engine.trigger is not None:
             raise ValueError(
                 "max_duration_ms does not combine with trigger=: events move between sessions "
@@ -300,16 +301,16 @@ class MaxDuration:
             start = b[0]
             if j == last and t >= events[-1][0]:
                 # after every open event of the key: it extends the last session or starts one
-                if t < start + md and (t <= max_end if inclusive else t < max_end):
+                if t < start + md and reaches(max_end, t, inclusive):
                     new_max = own_end if own_end > max_end else max_end
                     end = new_max if new_max < start + md else start + md
-                    acc, events = self._grow(key, value, t, seq, raw[0], events, event,
+                    acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event,
                                              len(events))
                     moved = end != b[1]
                     if moved:
-                        removed.append((b, raw[0]))
+                        removed.append((b, acc_of(raw)))
                     added.append((start, end, acc, events, new_max, moved,
-                                  None if moved else raw[0]))
+                                  None if moved else acc_of(raw)))
                 else:
                     added.append((t, own_window_end(t, own_end, md),
                                   agg.add(key, value, t, seq, agg.initial()), [event], own_end,
@@ -319,8 +320,8 @@ class MaxDuration:
                 # it joins that session (the events around it are connected, and stay so) and
                 # no bound or later cut moves, so it is an update in place, not a re-cut
                 pos = bisect.bisect_right(events, t, key=_FIRST)  # after equal times
-                acc, events = self._grow(key, value, t, seq, raw[0], events, event, pos)
-                added.append((start, b[1], acc, events, max_end, False, raw[0]))
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, pos)
+                added.append((start, b[1], acc, events, max_end, False, acc_of(raw)))
             else:
                 appended = False
         elif bounds:
@@ -330,7 +331,7 @@ class MaxDuration:
             events, max_end = _payload(raw, key, b)
             limit = t + md
             first_t = b[0]  # its first event's time
-            if first_t >= limit or (first_t > own_end if inclusive else first_t >= own_end):
+            if first_t >= limit or not reaches(own_end, first_t, inclusive):
                 # the scan stops before the first open event: a session of its own, and the
                 # cut from that event on is the one stored
                 added.append((t, own_window_end(t, own_end, md),
@@ -340,8 +341,8 @@ class MaxDuration:
                 # it becomes the first event of the first session, which keeps every event
                 # (their runs only grow, all are before the new limit) and reaches no further
                 # (the run and the limit only move back): only that session's bounds change
-                acc, events = self._grow(key, value, t, seq, raw[0], events, event, 0)
-                removed.append((b, raw[0]))
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0)
+                removed.append((b, acc_of(raw)))
                 added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
                               True, None))
             else:
@@ -379,8 +380,8 @@ class MaxDuration:
                 if not fresh:
                     kept.add((start, end))  # changed in place: no removal
                 added.append((start, end, acc, members, max_end, fresh,
-                              None if fresh else view[(start, end)][0][0]))
-            removed = [(b, view[b][0][0]) for b in old if b not in kept]
+                              None if fresh else acc_of(view[(start, end)][0])))
+            removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
         if engine._check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
@@ -444,8 +445,6 @@ class MaxDuration:
         """
         engine = self.engine
         clock = engine._times
-        cfg = engine.config
-        grace = cfg.grace_ms
         md = self.max_duration_ms
         n = len(times)
         if n == 0:
@@ -453,8 +452,7 @@ class MaxDuration:
         before = clock.watermarks_before(times)
         own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
         late = clock.late_in_batch(before, own)
-        closed_before = np.maximum(np.maximum(before, NO_WATERMARK + grace) - grace,
-                                   clock.last_close)
+        closed_before = clock.closed_before_in_batch(before)
         accepted = np.flatnonzero(~late)
         m = len(accepted)
         seq0 = clock.seq + 1
@@ -569,7 +567,7 @@ class MaxDuration:
                 open_events, max_end = _payload(raw, key, last)
                 if times[rows[0]] < open_events[-1][0]:
                     return None
-                cur = [last[0], last[1], max_end, open_events, raw[0], last, raw[0], False]
+                cur = [last[0], last[1], max_end, open_events, acc_of(raw), last, acc_of(raw), False]
         done: list[list[Any]] = []
         fresh: list[int] = []
         if disordered:
@@ -581,7 +579,7 @@ class MaxDuration:
             own_end = ends[row]
             value = values[row]
             if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
-                    and (t <= cur[2] if inclusive else t < cur[2]):
+                    and reaches(cur[2], t, inclusive):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
                     cur[3] = list(cur[3])
                     if incremental:

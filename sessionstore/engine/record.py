@@ -4,7 +4,10 @@ On disk a record is the msgpack list ``[acc, n_new, pane_index, phase, pt_target
 layout of store format 1, kept so that existing stores reopen); with ``max_duration_ms`` the
 list has two more items, the session's events and their largest window end
 (:mod:`sessionstore.engine.max_duration`). In memory it is a
-:class:`SessionRecord`, so no code indexes a positional list.
+:class:`SessionRecord`; the hot paths that keep the wire form use this module's accessors
+(:func:`plain_record`, :func:`acc_of`, :func:`record_with_events`, :func:`events_of`), so no
+code outside this module indexes the positional list (``tests/engine/test_rules.py`` pins
+them to :class:`SessionRecord`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class SessionRecord:
         """
         if not isinstance(raw, list | tuple) or len(raw) != 5:
             # with max_duration_ms two more items follow (engine/max_duration.py)
-            if not isinstance(raw, list | tuple) or len(raw) != 7:
+            if not isinstance(raw, list | tuple) or len(raw) != _WITH_EVENTS:
                 raise ValueError(f"not a session record: {raw!r:.80}")
             raw = raw[:5]
         acc, n_new, index, phase, target = raw
@@ -67,6 +70,42 @@ class SessionRecord:
 
     def copy(self) -> SessionRecord:
         return SessionRecord(self.acc, self.n_new, self.pane_index, self.phase, self.pt_target_ms)
+
+
+def plain_record(acc: Any) -> tuple[Any, ...]:
+    """The wire form of a record with no trigger state (``SessionRecord(acc).to_wire()``), as
+    a tuple: it packs as the same msgpack array and costs less to build."""
+    return (acc, 0, 0, 0, None)
+
+
+def acc_of(raw: Any) -> Any:
+    """The accumulator of a stored record (``SessionRecord.from_wire(raw).acc``, without
+    decoding the rest).
+
+    Raises:
+        ValueError: ``raw`` is not a record of this layout.
+    """
+    kind = type(raw)
+    if (kind is tuple or kind is list) and (len(raw) == 5 or len(raw) == _WITH_EVENTS):
+        return raw[0]
+    return SessionRecord.from_wire(raw).acc
+
+
+_WITH_EVENTS = 7
+
+
+def record_with_events(acc: Any, events: list[Any], max_end_ms: int) -> list[Any]:
+    """The wire form of a record with ``max_duration_ms``: :func:`plain_record`'s items, then
+    the session's events and their largest own window end."""
+    return [acc, 0, 0, 0, None, events, max_end_ms]
+
+
+def events_of(raw: Any) -> tuple[Any, int] | None:
+    """``(events, max_end_ms)`` of a record written by :func:`record_with_events`, or None
+    for a record without them."""
+    if not isinstance(raw, list | tuple) or len(raw) != _WITH_EVENTS:
+        return None
+    return raw[5], raw[6]
 
 
 _PHASES = {int(phase): phase for phase in Phase}

@@ -50,9 +50,17 @@ class TimeKeeper:
         return np.asarray(watermarks_before >= own_ends_ms + self.config.grace_ms)
 
     def closed_before(self) -> int:
-        """Sessions ending at or before this never change again."""
+        """Sessions ending at or before this never change again: ``W - grace``, never below
+        the close cursor. Every path calls this or :meth:`closed_before_in_batch`."""
         closed = self.watermark - self.config.grace_ms
         return closed if closed > self.last_close else self.last_close
+
+    def closed_before_in_batch(self, watermarks_before: np.ndarray) -> np.ndarray:
+        """:meth:`closed_before` of each event of a batch, against the watermark it meets on
+        arrival (:meth:`watermarks_before`), without wrapping below INT64_MIN; int64."""
+        grace = self.config.grace_ms
+        return np.asarray(np.maximum(np.maximum(watermarks_before, NO_WATERMARK + grace) - grace,
+                                     self.last_close), dtype=np.int64)
 
     def observe(self, t_ms: int) -> bool:
         """Account an accepted event; True when the event-time watermark moved."""

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
+from ..arrays import int64_column, sort_order
 from ..errors import StoreCorruptedError
-from ..kernels import int64_column, sort_order
 from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64

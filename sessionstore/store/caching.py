@@ -42,7 +42,7 @@ from .. import keyschema
 from ..timeutil import INT64_MAX, INT64_MIN
 from ..types import Session
 
-_TOMBSTONE = object()
+TOMBSTONE = object()
 _CLEAN = object()
 _NO_CAP_CHANGE = object()
 # Below this many changes a flush writes session by session: a bulk call's fixed cost (array
@@ -86,7 +86,7 @@ class CachingSessionStore:
         self._views: dict[Any, dict[tuple[int, int], tuple[Any, bool]]] = {}
         self._floors: dict[Any, int] = {}
         self._size = 0
-        # (key, start, end) -> value, or _TOMBSTONE for a removal
+        # (key, start, end) -> value, or TOMBSTONE for a removal
         self._dirty: dict[tuple[Any, int, int], Any] = {}
         # (end, seq, session) of the dirty sessions, as a heap for flush(upto_end_ms); only
         # kept from the first such flush (built from _dirty then) until the next full flush:
@@ -353,7 +353,7 @@ class CachingSessionStore:
                 if gone[1]:
                     if pending is not None and old not in dirty:
                         self._track(old)
-                    dirty[old] = _TOMBSTONE
+                    dirty[old] = TOMBSTONE
                 else:
                     dirty.pop(old, None)  # never written: nothing to undo downstream
         cached = held.get(bounds)
@@ -390,7 +390,7 @@ class CachingSessionStore:
         key, start, end = sid = _plain(session)
         view = self._views.get(key)
         if view is None:
-            self._dirty[sid] = _TOMBSTONE
+            self._dirty[sid] = TOMBSTONE
             self._flush_one(sid)
             return
         cached = view.pop((start, end), None)
@@ -400,7 +400,7 @@ class CachingSessionStore:
         if cached[1]:
             if self._pending is not None and sid not in self._dirty:
                 self._track(sid)
-            self._dirty[sid] = _TOMBSTONE
+            self._dirty[sid] = TOMBSTONE
         else:
             self._dirty.pop(sid, None)  # never written: nothing to undo downstream
 
@@ -459,7 +459,7 @@ class CachingSessionStore:
             gc.disable()
         try:
             if self._closed_rows:
-                self._write_closed(max((s[2] for s in batch if dirty[s] is not _TOMBSTONE),
+                self._write_closed(max((s[2] for s in batch if dirty[s] is not TOMBSTONE),
                                        default=None))
             self._write_batch(batch)
         finally:
@@ -533,8 +533,8 @@ class CachingSessionStore:
         either way. ``put_many`` validates everything before it writes, so on failure every
         put stays dirty (and tracked) for a retry; the removals done stay done."""
         dirty = self._dirty
-        removes = [s for s in batch if dirty[s] is _TOMBSTONE]
-        puts = [s for s in batch if dirty[s] is not _TOMBSTONE] if removes else batch
+        removes = [s for s in batch if dirty[s] is TOMBSTONE]
+        puts = [s for s in batch if dirty[s] is not TOMBSTONE] if removes else batch
         try:
             if removes:
                 self.wrapped.remove_many([s[0] for s in removes], [s[1] for s in removes],
@@ -568,7 +568,7 @@ class CachingSessionStore:
         forward = self.forward
         session = _new_session(sid)
         old = wrapped.fetch_session(*session) if forward is not None else None
-        if value is _TOMBSTONE:
+        if value is TOMBSTONE:
             wrapped.remove(session)
             del self._dirty[sid]
             if forward is not None and old is not None:
@@ -607,7 +607,7 @@ class CachingSessionStore:
         sid = (key, start_ms, end_ms)
         if sid in self._dirty:
             value = self._dirty[sid]
-            return None if value is _TOMBSTONE else value
+            return None if value is TOMBSTONE else value
         view = self._views.get(key)
         if view is not None and end_ms > self._floors[key]:
             cached = view.get((start_ms, end_ms))

@@ -37,9 +37,9 @@ import numpy as np
 import rocksdict
 
 from .. import keyschema
+from ..arrays import sort_order
 from ..errors import StoreCorruptedError
 from ..fsutil import fsync_dir
-from ..kernels import sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .checkpoint import (

@@ -277,6 +277,39 @@ def test_process_table_equals_process_batch_event_path_and_oracle(cfg, steps, cu
     check_table_path(cfg, steps, cuts, emit)
 
 
+AGG_REDUCE = aggregations.combine({
+    "n": aggregations.count(), "values": aggregations.collect(),
+    "total": aggregations.reduce(lambda acc, value: acc + value),
+})
+
+
+@given(engine_configs(), engine_steps(), cuts_strategy, st.sampled_from(list(EmitStrategy)),
+       st.booleans())
+@example(  # an event late by exactly its own end: dropped on every path (<= in the late rule)
+    {"gap": 10, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "external",
+     "cache": 100_000, "segment": None, "extra_retention": 0},
+    [("event", "a", 0, 0), ("watermark", 10), ("event", "a", 1, 0), ("event", "a", 2, 1)],
+    [False], EmitStrategy.ON_WINDOW_CLOSE, False)
+def test_a_reduce_aggregation_on_the_batch_paths_equals_the_oracle(cfg, steps, cuts, emit,
+                                                                  tabled):
+    """A ``reduce`` is no built-in column: the batch paths take the exact path (planned by
+    the same planner), whose lateness and merge rules are checked here against the oracle,
+    both gap conventions included; in close mode also against the event path."""
+    steps = string_keys(steps)
+    got, effective = Driver(cfg, emit, True, cuts, tabled=tabled,
+                            aggregation=AGG_REDUCE).run(steps)
+    want = reference(cfg, effective)
+    rows = as_rows(got) if emit is EmitStrategy.ON_WINDOW_CLOSE else changelog_table(got)
+    assert rows == want
+    for e in got:
+        if not e.retraction:
+            assert e.value["total"] == sum(e.value["values"])
+            assert e.value["n"] == len(e.value["values"])
+    if emit is EmitStrategy.ON_WINDOW_CLOSE:
+        plain, _ = Driver(cfg, emit, False, cuts, aggregation=AGG_REDUCE).run(steps)
+        assert got == plain
+
+
 # -- dynamic gaps (issue 12): each event brings its own gap -----------------------------------
 
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import kernels
+from sessionstore import arrays, folds
+from sessionstore.engine import planner
 
 # Sizes are for the default profile (100 examples); a soak profile with more scales them up.
 PROFILE_SCALE = settings.default.max_examples / 100
@@ -63,35 +64,35 @@ def test_aggregations_equal_a_per_event_fold(
 ) -> None:
     owner, times, sessions = batch
     floats = data.draw(st.lists(FLOATS, min_size=len(owner), max_size=len(owner)))
-    groups = kernels.group_events(owner, times, sessions, by_time=by_time)
+    groups = folds.group_events(owner, times, sessions, by_time=by_time)
     expected_groups = fold_groups(owner, times, sessions, by_time)
     assert [groups.order[groups.offsets[j]:groups.offsets[j + 1]].tolist()
             for j in range(sessions)] == expected_groups
 
-    assert kernels.count_per_session(groups).tolist() == [len(g) for g in expected_groups]
-    sums = kernels.sum_per_session(groups, np.array(floats, dtype=np.float64))
+    assert folds.count_per_session(groups).tolist() == [len(g) for g in expected_groups]
+    sums = folds.sum_per_session(groups, np.array(floats, dtype=np.float64))
     for j, members in enumerate(expected_groups):
         acc = floats[members[0]]
         for i in members[1:]:
             acc = acc + floats[i]
         assert same_float(float(sums[j]), acc)
     initial = data.draw(st.lists(FLOATS, min_size=sessions, max_size=sessions))
-    continued = kernels.sum_per_session(groups, np.array(floats), np.array(initial))
+    continued = folds.sum_per_session(groups, np.array(floats), np.array(initial))
     for j, members in enumerate(expected_groups):
         acc = initial[j]
         for i in members:
             acc = acc + floats[i]
         assert same_float(float(continued[j]), acc)
-    mins = kernels.min_per_session(groups, floats).tolist()
-    maxs = kernels.max_per_session(groups, floats).tolist()
+    mins = folds.min_per_session(groups, floats).tolist()
+    maxs = folds.max_per_session(groups, floats).tolist()
     assert mins == [min(floats[i] for i in g) for g in expected_groups]
     assert maxs == [max(floats[i] for i in g) for g in expected_groups]
     labels = np.array([f"e{i}" for i in range(len(owner))], dtype=object)
-    assert kernels.first_per_session(groups, labels).tolist() == [
+    assert folds.first_per_session(groups, labels).tolist() == [
         f"e{g[0]}" for g in expected_groups]
-    assert kernels.last_per_session(groups, labels).tolist() == [
+    assert folds.last_per_session(groups, labels).tolist() == [
         f"e{g[-1]}" for g in expected_groups]
-    assert kernels.collect_per_session(groups, labels) == [
+    assert folds.collect_per_session(groups, labels) == [
         [f"e{i}" for i in g] for g in expected_groups]
 
 
@@ -103,45 +104,45 @@ def test_integer_sums_are_exact_or_refused(batch: tuple[list[int], list[int], in
     ints = data.draw(st.lists(INTS, min_size=len(owner), max_size=len(owner)))
     use_initial = data.draw(st.booleans())
     initial = data.draw(st.lists(INTS, min_size=sessions, max_size=sessions))
-    groups = kernels.group_events(owner, times, sessions)
+    groups = folds.group_events(owner, times, sessions)
     exact = [sum(ints[i] for i in g) + (initial[j] if use_initial else 0)
              for j, g in enumerate(fold_groups(owner, times, sessions))]
     args: list[Any] = [groups, np.array(ints, dtype=np.int64)]
     if use_initial:
         args.append(np.array(initial, dtype=np.int64))
     if all(INT64_MIN <= s <= INT64_MAX for s in exact):
-        got = kernels.sum_per_session(*args)
+        got = folds.sum_per_session(*args)
         assert got.dtype == np.int64
         assert got.tolist() == exact
-        assert kernels.min_per_session(groups, ints).tolist() == [
+        assert folds.min_per_session(groups, ints).tolist() == [
             min(ints[i] for i in g) for g in fold_groups(owner, times, sessions)]
     else:
         with pytest.raises(OverflowError, match=r"the sum of session \d+ is -?\d+"):
-            kernels.sum_per_session(*args)
+            folds.sum_per_session(*args)
 
 
 def test_float_sums_are_a_left_fold_not_numpy_pairwise() -> None:
     """On long sessions np.add.reduceat sums pairwise; the fold must not."""
     rng = np.random.default_rng(7)
     values = rng.standard_normal(5_000) * 10.0 ** rng.integers(-8, 8, 5_000)
-    groups = kernels.group_events(np.zeros(5_000, dtype=np.int64), np.arange(5_000), 1)
+    groups = folds.group_events(np.zeros(5_000, dtype=np.int64), np.arange(5_000), 1)
     acc = 0.0
     for v in values.tolist():
         acc += v
-    assert same_float(float(kernels.sum_per_session(groups, values)[0]), acc)
+    assert same_float(float(folds.sum_per_session(groups, values)[0]), acc)
     assert not same_float(float(np.add.reduceat(values, [0])[0]), acc)  # the trap is real
 
 
 def test_nan_propagates_through_min_and_max() -> None:
-    groups = kernels.group_events([0, 0, 0], [1, 2, 3], 1)
-    assert math.isnan(kernels.min_per_session(groups, [1.0, math.nan, 0.5])[0])
-    assert math.isnan(kernels.max_per_session(groups, [math.nan, 1.0, 0.5])[0])
+    groups = folds.group_events([0, 0, 0], [1, 2, 3], 1)
+    assert math.isnan(folds.min_per_session(groups, [1.0, math.nan, 0.5])[0])
+    assert math.isnan(folds.max_per_session(groups, [math.nan, 1.0, 0.5])[0])
 
 
 def test_open_sessions_group_by_the_session_that_absorbed_them() -> None:
-    plan = kernels.plan_sessions([1, 2], [10, 50], [20, 60], [0, 0],
-                                 [1, 1, 2, 9], [15, 0, 70, 0], [30, 12, 80, 5], True)
-    groups = kernels.group_open_sessions(plan, [15, 0, 70, 0])
+    plan = planner.plan([1, 2], [10, 50], [20, 60], [0, 0],
+                        [1, 1, 2, 9], [15, 0, 70, 0], [30, 12, 80, 5], True).plan
+    groups = folds.group_open_sessions(plan, [15, 0, 70, 0])
     assert plan.session_starts_ms.tolist() == [0, 50]
     assert groups.offsets.tolist() == [0, 2, 2]
     assert groups.order.tolist() == [1, 0]  # ordered by start within the session
@@ -158,15 +159,15 @@ def test_open_sessions_group_by_the_session_that_absorbed_them() -> None:
 def test_group_events_checks_its_arguments(owner: list[int], times: list[int], sessions: int,
                                            error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
-        kernels.group_events(owner, times, sessions)
+        folds.group_events(owner, times, sessions)
 
 
 def test_values_must_be_numbers() -> None:
-    groups = kernels.group_events([0], [0], 1)
+    groups = folds.group_events([0], [0], 1)
     with pytest.raises(TypeError, match="values must hold ints or floats, got dtype <U1"):
-        kernels.sum_per_session(groups, ["a"])
+        folds.sum_per_session(groups, ["a"])
     with pytest.raises(ValueError, match="values must be one-dimensional with 1 rows"):
-        kernels.sum_per_session(groups, [1, 2])
+        folds.sum_per_session(groups, [1, 2])
 
 
 @settings(max_examples=round(300 * PROFILE_SCALE))
@@ -176,17 +177,17 @@ def test_values_must_be_numbers() -> None:
 def test_sort_order_equals_lexsort(rows: list[tuple[int, ...]]) -> None:
     """Packed or not, the permutation is np.lexsort's, ties kept in input order."""
     if not rows:
-        assert kernels.sort_order([np.zeros(0, dtype=np.int64)]).tolist() == []
+        assert arrays.sort_order([np.zeros(0, dtype=np.int64)]).tolist() == []
         return
     columns = [np.array(column, dtype=np.int64) for column in zip(*rows, strict=True)]
     expected = sorted(range(len(rows)), key=lambda i: (rows[i], i))
-    assert kernels.sort_order(columns).tolist() == expected
+    assert arrays.sort_order(columns).tolist() == expected
     if len(set(rows)) == len(rows):
-        assert kernels.sort_order(columns, distinct=True).tolist() == expected
+        assert arrays.sort_order(columns, distinct=True).tolist() == expected
     small = [c % 5 for c in columns]
     small_rows = list(zip(*(c.tolist() for c in small), strict=True))
     if len(set(small_rows)) == len(small_rows):  # packed and sorted unstably
-        assert kernels.sort_order(small, distinct=True).tolist() == sorted(
+        assert arrays.sort_order(small, distinct=True).tolist() == sorted(
             range(len(rows)), key=lambda i: small_rows[i])
-    assert kernels.sort_order([c % 5 for c in columns]).tolist() == sorted(
+    assert arrays.sort_order([c % 5 for c in columns]).tolist() == sorted(
         range(len(rows)), key=lambda i: (tuple(v % 5 for v in rows[i]), i))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sessionstore import keyschema
 from sessionstore.engine.columnar import key_ranks
 
-from .test_plan_sessions import PROFILE_SCALE
+from .test_planner import PROFILE_SCALE
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -1,5 +1,6 @@
-"""plan_dense (the batch path's fused plan) against the brute-force model of the per-event
-loop, and against plan_sessions, group_events and group_open_sessions, which it replaces."""
+"""plan_dense (the planner's one kernel) against the brute-force model of the per-event loop,
+and equal, array for array, to the planner's reference (plan_reference): the test that pins
+the kernel to the reference."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import kernels
+from sessionstore import folds, kernels
+from sessionstore.engine.planner import plan_reference
 from sessionstore.kernels import plan_dense
 
 from .model import run_loop
-from .test_plan_sessions import PROFILE_SCALE, batches, plain_python_kernels
+from .test_planner import PROFILE_SCALE, batches, plain_python_kernels
 
 
 def _dense_codes(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, int]]
@@ -52,27 +54,30 @@ def _check(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, 
     }
     assert listed == expected
     assert sessions == len(expected)
-    # exactly what plan_sessions answers on the dense codes, in the same order
-    reference = kernels.plan_sessions(dense_ev, ev[:, 1], ev[:, 2], ev[:, 3], dense_op,
-                                      op[:, 1], op[:, 2], inclusive)
-    for mine, theirs in zip(plan, reference, strict=True):
+    # exactly what the reference answers on the dense codes, in the same order
+    reference = plan_reference(dense_ev, ev[:, 1], ev[:, 2], ev[:, 3], dense_op, op[:, 1],
+                               op[:, 2], inclusive, by_time=by_time)
+    for mine, theirs in zip(plan, reference.plan, strict=True):
         assert mine.dtype == np.int64
         assert mine.tolist() == theirs.tolist()
     # the groupings: events in (time, arrival) order (or arrival order), opens by start
-    groups = kernels.group_events(reference.event_session, ev[:, 1], sessions, by_time=by_time)
+    assert got.events.order.tolist() == reference.events.order.tolist()
+    assert got.events.offsets.tolist() == reference.events.offsets.tolist()
+    assert got.absorbed.order.tolist() == reference.absorbed.order.tolist()
+    assert got.absorbed.offsets.tolist() == reference.absorbed.offsets.tolist()
+    # and what the separate groupings answer
+    groups = folds.group_events(plan.event_session, ev[:, 1], sessions, by_time=by_time)
     assert got.events.order.tolist() == groups.order.tolist()
-    assert got.events.offsets.tolist() == groups.offsets.tolist()
-    opens_grouped = kernels.group_open_sessions(reference, op[:, 1])
+    opens_grouped = folds.group_open_sessions(plan, op[:, 1])
     assert got.absorbed.order.tolist() == opens_grouped.order.tolist()
-    assert got.absorbed.offsets.tolist() == opens_grouped.offsets.tolist()
 
 
 @settings(max_examples=round(400 * PROFILE_SCALE))
 @given(batches(), st.booleans(), st.booleans())
-def test_plan_dense_equals_the_loop_and_the_separate_kernels(
+def test_plan_dense_equals_the_loop_and_the_reference(
         batch: tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int]], bool],
         by_time: bool, plain_python: bool) -> None:
-    """The compiled kernel and its Python source both equal the model and the references."""
+    """The compiled kernel and its Python source both equal the model and the reference."""
     events, opens, inclusive = batch
     with plain_python_kernels(plain_python):
         if plain_python:  # the Python source, calling the Python helpers

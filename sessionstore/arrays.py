@@ -1,0 +1,69 @@
+"""Array utilities shared by the store and the engine: checked int64 columns and a fast stable
+multi-column sort. Nothing here knows about sessions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def int64_column(name: str, values: Any, rows: int | None = None) -> Int64Array:
+    """``values`` as a one-dimensional int64 array, or an error naming ``name``.
+
+    Args:
+        name: the argument's name, for messages.
+        values: any integer array-like (an empty list is fine).
+        rows: the length it must have, if any.
+
+    Raises:
+        TypeError: the values are not integers (floats and bools included).
+        ValueError: the shape is wrong, or an unsigned value does not fit in int64 (naming
+            the row).
+    """
+    array = np.asarray(values)
+    if array.ndim != 1 or (rows is not None and len(array) != rows):
+        wanted = "" if rows is None else f" with {rows} rows"
+        raise ValueError(f"{name} must be one-dimensional{wanted}, got shape {array.shape}")
+    if array.dtype.kind not in "iu":
+        if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+            return np.empty(0, dtype=np.int64)
+        raise TypeError(f"{name} must hold integers (int64), got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        row = int(np.argmax(array > np.iinfo(np.int64).max))
+        raise ValueError(f"{name}[{row}] = {array[row]} does not fit in int64")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def first_row(mask: npt.NDArray[np.bool_]) -> int:
+    return int(np.argmax(mask))
+
+
+def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Array:
+    """A stable permutation sorting rows by ``columns``, the most significant first.
+
+    The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
+    columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
+    once (what bulk writes sort by, key rank, end and start within one batch, nearly always
+    fits); otherwise it falls back to ``np.lexsort``. ``distinct=True`` promises that no two
+    rows are equal in every column, so that an unstable sort gives the same permutation (about
+    four times faster again).
+    """
+    if not columns or len(columns[0]) == 0:
+        return np.zeros(0, dtype=np.int64)
+    lows = [int(column.min()) for column in columns]
+    spans = [int(column.max()) - low for column, low in zip(columns, lows, strict=True)]
+    widths = [span.bit_length() for span in spans]
+    if sum(widths) > 63:
+        return np.lexsort(columns[::-1]).astype(np.int64)
+    packed = np.zeros(len(columns[0]), dtype=np.int64)
+    for column, low, width in zip(columns, lows, widths, strict=True):
+        if width:
+            # column - low fits in `width` bits, but may not fit in int64 on the way: subtract
+            # as unsigned (two's complement wraps to the right value).
+            offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
+            packed = (packed << width) | offset
+    return np.argsort(packed, kind="quicksort" if distinct else "stable").astype(np.int64)

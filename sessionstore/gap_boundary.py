@@ -1,0 +1,41 @@
+"""The gap-boundary convention, in one place: when does a window reach a point?
+
+A session (or an event's own window) ``[start, end)`` reaches a point ``p`` (an event's time, or
+another window's start) when ``p < end``; with ``inclusive_gap`` also when ``p == end`` (touching
+windows merge, as in Spark, Flink and Kafka Streams; without it they stay apart, as in Beam).
+
+Two windows merge when each reaches the other's start. :func:`reaches` is the rule; every path
+calls it (the compiled planner kernel calls its compiled form; a sorted scan over bounded input
+asks ``reaches(running_end, next_time, inclusive)`` to decide whether the next event continues
+the session). :func:`merge_bounds` is the same rule as the closed range a store scans
+(``find_sessions_to_merge``), tested equal to :func:`reaches` in ``tests/engine/test_rules.py``.
+
+This module imports nothing of the package, so that kernels, the engine and the bounded path can all use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reaches(end_ms: Any, point_ms: Any, inclusive: bool) -> Any:
+    """Whether a window ending at ``end_ms`` (exclusive) reaches ``point_ms``.
+
+    Args:
+        end_ms: the window's end (``start + gap`` for an event's own window).
+        point_ms: an event's time or another window's start.
+        inclusive: the ``inclusive_gap`` convention (touching windows merge).
+
+    Works on ints and, elementwise, on numpy arrays (a bool array then).
+    """
+    return point_ms <= end_ms if inclusive else point_ms < end_ms
+
+
+def merge_bounds(t_ms: int, own_end_ms: int, inclusive: bool) -> tuple[int, int]:
+    """``(earliest_end, latest_start)``: a session ``[start, end)`` and the event window
+    ``[t_ms, own_end_ms)`` merge iff ``end >= earliest_end and start <= latest_start``, that
+    is iff ``reaches(end, t_ms) and reaches(own_end_ms, start)`` (the store's
+    ``find_sessions_to_merge`` range)."""
+    if inclusive:
+        return t_ms, own_end_ms
+    return t_ms + 1, own_end_ms - 1
