@@ -477,7 +477,7 @@ def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(
              {"user": "a", "ts": 400_000_001, "v": -1}]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
     out, state = tmp_path / "out.jsonl", tmp_path / "state"
-    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+    argv = sessionize(source, out, "--time-unit", "ms", "--agg", "s=sum:v", "--state", str(state),
                       "--commit-every", "1", "--batch-rows", "1")
     refused(capsys, argv, "input rows 4..4", "'s'", "'a'", "int64", "-9223372036854775809")
     with ReadOnlySessionStore(state) as view:
@@ -499,7 +499,7 @@ def test_commit_every_commits_exactly_every_n_rows_inside_a_read_batch(tmp_path,
              {"user": "z", "ts": 900_000_000, "v": 1}]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
     out, state = tmp_path / "out.jsonl", tmp_path / "state"
-    argv = sessionize(source, out, "--agg", "s=sum:v", "--state", str(state),
+    argv = sessionize(source, out, "--time-unit", "ms", "--agg", "s=sum:v", "--state", str(state),
                       "--commit-every", "3", "--batch-rows", "10")
     refused(capsys, argv, "input rows 6..8", "'s'")
     with ReadOnlySessionStore(state) as view:
