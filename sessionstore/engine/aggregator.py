@@ -24,8 +24,6 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from .. import keyschema
 from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
@@ -42,6 +40,7 @@ from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .fast_event import bind_event_step
 from .max_duration import MaxDuration
 from .merge import END_START, join_range, merge_event
+from .open_sessions import RebuiltSessions, SlottedSessions, open_sessions
 from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
 from .time import TimeKeeper
 from .triggers import TriggerRunner
@@ -198,7 +197,7 @@ class SessionAggregator:
         self._result_names = aggregation.names if isinstance(aggregation, Combined) else None
         # the open sessions as columns, while the fast batch path runs (None otherwise); the
         # store holds everything it holds after every batch, so it can be dropped at any time
-        self._table: OpenTable | None = None
+        self._table: SlottedSessions | RebuiltSessions | None = None
         # the key names and output schema of the last process_table call: the columns of
         # advance_watermark_table and flush_table
         self._table_columns: tuple[list[str], Any] | None = None
@@ -784,7 +783,7 @@ class SessionAggregator:
 
     # -- the open sessions as columns (the fast batch path) ------------------------------------
 
-    def _open_table(self) -> OpenTable:
+    def _open_table(self) -> SlottedSessions | RebuiltSessions:
         """The columnar open sessions, loaded from the store on first use.
 
         Raises:
@@ -799,7 +798,7 @@ class SessionAggregator:
             table = OpenTable.from_rows(self._columnar_kinds, rows,
                                         combined=self._result_names is not None)
             self._state.evict()  # the table now answers for these keys; no view may go stale
-            self._table = table
+            self._table = open_sessions(self._columnar_kinds, table)
         return self._table
 
     def _leave_table(self) -> None:
@@ -809,7 +808,7 @@ class SessionAggregator:
             return
         self._table = None
         if self._tracks_close:
-            self._close_heap.extend(table.ends_ms.tolist())
+            self._close_heap.extend(table.live_ends())
             heapq.heapify(self._close_heap)
             self._close_heap_complete = True  # the table held every session not yet closed
 
@@ -822,15 +821,12 @@ class SessionAggregator:
         upto = times.watermark - self.config.grace_ms
         if upto <= times.last_close:
             return None
-        closing = table.ends_ms <= upto
+        closing = table.close_upto(upto)
         closed = None
-        if self._tracks_close and closing.any():
-            closed = table.take(np.flatnonzero(closing))
-            closed = closed.take(closed.store_order())
+        if self._tracks_close and len(closing):
+            closed = closing.take(closing.store_order())
             self._metrics.emitted += len(closed)
             self._metrics.record_finals(times.watermark - (closed.ends_ms + self.config.grace_ms))
-        if closing.any():
-            self._table = table.take(np.flatnonzero(~closing))
         times.last_close = upto
         self._cap_expiry()
         return closed

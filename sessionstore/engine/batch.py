@@ -52,7 +52,6 @@ from .columnar import (
     NotColumnar,
     OpenTable,
     aggregate_plan,
-    codes_in,
     columnar_parts,
     needs_time_order,
     normal_key_array,
@@ -548,34 +547,33 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
     seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
     table = engine._open_table()
     acc_values = [None if v is None else v[accepted] for v in part_values]
-    for kind, part, values in zip(kinds, table.parts, acc_values, strict=True):
-        if kind in NUMERIC_KINDS and len(part.value) and values is not None \
-                and part.value.dtype != values.dtype:
+    for p, (kind, values) in enumerate(zip(kinds, acc_values, strict=True)):
+        held = table.numeric_dtype(p)
+        if kind in NUMERIC_KINDS and held is not None and values is not None \
+                and held != values.dtype:
             raise NotColumnar("the batch's values and the open accumulators differ in type")
     batch_keys = None if uniques_arrow is None else normal_key_array(uniques_arrow)
-    table_codes = codes_in(table.keys, uniques, batch_keys)
-    cand = np.flatnonzero(table_codes >= 0)
-    cand_starts = table.starts_ms[cand]
-    cand_ends = table.ends_ms[cand]
+    # the open sessions of the batch's keys (cand: their slots in the table)
+    cand, cand_codes = table.probe(uniques, batch_keys)
+    cand_starts, cand_ends = table.bounds(cand)
     # the plan, each session's events and its absorbed open sessions, in one compiled pass
     dense = planner.plan(acc_codes, acc_times, ends[accepted], closed_before[accepted],
-                         table_codes[cand], cand_starts, cand_ends, cfg.inclusive_gap,
+                         cand_codes, cand_starts, cand_ends, cfg.inclusive_gap,
                          keys=len(uniques), by_time=needs_time_order(kinds, acc_values))
     plan = dense.plan
-    open_parts = [part.take(cand) for part in table.parts]
+    open_parts = table.take_parts(cand)
     new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
                                dense.events, dense.absorbed)
     new_keys = (batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
                 else object_array(uniques)[plan.session_codes])
     new = OpenTable(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)
-    touched = plan.open_session >= 0
-    absorbed = cand[touched]
+    touched = np.flatnonzero(plan.open_session >= 0)  # candidates the batch absorbed
     into = plan.open_session[touched]
-    moved = ((table.starts_ms[absorbed] != plan.session_starts_ms[into])
-             | (table.ends_ms[absorbed] != plan.session_ends_ms[into]))
-    removed = table.take(absorbed[moved])
-    kept = np.ones(len(table), dtype=np.bool_)
-    kept[absorbed] = False
+    moved = touched[(cand_starts[touched] != plan.session_starts_ms[into])
+                    | (cand_ends[touched] != plan.session_ends_ms[into])]
+    removed_starts, removed_ends = table.bounds(cand[moved])
+    # the rows themselves (keys, accumulators) only for the retractions of update mode
+    removed = table.take(cand[moved]) if engine._updates else None
     combined = engine._result_names is not None
     packed = (pack_session_records([part.value for part in new.parts], combined=combined)
               if _store_takes_packed(engine, kinds) else None)
@@ -591,9 +589,10 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
                 engine.on_late(uniques[codes[i]], None if late_values is None
                                else late_values[i], int(times[i]))
     clock.seq += m
-    engine._table = table.take(np.flatnonzero(kept)).concat(new)
+    table.replace(cand[touched], into, new)
     blocks: list[Block] = []
     if engine._updates:
+        assert removed is not None
         changes = removed.concat(new)
         flags = np.concatenate((np.ones(len(removed), dtype=np.bool_),
                                 np.zeros(len(new), dtype=np.bool_)))
@@ -609,10 +608,10 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
         if closed is not None and len(closed):
             blocks.append((closed, None))
     state = engine._state
-    if len(removed):
+    if len(removed_starts):
         # the batch's keys with an index: each distinct key is encoded once, not per session
-        state.remove_many(uniques, removed.starts_ms, removed.ends_ms,
-                          key_index=table_codes[absorbed[moved]])
+        state.remove_many(uniques, removed_starts, removed_ends,
+                          key_index=cand_codes[moved])
     if len(new):
         # sessions that closed inside the batch and lie below the expiry boundary were emitted
         # above; the loop would have written them and expired them by now, so they are not

@@ -22,6 +22,7 @@ from ..windows import SessionWindows
 from .columnar import OpenTable
 from .config import EngineConfig
 from .emit import Emit, EngineMetrics
+from .open_sessions import RebuiltSessions, SlottedSessions
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -57,7 +58,7 @@ class EngineHost(Protocol):
     _metrics: EngineMetrics
     _times: TimeKeeper
     _runner: TriggerRunner | None
-    _table: OpenTable | None
+    _table: SlottedSessions | RebuiltSessions | None
     _columnar_kinds: list[str] | None
     _columnar_columns: list[str | None]
     _result_names: list[str] | None
@@ -84,7 +85,7 @@ class EngineHost(Protocol):
 
     def _on_watermark(self, out: list[Emit]) -> None: ...
 
-    def _open_table(self) -> OpenTable: ...
+    def _open_table(self) -> SlottedSessions | RebuiltSessions: ...
 
     def _leave_table(self) -> None: ...
 

@@ -310,6 +310,56 @@ def test_a_reduce_aggregation_on_the_batch_paths_equals_the_oracle(cfg, steps, c
         assert got == plain
 
 
+AGG_SLOTS = aggregations.combine({
+    "n": aggregations.count(), "sum": aggregations.sum_of(), "min": aggregations.min_of(),
+    "max": aggregations.max_of(), "first": aggregations.first_of(),
+    "last": aggregations.last_of(),
+})
+
+
+def final_values(emits: list[Emit], emit: EmitStrategy) -> dict[tuple[Any, int, int], Any]:
+    """What the emits leave standing: each session's last value (a changelog applied)."""
+    table: dict[tuple[Any, int, int], Any] = {}
+    for e in emits:
+        ident = (e.session.key, e.session.start, e.session.end)
+        if e.retraction:
+            assert table.pop(ident) == e.value  # retracts exactly what was delivered
+        else:
+            assert emit is EmitStrategy.ON_WINDOW_UPDATE or ident not in table
+            table[ident] = e.value
+    return table
+
+
+@given(engine_configs(), engine_steps(), cuts_strategy, st.sampled_from(list(EmitStrategy)))
+@example(  # a session ending exactly at the close cursor closes then, before the commit
+    {"gap": 10, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "external",
+     "cache": 100_000, "segment": None, "extra_retention": 0},
+    [("event", "a", 0, 0), ("watermark", 10), ("commit",), ("reopen",), ("event", "b", 1, 20)],
+    [True], EmitStrategy.ON_WINDOW_CLOSE)
+def test_the_slotted_open_table_equals_the_oracle(cfg, steps, cuts, emit):
+    """Built-in aggregations without ``collect`` keep the engine's open sessions in the
+    persistent slotted table (engine/open_sessions.py): process_table and process_batch, with
+    commits, aborts, reopens and batch splits, against the oracle's sessions and values, and
+    in close mode equal to the event path."""
+    steps = string_keys(steps)
+    tabled, effective = Driver(cfg, emit, True, cuts, tabled=True,
+                               aggregation=AGG_SLOTS).run(steps)
+    batched, _ = Driver(cfg, emit, True, cuts, aggregation=AGG_SLOTS).run(steps)
+    assert tabled == batched
+    want = reference(cfg, effective)
+    got = final_values(tabled, emit)
+    assert sorted(got, key=lambda r: (repr(r[0]), r[1], r[2])) == [w[:3] for w in want]
+    for key, start, end, values in want:
+        value = got[(key, start, end)]
+        assert value["n"] == len(values)
+        assert value["sum"] == sum(values)
+        assert (value["min"], value["max"]) == (min(values), max(values))
+        assert (value["first"], value["last"]) == (values[0], values[-1])
+    if emit is EmitStrategy.ON_WINDOW_CLOSE:
+        plain, _ = Driver(cfg, emit, False, cuts, aggregation=AGG_SLOTS).run(steps)
+        assert tabled == plain
+
+
 # -- dynamic gaps (issue 12): each event brings its own gap -----------------------------------
 
 
