@@ -589,7 +589,7 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
                 engine.on_late(uniques[codes[i]], None if late_values is None
                                else late_values[i], int(times[i]))
     clock.seq += m
-    table.replace(cand[touched], into, new)
+    table.replace(cand[touched], into, new, plan.session_codes)
     blocks: list[Block] = []
     if engine._updates:
         assert removed is not None

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .columnar import NUMERIC_KINDS, OpenTable, PartColumns, codes_in, key_column
+from ..kernels import compiled
+from .columnar import NUMERIC_KINDS, OpenTable, PartColumns, codes_in, key_column, object_array
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -70,8 +71,9 @@ class RebuiltSessions:
         """The accumulator parts of ``rows``."""
         return [part.take(rows) for part in self.table.parts]
 
-    def replace(self, rows: Int64Array, into: Int64Array, new: OpenTable) -> None:
-        """Remove ``rows`` and add ``new``'s sessions (``into``: see
+    def replace(self, rows: Int64Array, into: Int64Array, new: OpenTable,
+                new_codes: Int64Array | None = None) -> None:
+        """Remove ``rows`` and add ``new``'s sessions (``into``, ``new_codes``: see
         :meth:`SlottedSessions.replace`)."""
         kept = np.ones(len(self.table), dtype=np.bool_)
         kept[rows] = False
@@ -134,7 +136,7 @@ _PLAIN_KEYS = (int, str, bytes)
 
 
 def _index_keys(keys: list[Any]) -> list[Any]:
-    """The index keys of ``keys`` (see ``SlottedSessions._index``)."""
+    """The dict keys of ``keys`` in ``SlottedSessions._key_ids``."""
     if set(map(type, keys)) <= set(_PLAIN_KEYS):
         return keys
     return [key if type(key) in _PLAIN_KEYS else (type(key), key) for key in keys]
@@ -160,27 +162,90 @@ def _grown(array: npt.NDArray[Any], capacity: int) -> npt.NDArray[Any]:
     return out
 
 
+def _walk(heads: Int64Array, following: Int64Array, key_ids: Int64Array, codes: Int64Array
+          ) -> tuple[Int64Array, Int64Array]:
+    """The slots on the lists of ``key_ids`` (``heads[kid]``, then ``following``), and the
+    code of each one's key (compiled)."""
+    n = 0
+    for q in range(len(key_ids)):
+        slot = heads[key_ids[q]]
+        while slot >= 0:
+            n += 1
+            slot = following[slot]
+    slots = np.empty(n, dtype=np.int64)
+    out_codes = np.empty(n, dtype=np.int64)
+    n = 0
+    for q in range(len(key_ids)):
+        slot = heads[key_ids[q]]
+        while slot >= 0:
+            slots[n] = slot
+            out_codes[n] = codes[q]
+            n += 1
+            slot = following[slot]
+    return slots, out_codes
+
+
+def _unlink(slots: Int64Array, key_of: Int64Array, heads: Int64Array, following: Int64Array,
+            preceding: Int64Array) -> None:
+    """Take ``slots`` off their keys' lists (compiled)."""
+    for q in range(len(slots)):
+        slot = slots[q]
+        before = preceding[slot]
+        after = following[slot]
+        if before >= 0:
+            following[before] = after
+        else:
+            heads[key_of[slot]] = after
+        if after >= 0:
+            preceding[after] = before
+        following[slot] = -1
+        preceding[slot] = -1
+
+
+def _link(slots: Int64Array, key_ids: Int64Array, key_of: Int64Array, heads: Int64Array,
+          following: Int64Array, preceding: Int64Array) -> None:
+    """Put ``slots`` at the front of the lists of ``key_ids`` (compiled)."""
+    for q in range(len(slots)):
+        slot = slots[q]
+        kid = key_ids[q]
+        key_of[slot] = kid
+        first = heads[kid]
+        following[slot] = first
+        preceding[slot] = -1
+        if first >= 0:
+            preceding[first] = slot
+        heads[kid] = slot
+
+
 class SlottedSessions:
-    """The persistent open-session table (see the module): slots, a key index, an end index."""
+    """The persistent open-session table (see the module): slots, a key index, an end index.
+
+    The key index: a dict gives each key a dense key id (ints, str and bytes are their own dict
+    keys; other keys go as ``(type, key)``, so that ``1``, ``1.0`` and ``True`` stay apart as
+    the key encoding keeps them); each key id heads a doubly linked list of its slots
+    (``_heads``, ``_next``, ``_prev``), which compiled loops walk, link and unlink. Key ids of
+    keys with no open session are dropped when they outnumber the open sessions.
+    """
 
     def __init__(self, kinds: list[str]) -> None:
         capacity = 1024
         self.kinds = kinds
-        self._keys: list[Any] = [None] * capacity
+        self._keys = np.empty(capacity, dtype=object)
         self._starts = np.zeros(capacity, dtype=np.int64)
         self._ends = np.zeros(capacity, dtype=np.int64)
         self._alive = np.zeros(capacity, dtype=np.bool_)
         self._generation = np.zeros(capacity, dtype=np.int64)
+        self._key_of = np.full(capacity, -1, dtype=np.int64)
+        self._next = np.full(capacity, -1, dtype=np.int64)
+        self._prev = np.full(capacity, -1, dtype=np.int64)
         self._parts = [_PartSlots(kind, capacity) for kind in kinds]
         self._used = 0  # slots [0, used) have been handed out at least once
         self._free: list[int] = []
         self._live = 0
-        # key -> its slot, or its slots (a list) when it has several open sessions; ints, str
-        # and bytes are their own index keys, other keys go as (type, key), so that 1, 1.0
-        # and True stay apart as the key encoding keeps them
-        self._index: dict[Any, int | list[int]] = {}
-        self._several = 0  # keys with several open sessions (a list in the index)
+        self._key_ids: dict[Any, int] = {}
+        self._heads = np.full(1024, -1, dtype=np.int64)
         self._by_end: list[_EndRun] = []  # the end index: runs sorted by end
+        self._probed: tuple[list[Any], Int64Array] = ([], np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
         return self._live
@@ -191,26 +256,14 @@ class SlottedSessions:
 
     def probe(self, uniques: list[Any], uniques_arrow: Any) -> tuple[Int64Array, Int64Array]:
         """``(slots, codes)``: the slots of the batch's keys ``uniques`` and each one's index
-        in ``uniques``. Costs a dict lookup per batch key, whatever the table holds."""
-        keys = _index_keys(uniques)
-        if not self._several:  # one slot per key: the lookups and the rest in C
-            hit = np.fromiter(map(self._index.get, keys, itertools.repeat(-1)),
-                              dtype=np.int64, count=len(keys))
-            codes_found = np.flatnonzero(hit >= 0).astype(np.int64)
-            return hit[codes_found], codes_found
-        found = list(map(self._index.get, keys))
-        slots: list[int] = []
-        codes: list[int] = []
-        for code, mine in enumerate(found):
-            if mine is None:
-                continue
-            if isinstance(mine, int):
-                slots.append(mine)
-                codes.append(code)
-            else:
-                slots.extend(mine)
-                codes.extend([code] * len(mine))
-        return np.array(slots, dtype=np.int64), np.array(codes, dtype=np.int64)
+        in ``uniques``. Costs a dict lookup per batch key and a step per slot found, whatever
+        the table holds."""
+        kids = np.fromiter(map(self._key_ids.get, _index_keys(uniques), itertools.repeat(-1)),
+                           dtype=np.int64, count=len(uniques))
+        self._probed = (uniques, kids)  # for replace: the batch's keys and their ids
+        codes = np.flatnonzero(kids >= 0).astype(np.int64)
+        slots, slot_codes = compiled(_walk)(self._heads, self._next, kids[codes], codes)
+        return slots, slot_codes
 
     def bounds(self, slots: Int64Array) -> tuple[Int64Array, Int64Array]:
         """Starts and ends of ``slots``."""
@@ -218,42 +271,46 @@ class SlottedSessions:
 
     def take(self, slots: Int64Array) -> OpenTable:
         """``slots`` as an :class:`OpenTable` (the table is unchanged)."""
-        keys = self._keys
-        return OpenTable(key_column([keys[s] for s in slots.tolist()]), self._starts[slots],
+        return OpenTable(key_column(self._keys[slots].tolist()), self._starts[slots],
                          self._ends[slots], [part.take(slots) for part in self._parts])
 
     def take_parts(self, slots: Int64Array) -> list[PartColumns]:
         """The accumulator parts of ``slots`` (:meth:`take` without the keys)."""
         return [part.take(slots) for part in self._parts]
 
-    def replace(self, slots: Int64Array, into: Int64Array, new: OpenTable) -> None:
+    def replace(self, slots: Int64Array, into: Int64Array, new: OpenTable,
+                new_codes: Int64Array | None = None) -> None:
         """Replace the sessions in ``slots`` by ``new``'s: ``slots[i]`` went into ``new``'s
         row ``into[i]``. A new session takes the slot of the first session it absorbed (the
         same key: most batches only extend sessions, which costs no index change); the other
-        absorbed slots are freed, and sessions that absorbed nothing take free slots."""
+        absorbed slots are freed, and sessions that absorbed nothing take free slots.
+
+        ``new_codes``: each new session's key as an index into the ``uniques`` of the last
+        :meth:`probe` (so known keys need no lookup); None: read the keys from ``new``."""
         n = len(new)
         target = np.full(n, -1, dtype=np.int64)
         if len(slots):
             target[into[::-1]] = slots[::-1]  # the first absorbed slot of each new session
-            for slot in slots[target[into] != slots].tolist():
-                self._release(slot)
+            self._release(slots[target[into] != slots])
         fresh = np.flatnonzero(target < 0)
         if len(fresh):
             target[fresh] = self._allocate(len(fresh))
-            keys = self._keys
-            index = self._index
-            added = new.take(fresh).key_list()
-            for slot, key, held in zip(target[fresh].tolist(), added, _index_keys(added),
-                                       strict=True):
-                keys[slot] = key
-                mine = index.get(held)
-                if mine is None:
-                    index[held] = slot
-                elif isinstance(mine, int):
-                    index[held] = [mine, slot]
-                    self._several += 1
-                else:
-                    mine.append(slot)
+            if new_codes is None:
+                added = new.take(fresh).key_list()
+                self._keys[target[fresh]] = object_array(added)
+                ids = self._ids_of(added)
+            else:
+                uniques, kids = self._probed
+                codes = new_codes[fresh]
+                self._keys[target[fresh]] = object_array(uniques)[codes]
+                ids = kids[codes]
+                unknown = np.flatnonzero(ids < 0)
+                if len(unknown):  # keys the table did not hold: one id per distinct key
+                    first = np.unique(codes[unknown])
+                    kids[first] = self._ids_of([uniques[c] for c in first.tolist()])
+                    ids = kids[codes]
+            compiled(_link)(target[fresh], ids, self._key_of, self._heads, self._next,
+                            self._prev)
             self._live += len(fresh)
         if n == 0:
             return
@@ -269,6 +326,8 @@ class SlottedSessions:
                                     self._generation[target[order]]))
         if len(self._by_end) > 64:
             self._compact_ends()
+        if len(self._key_ids) > 2 * self._live + 65_536:
+            self._compact_key_ids()
 
     def close_upto(self, upto_ms: int) -> OpenTable:
         """Remove and return the sessions ending at or before ``upto_ms`` (any order), found
@@ -288,8 +347,7 @@ class SlottedSessions:
         self._by_end = runs
         slots = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
         closed = self.take(slots)
-        for slot in slots.tolist():
-            self._release(slot)
+        self._release(slots)
         return closed
 
     def _allocate(self, n: int) -> Int64Array:
@@ -314,24 +372,51 @@ class SlottedSessions:
         ends: list[int] = self._ends[:self._used][self._alive[:self._used]].tolist()
         return ends
 
-    def _release(self, slot: int) -> None:
-        key = self._keys[slot]
-        held = key if type(key) in _PLAIN_KEYS else (type(key), key)
-        mine = self._index[held]
-        if isinstance(mine, int):
-            del self._index[held]
-        else:
-            mine.remove(slot)
-            if len(mine) == 1:
-                self._index[held] = mine[0]
-                self._several -= 1
-        self._keys[slot] = None
-        self._alive[slot] = False
-        self._free.append(slot)
-        self._live -= 1
+    def _release(self, slots: Int64Array) -> None:
+        if not len(slots):
+            return
+        compiled(_unlink)(slots, self._key_of, self._heads, self._next, self._prev)
+        self._keys[slots] = None
+        self._alive[slots] = False
+        self._free.extend(slots.tolist())
+        self._live -= len(slots)
+
+    def _ids_of(self, keys: list[Any]) -> Int64Array:
+        """The key id of each of ``keys``, giving new keys new ids."""
+        index = self._key_ids
+        held = _index_keys(keys)
+        ids = np.fromiter(map(index.get, held, itertools.repeat(-1)), dtype=np.int64,
+                          count=len(keys))
+        missing = np.flatnonzero(ids < 0)
+        for q in missing.tolist():
+            kid = index.get(held[q])  # a key twice among the new ones
+            if kid is None:
+                kid = len(index)
+                index[held[q]] = kid
+            ids[q] = kid
+        if len(index) > len(self._heads):
+            heads = np.full(max(2 * len(self._heads), len(index)), -1, dtype=np.int64)
+            heads[:len(self._heads)] = self._heads
+            self._heads = heads
+        return ids
+
+    def _compact_key_ids(self) -> None:
+        """Renumber the keys that have open sessions; forget the others."""
+        alive = np.flatnonzero(self._alive[:self._used]).astype(np.int64)
+        self._key_ids = {}
+        self._heads = np.full(1024, -1, dtype=np.int64)
+        self._next[:] = -1
+        self._prev[:] = -1
+        self._key_of[:] = -1
+        compiled(_link)(alive, self._ids_of(self._keys[alive].tolist()), self._key_of,
+                        self._heads, self._next, self._prev)
 
     def _grow(self, capacity: int) -> None:
-        self._keys.extend([None] * (capacity - len(self._keys)))
+        self._keys = _grown(self._keys, capacity)
+        for name in ("_key_of", "_next", "_prev"):
+            grown = np.full(capacity, -1, dtype=np.int64)
+            grown[:len(getattr(self, name))] = getattr(self, name)
+            setattr(self, name, grown)
         self._starts = _grown(self._starts, capacity)
         self._ends = _grown(self._ends, capacity)
         self._alive = _grown(self._alive, capacity)
