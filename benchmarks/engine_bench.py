@@ -235,6 +235,7 @@ def state_rows(sizes: tuple[int, ...], changed: int, root: Path, repeat: int = 3
             cpus: list[float] = []
             walls: list[float] = []
             loads: list[float] = []
+            events_in: set[int] = set()
             for round_ in range(repeat):
                 windows = SessionWindows(gap_ms)
                 store = _open_store(store_kind, root, f"state-{size}-{round_}",
@@ -262,6 +263,7 @@ def state_rows(sizes: tuple[int, ...], changed: int, root: Path, repeat: int = 3
                         engine.commit()
                     cpus.append(time.process_time() - cpu)
                     walls.append(time.perf_counter() - wall)
+                events_in.add(int(engine.metrics["records-in"]))
                 store.close()
                 del engine, store
                 gc.collect()
@@ -269,6 +271,7 @@ def state_rows(sizes: tuple[int, ...], changed: int, root: Path, repeat: int = 3
                    "batch_cpu_ms": 1000 * statistics.median(cpus),
                    "batch_wall_ms": 1000 * statistics.median(walls),
                    "load_sessions_per_s": statistics.median(loads),
+                   "events_in": sorted(events_in),
                    "load_average": list(os.getloadavg())}
             rows.append(row)
             log.info("retained %9d, %s: a batch of %d changes %7.1f ms cpu (%7.1f ms wall); "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.engine_bench import SWEEP_PATHS, sweep_rows
+from benchmarks.engine_bench import SWEEP_PATHS, state_rows, sweep_rows
 from benchmarks.report import SWEEP_RUNS, sweep_table
 
 
@@ -23,3 +23,13 @@ def test_every_sweep_cell_emits_the_dict_sessionizers_count(tmp_path: Path) -> N
     table = sweep_table(rows)
     assert len(table) == 2 + len(rows)
     assert all("(all equal)" in line for line in table[2:])
+
+
+def test_the_state_size_sweep_runs_every_size_on_both_stores(tmp_path: Path) -> None:
+    rows = state_rows((500, 2_000), 300, tmp_path, repeat=2, batches=3)
+    assert [(row["retained"], row["store"]) for row in rows] == [
+        (500, "memory"), (500, "rocksdb"), (2_000, "memory"), (2_000, "rocksdb")]
+    for row in rows:
+        # the load, then three batches of 300 changes, in every round
+        assert row["events_in"] == [row["retained"] + 3 * 300]
+        assert row["batch_cpu_ms"] > 0 and row["load_sessions_per_s"] > 0
