@@ -137,7 +137,14 @@ def _sort_output(parts: list[pa.Table], keys: list[str]) -> pa.Table:
     table = pa.concat_tables(parts)
     if len(parts) < 2:
         return table
-    return table.sort_by([*((k, "ascending") for k in keys), ("session_start", "ascending")])
+    # sorted on the keys' values: Arrow cannot sort a dictionary column itself
+    order = [*keys, "session_start"]
+    by = pa.table([table.column(c).cast(table.schema.field(c).type.value_type)
+                   if pa.types.is_dictionary(table.schema.field(c).type) else table.column(c)
+                   for c in order], names=order)
+    import pyarrow.compute as pc
+
+    return table.take(pc.sort_indices(by, sort_keys=[(c, "ascending") for c in order]))
 
 
 def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,

@@ -173,7 +173,8 @@ def _sessions(frame: Frame, options: Options, idx: Any, codes: Int64Array, times
     first_rows = starts_at if perm is None else perm[starts_at]
     if own_key is not None:
         low, key_type = own_key
-        key_arrays = [arrow_of((codes[starts_at] + low).astype(low.dtype), key_type)]
+        # in the key's own type: int64 codes plus a uint64 minimum would be float64 in numpy
+        key_arrays = [arrow_of(codes[starts_at].astype(low.dtype) + low, key_type)]
     else:
         key_arrays = [frame.arrow_at(k, first_rows) for k in keys]
     out_type = options.time_kind.out_type

@@ -33,7 +33,10 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
             low = column.min()
             span = int(column.max()) - int(low)
             if span < 2**31:
-                return (column - low).astype(np.int64, copy=False), span + 1
+                # signed: widen first, as (column - low) wraps in int8/int16 past half the range
+                codes = column.astype(np.int64, copy=False) - np.int64(low) \
+                    if column.dtype.kind == "i" else (column - low).astype(np.int64, copy=False)
+                return codes, span + 1
         column = arrow_of(column, data_type)
     if column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))

@@ -1,0 +1,117 @@
+"""Adversarial inputs to the bounded path, each checked against a brute-force sessionizer.
+
+The brute force shares no code with ``sessionstore.bounded``: per key, events sorted by (time,
+input order), a new session when an event is past the reach (the largest ``t + gap`` so far;
+``>`` with ``inclusive_gap``, ``>=`` without) or at or past ``start + max_duration``; a session
+is ``[first t, min(reach, start + max_duration))`` (docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from sessionstore.bounded import sessionize
+
+
+def brute(rows: Sequence[dict[str, Any]], key: Sequence[str], gap: int,
+          max_duration: int | None = None, inclusive: bool = True,
+          value: str | None = None) -> list[tuple[Any, ...]]:
+    """``(key..., start, end, count, values in order)`` per session, sorted by key and start."""
+    by_key: dict[tuple[Any, ...], list[tuple[int, int, Any]]] = {}
+    for i, row in enumerate(rows):
+        by_key.setdefault(tuple(row[k] for k in key), []).append(
+            (row["t"], i, row[value] if value else None))
+    out = []
+    for k, events in by_key.items():
+        events.sort(key=lambda e: (e[0], e[1]))
+        session: list[tuple[int, int, Any]] = []
+        start = reach = 0
+        for event in events:
+            t = event[0]
+            past = t > reach if inclusive else t >= reach
+            if not session or past or (max_duration is not None and t >= start + max_duration):
+                if session:
+                    out.append(_close(k, start, reach, max_duration, session))
+                session, start, reach = [], t, t + gap
+            session.append(event)
+            reach = max(reach, t + gap)
+        if session:
+            out.append(_close(k, start, reach, max_duration, session))
+    return sorted(out, key=lambda s: (*s[:len(key)], s[len(key)]))
+
+
+def _close(key: tuple[Any, ...], start: int, reach: int, max_duration: int | None,
+           session: list[tuple[int, int, Any]]) -> tuple[Any, ...]:
+    end = reach if max_duration is None else min(reach, start + max_duration)
+    return (*key, start, end, len(session), [e[2] for e in session])
+
+
+def got(table: pa.Table, key: Sequence[str], value: bool = False) -> list[tuple[Any, ...]]:
+    return [(*(r[k] for k in key), r["session_start"], r["session_end"], r["n"],
+             r["v"] if value else [None] * r["n"]) for r in table.to_pylist()]
+
+
+@pytest.mark.parametrize("data_type", [pa.int8(), pa.int16(), pa.uint8(), pa.uint16()])
+def test_narrow_integer_keys_spanning_their_type_lose_no_event(data_type: pa.DataType) -> None:
+    # Killed bug: key codes were computed as (column - min) in the column's own narrow type,
+    # which wraps for int8/int16 keys spanning more than half their range: the codes went
+    # negative, the output was out of key order, and past 2 buckets (> 131072 rows) the rows
+    # of the wrapped keys fell in a bucket never visited: half the events silently vanished.
+    info = np.iinfo(data_type.to_pandas_dtype())
+    n = 140_000
+    picks = np.array([info.max, info.min, (int(info.min) + int(info.max)) // 2])
+    keys = picks[np.arange(n) % 3].astype(data_type.to_pandas_dtype())
+    table = pa.table({"k": pa.array(keys, data_type), "t": np.arange(n, dtype=np.int64) // 7})
+    out = sessionize(table, key="k", time="t", gap=10, aggregations="n=count")
+    assert sum(out.column("n").to_pylist()) == n
+    assert got(out, ["k"]) == brute(table.to_pylist(), ["k"], 10)
+    two = sessionize(table.append_column("j", pa.array(["x"] * n)), key=["k", "j"],
+                     time="t", gap=10, aggregations="n=count")
+    assert two.drop_columns("j").equals(out)
+
+
+def test_uint64_keys_beyond_float_precision_keep_their_values() -> None:
+    # Killed bug: a uint64 key that is its own code was decoded as int64 code + uint64
+    # minimum, which numpy computes in float64: 2**60 + 1 and 2**60 + 2 both came out as
+    # 2**60.
+    base = 2**60 + 1
+    for values in ([base, base + 1, base, base + 7], [2**63 + 3, 2**64 - 1, 2**63 + 3, 2**64 - 2]):
+        table = pa.table({"k": pa.array(values, pa.uint64()), "t": [0, 1, 2, 3]})
+        out = sessionize(table, key="k", time="t", gap=10, aggregations="n=count")
+        assert got(out, ["k"]) == brute(table.to_pylist(), ["k"], 10)
+
+
+def test_dictionary_keys_over_several_spill_partitions(tmp_path: Path) -> None:
+    # Killed bug: the sessions of several spill partitions were ordered with Table.sort_by,
+    # which refuses dictionary columns: a dictionary (categorical) key of a dataset or stream
+    # larger than memory_limit ended in a bare ArrowTypeError.
+    rng = np.random.default_rng(7)
+    parts = []
+    for i in range(3):
+        users = pa.array([f"u{x}" for x in rng.integers(0, 40, 1_500)]).dictionary_encode()
+        part = pa.table({"k": users, "t": rng.integers(0, 200_000, 1_500),
+                         "v": rng.integers(-5, 5, 1_500)})
+        pq.write_table(part, tmp_path / f"p{i}.parquet")
+        parts.append(part)
+    schema = pa.schema([("k", pa.dictionary(pa.int32(), pa.string())), ("t", pa.int64()),
+                        ("v", pa.int64())])
+    dataset = ds.dataset(tmp_path, schema=schema)
+    out = sessionize(dataset, key="k", time="t", gap=3_000, memory_limit=20_000,
+                     aggregations=["n=count", "v=collect:v"])
+    assert out.schema.field("k").type == schema.field("k").type
+    rows = [r for p in parts for r in p.to_pylist()]
+    assert got(out, ["k"], value=True) == brute(rows, ["k"], 3_000, value="v")
+    reader = pa.RecordBatchReader.from_batches(
+        schema, pa.concat_tables([p.cast(schema) for p in parts]).to_batches(
+            max_chunksize=500))
+    two = sessionize(reader, key=["k", "v"], time="t", gap=3_000, memory_limit=20_000,
+                     aggregations="n=count")
+    assert got(two, ["k", "v"]) == brute(rows, ["k", "v"], 3_000)
