@@ -59,7 +59,14 @@ def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Arr
 
         have, want = TICKS_PER_SECOND[data_type.unit], TICKS_PER_SECOND[unit]
         if want >= have:
-            return raw * np.int64(want // have)
+            factor = want // have
+            over = raw > INT64_MAX // factor
+            if over.any():
+                row = int(np.argmax(over))
+                raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at "
+                                 f"row {row}, which does not fit in int64 {unit}")
+            # a negative gap drops its row: 0 keeps it dropped rather than wrapped
+            return cast(Int64Array, np.maximum(raw, np.int64(0)) * np.int64(factor))
         ticks, rest = np.divmod(raw, np.int64(have // want))
         if rest.any():
             row = int(np.argmax(rest != 0))

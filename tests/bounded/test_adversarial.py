@@ -115,3 +115,27 @@ def test_dictionary_keys_over_several_spill_partitions(tmp_path: Path) -> None:
     two = sessionize(reader, key=["k", "v"], time="t", gap=3_000, memory_limit=20_000,
                      aggregations="n=count")
     assert got(two, ["k", "v"]) == brute(rows, ["k", "v"], 3_000)
+
+
+def test_a_duration_gap_column_too_large_for_the_time_unit_is_an_error() -> None:
+    # Killed bug: a gap column of durations coarser than the time column was scaled with an
+    # int64 multiplication that wrapped: 10**11 s of gap on nanosecond times became a gap of
+    # some 7.8e18 ns (a session to the year 2216) without a word, and a very negative gap
+    # could wrap to a positive one and keep an event that must be dropped.
+    times = pa.array([0, 5, 5_000_000_000], pa.timestamp("ns"))
+    table = pa.table({"k": [1, 1, 1], "t": times,
+                      "g": pa.array([10**11, 5, 1], pa.duration("s"))})
+    with pytest.raises(ValueError, match=r"gap column 'g' holds 100000000000 s at row 0"):
+        sessionize(table, key="k", time="t", gap="g", aggregations="n=count")
+    wrapped = -(2**63 // 10**9) - 1  # times 10**9 wraps to a positive number of ns
+    table = pa.table({"k": [1, 1, 1], "t": times,
+                      "g": pa.array([wrapped, 1, 1], pa.duration("s"))})
+    out = sessionize(table, key="k", time="t", gap="g", aggregations="n=count")
+    assert out.to_pylist() == [
+        {"k": 1, "session_start": dt_ns(5), "session_end": dt_ns(1_000_000_005), "n": 1},
+        {"k": 1, "session_start": dt_ns(5_000_000_000), "session_end": dt_ns(6_000_000_000),
+         "n": 1}]
+
+
+def dt_ns(value: int) -> Any:
+    return pa.scalar(value, pa.timestamp("ns")).as_py()
