@@ -72,7 +72,10 @@ def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if module == "pandas":
-        data = pa.Table.from_pandas(data, preserve_index=False)
+        # a named index is a column (it may be the key), unless a column has its name
+        named = [n for n in data.index.names if n is not None]
+        keep = bool(named) and not any(n in data.columns for n in named)
+        data = pa.Table.from_pandas(data, preserve_index=keep)
     elif module == "polars":
         if not hasattr(data, "to_arrow"):
             raise TypeError(f"data is a polars {type(data).__name__}: pass a DataFrame "

@@ -99,6 +99,9 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
     times = time_ticks(frame.columns[options.time], options.time)
     dropped = 0
     gaps: Any = None
+    # the keys are coded (and a null key refused at its row) before rows with bad gaps go
+    codes, count = key_codes(frame, options.keys)
+    own_key = _own_codes(frame, options)
     if options.gap_column is not None:
         gaps = gaps_ticks(frame.arrow(options.gap_column), options)
         valid = gaps > 0
@@ -112,7 +115,7 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
         if not valid.all():
             dropped = int(len(valid) - np.count_nonzero(valid))
             frame = frame.filter(valid)
-            times, gaps = times[valid], gaps[valid]
+            times, gaps, codes = times[valid], gaps[valid], codes[valid]
             rows = (np.flatnonzero(valid) if rows is None else rows[valid]).astype(np.int64)
     else:
         assert options.gap_ticks is not None
@@ -124,8 +127,6 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
         shown = row if rows is None else int(rows[row])
         raise ValueError(f"time column {options.time!r} holds {times[row]} at row {shown}: "
                          f"adding its gap passes the largest int64 time")
-    codes, count = key_codes(frame, options.keys)
-    own_key = _own_codes(frame, options)
     parts = buckets(codes, count, BUCKET_ROWS)
     if parts is None:
         table_out = _sessions(frame, options, None, codes, times, gaps, rows, own_key)

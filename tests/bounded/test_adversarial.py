@@ -139,3 +139,38 @@ def test_a_duration_gap_column_too_large_for_the_time_unit_is_an_error() -> None
 
 def dt_ns(value: int) -> Any:
     return pa.scalar(value, pa.timestamp("ns")).as_py()
+
+
+def test_a_null_key_is_reported_at_its_input_row_after_dropped_gaps() -> None:
+    # Killed bug: with a gap column, rows with a null or non-positive gap were filtered out
+    # before the keys were checked, so a null key was reported at its row among the kept
+    # rows (row 1 here), not at its input row.
+    table = pa.table({"k": ["a", "a", "a", None], "t": [0, 1, 2, 3], "g": [None, -1, 5, 5]})
+    with pytest.raises(ValueError, match=r"key column 'k' is null at row 3"):
+        sessionize(table, key="k", time="t", gap="g", aggregations="n=count")
+    table = pa.table({"k": pa.array([7, 9, 7, 7], pa.int16()), "t": [0, 1, 2, 30],
+                      "g": [None, 5, 5, 5], "v": [1, 2, 3, 4]})
+    out = sessionize(table, key="k", time="t", gap="g", aggregations=["n=count", "v=collect:v"])
+    assert out.to_pylist() == [
+        {"k": 7, "session_start": 2, "session_end": 7, "n": 1, "v": [3]},
+        {"k": 7, "session_start": 30, "session_end": 35, "n": 1, "v": [4]},
+        {"k": 9, "session_start": 1, "session_end": 6, "n": 1, "v": [2]}]
+
+
+def test_a_pandas_index_can_be_the_key() -> None:
+    # Killed bug: the DataFrame's index was thrown away, so a frame indexed by its key (as
+    # after set_index("user")) was refused with "key column 'user' is not in the input".
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"user": ["b", "a", "b"], "ts": [0, 5, 50]})
+    flat = sessionize(frame, key="user", time="ts", gap=10, aggregations="n=count")
+    assert sessionize(frame.set_index("user"), key="user", time="ts", gap=10,
+                      aggregations="n=count").equals(flat)
+    assert got(flat.rename_columns(["user", "session_start", "session_end", "n"]),
+               ["user"]) == brute([{"user": u, "t": t} for u, t in
+                                   zip(frame["user"], frame["ts"], strict=True)], ["user"], 10)
+    # an unnamed index stays out of the way, and a column named like the index wins
+    assert sessionize(frame.set_index(pd.Index([7, 8, 9])), key="user", time="ts", gap=10,
+                      aggregations="n=count").equals(flat)
+    same = frame.set_index(pd.Index([0, 0, 0], name="ts"))
+    assert sessionize(same.assign(ts=frame["ts"].to_numpy()), key="user", time="ts", gap=10,
+                      aggregations="n=count").equals(flat)
