@@ -35,6 +35,14 @@ BYTES_PER_ROW = 72
 #: How deep a partition that is still too large is split again before it is sessionized as is
 #: (one key's events cannot be split).
 MAX_SPLITS = 3
+#: At most this many spill partitions (open files) per split: a partition still too large is
+#: split again, so a tiny memory limit costs passes over the data, not file handles (the
+#: soft limit is 256 or 1024 on many systems).
+MAX_PARTITIONS = 128
+#: A partition whose working set is under this is sessionized as it is, not split again:
+#: splitting it saves less memory than the passes and files cost (with a tiny limit, one
+#: split per key; measured: 20k rows of 3000 keys took 22 s at ``memory_limit=1000``).
+MIN_SPLIT_BYTES = 1 << 20
 
 
 @dataclass
@@ -156,10 +164,10 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
     split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
     for _, table in spill.read():
         rows = as_numpy(table.column(ROW_COLUMN))
+        working = working_bytes(table.nbytes, table.num_rows)
         if depth < MAX_SPLITS and table.num_rows > 1 and \
-                working_bytes(table.nbytes, table.num_rows) > options.memory_limit:
-            parts = max(2, math.ceil(2 * working_bytes(table.nbytes, table.num_rows)
-                                     / options.memory_limit))
+                working > max(options.memory_limit, MIN_SPLIT_BYTES):
+            parts = min(MAX_PARTITIONS, max(2, math.ceil(2 * working / options.memory_limit)))
             with Spill(table.schema, options.keys, parts, depth + 1, spill_dir) as inner:
                 for batch in table.to_batches(max_chunksize=1 << 16):
                     inner.write(batch)
@@ -246,8 +254,8 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
     one by one."""
     # The stream may go on for long: enough partitions for 16 times what was read so far (a
     # partition that is still too large is split again, at the cost of reading it twice).
-    partitions = max(8, math.ceil(16 * working_bytes(held.nbytes, held.rows)
-                                  / options.memory_limit))
+    partitions = min(MAX_PARTITIONS, max(8, math.ceil(
+        16 * working_bytes(held.nbytes, held.rows) / options.memory_limit)))
     first = held.batches()
     schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(
         pa.field(ROW_COLUMN, pa.int64()))

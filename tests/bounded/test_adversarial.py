@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from sessionstore.bounded import sessionize
+from sessionstore.bounded import run, sessionize
 
 
 def brute(rows: Sequence[dict[str, Any]], key: Sequence[str], gap: int,
@@ -174,3 +174,47 @@ def test_a_pandas_index_can_be_the_key() -> None:
     same = frame.set_index(pd.Index([0, 0, 0], name="ts"))
     assert sessionize(same.assign(ts=frame["ts"].to_numpy()), key="user", time="ts", gap=10,
                       aggregations="n=count").equals(flat)
+
+
+def test_a_tiny_memory_limit_with_many_keys_keeps_few_files_open() -> None:
+    # Killed bug: the number of spill partitions grew with (input size / memory_limit) with
+    # no cap: memory_limit=1000 on 20k rows of 3000 keys opened one file per key and failed
+    # with a bare OSError "Too many open files" (past the soft limit, 1024 on many systems),
+    # and memory_limit=1 asked for tens of millions of partitions (a counter list of
+    # hundreds of MB).
+    resource = pytest.importorskip("resource")
+    fd_dir = Path("/proc/self/fd")
+    if not fd_dir.is_dir():
+        pytest.skip("needs /proc/self/fd to count open files")
+    rng = np.random.default_rng(3)
+    n = 20_000
+    table = pa.table({"k": rng.integers(0, 3_000, n) * 7919, "t": rng.integers(0, 10**6, n)})
+    expected = sessionize(table, key="k", time="t", gap=500, aggregations="n=count")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(list(fd_dir.iterdir())) + 300, hard))
+    try:
+        for limit in (1_000, 1):
+            reader = pa.RecordBatchReader.from_batches(
+                table.schema, table.to_batches(max_chunksize=5_000))
+            out = sessionize(reader, key="k", time="t", gap=500, aggregations="n=count",
+                             memory_limit=limit)
+            assert out.equals(expected)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    rows = table.to_pylist()
+    assert got(expected, ["k"]) == brute(rows, ["k"], 500)
+
+
+def test_a_partition_over_the_limit_is_still_split_again() -> None:
+    # The cap on partitions and the floor under re-splitting must not stop a partition over
+    # a (not tiny) memory limit from being split again: two keys of 60k rows each land in
+    # two partitions of ~7 MB of working set each, over a 4 MB limit.
+    n = 120_000
+    table = pa.table({"k": np.arange(n) % 2, "t": (np.arange(n) * 7_919) % 1_000_000})
+    expected = sessionize(table, key="k", time="t", gap=40, aggregations="n=count")
+    reader = pa.RecordBatchReader.from_batches(table.schema,
+                                               table.to_batches(max_chunksize=20_000))
+    out, stats = run(reader, key="k", time="t", gap=40, aggregations="n=count",
+                     memory_limit=4_000_000)
+    assert out.equals(expected)
+    assert stats.spilled_bytes > 2 * table.nbytes  # spilled, then split again
