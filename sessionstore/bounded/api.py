@@ -25,6 +25,7 @@ from .options import (
     parse_aggregations,
     time_kind,
 )
+from .order import sortable
 from .spill import Spill
 
 log = logging.getLogger(__name__)
@@ -90,15 +91,37 @@ def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
                             f"(collect a LazyFrame first)")
         data = data.to_arrow()
     if isinstance(data, pa.Table):
-        return data, None, data.schema
+        plain = _without_views(data.schema)
+        return (data if plain is None else data.cast(plain)), None, plain or data.schema
     if isinstance(data, pa.RecordBatchReader):
         reader = data
-        return None, lambda columns: (b.select(columns) for b in reader), reader.schema
+        plain = _without_views(reader.schema)
+        return None, lambda columns: (_plain(b.select(columns), plain) for b in reader), \
+            plain or reader.schema
     if module == "pyarrow" and hasattr(data, "to_batches") and hasattr(data, "count_rows"):
         dataset = data
-        return None, lambda columns: iter(dataset.to_batches(columns=columns)), dataset.schema
+        plain = _without_views(dataset.schema)
+        return None, lambda columns: (_plain(b, plain) for b in dataset.to_batches(
+            columns=columns)), plain or dataset.schema
     raise TypeError(f"data must be a pyarrow Table, RecordBatchReader or Dataset, or a pandas "
                     f"or polars DataFrame, got {type(data).__module__}.{type(data).__name__}")
+
+
+def _without_views(schema: pa.Schema) -> pa.Schema | None:
+    """``schema`` with string and binary views as large strings and binaries (which Arrow's
+    sort and take kernels handle), or None when it has no view."""
+    views = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
+    if not any(str(f.type) in views for f in schema):
+        return None
+    return pa.schema([f.with_type(views.get(str(f.type), f.type)) for f in schema])
+
+
+def _plain(batch: pa.RecordBatch, plain: pa.Schema | None) -> pa.RecordBatch:
+    if plain is None:
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [c.cast(plain.field(n).type) for c, n in zip(batch.columns, batch.schema.names,
+                                                     strict=True)], names=batch.schema.names)
 
 
 def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: Any,
@@ -150,9 +173,7 @@ def _sort_output(parts: list[pa.Table], keys: list[str]) -> pa.Table:
         return table
     # sorted on the keys' values: Arrow cannot sort a dictionary column itself
     order = [*keys, "session_start"]
-    by = pa.table([table.column(c).cast(table.schema.field(c).type.value_type)
-                   if pa.types.is_dictionary(table.schema.field(c).type) else table.column(c)
-                   for c in order], names=order)
+    by = pa.table([sortable(table.column(c)) for c in order], names=order)
     import pyarrow.compute as pc
 
     return table.take(pc.sort_indices(by, sort_keys=[(c, "ascending") for c in order]))
