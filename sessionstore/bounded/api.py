@@ -136,6 +136,10 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
             raise ValueError(f"{what} column {name!r} is not in the input (columns: {names})")
     if time in keys:
         raise ValueError(f"time column {time!r} is also a key column")
+    named = [k for k in keys if k in SESSION_COLUMNS]
+    if named:
+        raise ValueError(f"key column {named[0]!r} has the name of an output column "
+                         f"({', '.join(SESSION_COLUMNS)}); rename it")
     kind = time_kind(schema.field(time).type, time, time_unit)
     if not isinstance(inclusive_gap, bool):
         raise TypeError(f"inclusive_gap must be True or False, got {inclusive_gap!r}")

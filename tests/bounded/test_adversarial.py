@@ -244,3 +244,13 @@ def test_view_string_keys_are_keys(view: str) -> None:
     assert sessionize(viewed, key="k", time="t", gap=10, aggregations="n=count"
                       ).column("k").type == large
     assert got(expected, ["k"]) == brute(plain.to_pylist(), ["k"], 10)
+
+
+@pytest.mark.parametrize("name", ["session_start", "session_end"])
+def test_a_key_named_like_a_session_column_is_refused(name: str) -> None:
+    # Killed bug: a key column called session_start (or session_end) gave a result with two
+    # columns of that name, which table.column(name) cannot tell apart; an aggregation of
+    # that name was already refused.
+    table = pa.table({name: ["a", "a", "b"], "t": [0, 1, 2]})
+    with pytest.raises(ValueError, match=f"key column {name!r} has the name of an output"):
+        sessionize(table, key=name, time="t", gap=10, aggregations="n=count")
