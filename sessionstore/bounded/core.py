@@ -59,7 +59,14 @@ def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Arr
 
         have, want = TICKS_PER_SECOND[data_type.unit], TICKS_PER_SECOND[unit]
         if want >= have:
-            return raw * np.int64(want // have)
+            factor = want // have
+            over = raw > INT64_MAX // factor
+            if over.any():
+                row = int(np.argmax(over))
+                raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at "
+                                 f"row {row}, which does not fit in int64 {unit}")
+            # a negative gap drops its row: 0 keeps it dropped rather than wrapped
+            return cast(Int64Array, np.maximum(raw, np.int64(0)) * np.int64(factor))
         ticks, rest = np.divmod(raw, np.int64(have // want))
         if rest.any():
             row = int(np.argmax(rest != 0))
@@ -92,6 +99,9 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
     times = time_ticks(frame.columns[options.time], options.time)
     dropped = 0
     gaps: Any = None
+    # the keys are coded (and a null key refused at its row) before rows with bad gaps go
+    codes, count = key_codes(frame, options.keys)
+    own_key = _own_codes(frame, options)
     if options.gap_column is not None:
         gaps = gaps_ticks(frame.arrow(options.gap_column), options)
         valid = gaps > 0
@@ -105,7 +115,7 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
         if not valid.all():
             dropped = int(len(valid) - np.count_nonzero(valid))
             frame = frame.filter(valid)
-            times, gaps = times[valid], gaps[valid]
+            times, gaps, codes = times[valid], gaps[valid], codes[valid]
             rows = (np.flatnonzero(valid) if rows is None else rows[valid]).astype(np.int64)
     else:
         assert options.gap_ticks is not None
@@ -117,8 +127,6 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
         shown = row if rows is None else int(rows[row])
         raise ValueError(f"time column {options.time!r} holds {times[row]} at row {shown}: "
                          f"adding its gap passes the largest int64 time")
-    codes, count = key_codes(frame, options.keys)
-    own_key = _own_codes(frame, options)
     parts = buckets(codes, count, BUCKET_ROWS)
     if parts is None:
         table_out = _sessions(frame, options, None, codes, times, gaps, rows, own_key)
@@ -173,7 +181,8 @@ def _sessions(frame: Frame, options: Options, idx: Any, codes: Int64Array, times
     first_rows = starts_at if perm is None else perm[starts_at]
     if own_key is not None:
         low, key_type = own_key
-        key_arrays = [arrow_of((codes[starts_at] + low).astype(low.dtype), key_type)]
+        # in the key's own type: int64 codes plus a uint64 minimum would be float64 in numpy
+        key_arrays = [arrow_of(codes[starts_at].astype(low.dtype) + low, key_type)]
     else:
         key_arrays = [frame.arrow_at(k, first_rows) for k in keys]
     out_type = options.time_kind.out_type

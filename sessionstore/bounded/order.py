@@ -33,7 +33,10 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
             low = column.min()
             span = int(column.max()) - int(low)
             if span < 2**31:
-                return (column - low).astype(np.int64, copy=False), span + 1
+                # signed: widen first, as (column - low) wraps in int8/int16 past half the range
+                codes = column.astype(np.int64, copy=False) - np.int64(low) \
+                    if column.dtype.kind == "i" else (column - low).astype(np.int64, copy=False)
+                return codes, span + 1
         column = arrow_of(column, data_type)
     if column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
@@ -43,8 +46,7 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
         raise ValueError(f"key column {name!r} has type {data_type}, which cannot be a key "
                          f"(use atomic columns: integers, strings, binary, dates, timestamps, "
                          f"decimals, booleans)")
-    if pa.types.is_dictionary(data_type):
-        column = column.cast(data_type.value_type)
+    column = sortable(column)
     import pyarrow.compute as pc  # here: its import costs ~70 ms, integer keys need none
 
     encoded = pc.dictionary_encode(column)
@@ -53,6 +55,13 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
     rank[as_numpy(pc.sort_indices(dictionary))] = np.arange(len(dictionary), dtype=np.int64)
     indices = as_numpy(encoded.indices)
     return rank[indices], len(dictionary)
+
+
+def sortable(column: Any) -> Any:
+    """A key column in a type Arrow sorts: a dictionary column's values (``sort_indices`` has
+    no kernel for dictionaries)."""
+    data_type = column.type
+    return column.cast(data_type.value_type) if pa.types.is_dictionary(data_type) else column
 
 
 def _orderable(data_type: pa.DataType) -> bool:
