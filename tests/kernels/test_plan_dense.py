@@ -14,7 +14,7 @@ from sessionstore.engine.planner import plan_reference
 from sessionstore.kernels import plan_dense
 
 from .model import run_loop
-from .test_planner import PROFILE_SCALE, batches, plain_python_kernels
+from .test_planner import PROFILE_SCALE, batches, plain_python_kernels, plan_sets
 
 
 def _dense_codes(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, int]]
@@ -40,19 +40,7 @@ def _check(events: list[tuple[int, int, int, int]], opens: list[tuple[int, int, 
         for s in run_loop(events, opens, inclusive) if s.events
     }
     sessions = len(plan.session_codes)
-    members: list[set[int]] = [set() for _ in range(sessions)]
-    absorbed: list[set[int]] = [set() for _ in range(sessions)]
-    for i, s in enumerate(plan.event_session.tolist()):
-        members[s].add(i)
-    for j, s in enumerate(plan.open_session.tolist()):
-        if s >= 0:
-            absorbed[s].add(j)
-    listed = {
-        (int(plan.session_codes[s]), int(plan.session_starts_ms[s]),
-         int(plan.session_ends_ms[s]), frozenset(members[s]), frozenset(absorbed[s]))
-        for s in range(sessions)
-    }
-    assert listed == expected
+    assert plan_sets(plan) == expected
     assert sessions == len(expected)
     # exactly what the reference answers on the dense codes, in the same order
     reference = plan_reference(dense_ev, ev[:, 1], ev[:, 2], ev[:, 3], dense_op, op[:, 1],
