@@ -24,8 +24,6 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from .. import keyschema
 from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
@@ -36,13 +34,14 @@ from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock, PaneTiming, system_clock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
-from .columnar import OpenTable, columnar_parts
+from .columnar import SessionRows, columnar_parts
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .fast_event import bind_event_step
 from .max_duration import MaxDuration
 from .merge import END_START, join_range, merge_event
 from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
+from .table import OpenSessions, unique_keys
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -198,7 +197,7 @@ class SessionAggregator:
         self._result_names = aggregation.names if isinstance(aggregation, Combined) else None
         # the open sessions as columns, while the fast batch path runs (None otherwise); the
         # store holds everything it holds after every batch, so it can be dropped at any time
-        self._table: OpenTable | None = None
+        self._table: OpenSessions | None = None
         # the key names and output schema of the last process_table call: the columns of
         # advance_watermark_table and flush_table
         self._table_columns: tuple[list[str], Any] | None = None
@@ -784,8 +783,8 @@ class SessionAggregator:
 
     # -- the open sessions as columns (the fast batch path) ------------------------------------
 
-    def _open_table(self) -> OpenTable:
-        """The columnar open sessions, loaded from the store on first use.
+    def _open_table(self) -> OpenSessions:
+        """The open sessions' table, loaded from the store on first use.
 
         Raises:
             NotColumnar: stored accumulators the fast path cannot hold exactly.
@@ -796,8 +795,11 @@ class SessionAggregator:
             low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
             rows = [(session, SessionRecord.from_wire(raw).acc)
                     for session, raw in self._state.find_sessions(low, INT64_MAX)]
-            table = OpenTable.from_rows(self._columnar_kinds, rows,
-                                        combined=self._result_names is not None)
+            loaded = SessionRows.from_rows(self._columnar_kinds, rows,
+                                           combined=self._result_names is not None)
+            table = OpenSessions(self._columnar_kinds)
+            keys, codes = unique_keys([session.key for session, _ in rows])
+            table.insert(keys, codes, table.index.lookup(keys), loaded)
             self._state.evict()  # the table now answers for these keys; no view may go stale
             self._table = table
         return self._table
@@ -809,11 +811,11 @@ class SessionAggregator:
             return
         self._table = None
         if self._tracks_close:
-            self._close_heap.extend(table.ends_ms.tolist())
+            self._close_heap.extend(table.live_ends().tolist())
             heapq.heapify(self._close_heap)
             self._close_heap_complete = True  # the table held every session not yet closed
 
-    def _advance_table(self) -> OpenTable | None:
+    def _advance_table(self) -> SessionRows | None:
         """Close (and, with ON_WINDOW_CLOSE, return for emission, in store order) the table's
         sessions up to ``W - grace``; forget them; move the close cursor and the expiry cap."""
         table = self._table
@@ -822,15 +824,11 @@ class SessionAggregator:
         upto = times.watermark - self.config.grace_ms
         if upto <= times.last_close:
             return None
-        closing = table.ends_ms <= upto
-        closed = None
-        if self._tracks_close and closing.any():
-            closed = table.take(np.flatnonzero(closing))
+        closed = table.close_upto(upto, rows=self._tracks_close)
+        if closed is not None and len(closed):
             closed = closed.take(closed.store_order())
             self._metrics.emitted += len(closed)
             self._metrics.record_finals(times.watermark - (closed.ends_ms + self.config.grace_ms))
-        if closing.any():
-            self._table = table.take(np.flatnonzero(~closing))
         times.last_close = upto
         self._cap_expiry()
         return closed

@@ -21,7 +21,7 @@ the same validation.
 
 The built-in aggregations (:func:`~sessionstore.engine.columnar.columnar_parts`) without a
 trigger or write cache take the fast path instead (:func:`_fast`): the engine's open sessions
-live in a columnar :class:`~sessionstore.engine.columnar.OpenTable`, and a batch costs array
+live in a columnar :class:`~sessionstore.engine.columnar.SessionRows`, and a batch costs array
 operations, one ``remove_many`` and one ``put_many``. Steps 1-6 are the same; only how they are
 computed differs. A batch the fast path cannot take exactly (mixed value types, NaN, an integer
 sum beyond int64) takes the path above.
@@ -50,9 +50,8 @@ from . import planner
 from .columnar import (
     NUMERIC_KINDS,
     NotColumnar,
-    OpenTable,
+    SessionRows,
     aggregate_plan,
-    codes_in,
     columnar_parts,
     needs_time_order,
     normal_key_array,
@@ -487,7 +486,7 @@ def _collector_paused() -> Iterator[None]:
         if was_enabled:
             gc.enable()
 
-Block = tuple[OpenTable, "np.ndarray | None"]
+Block = tuple[SessionRows, "np.ndarray | None"]
 """Rows to emit, in emission order, with their retraction flags (None: none is one)."""
 
 
@@ -548,34 +547,35 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
     seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
     table = engine._open_table()
     acc_values = [None if v is None else v[accepted] for v in part_values]
-    for kind, part, values in zip(kinds, table.parts, acc_values, strict=True):
-        if kind in NUMERIC_KINDS and len(part.value) and values is not None \
-                and part.value.dtype != values.dtype:
-            raise NotColumnar("the batch's values and the open accumulators differ in type")
+    table.check(acc_values)
     batch_keys = None if uniques_arrow is None else normal_key_array(uniques_arrow)
-    table_codes = codes_in(table.keys, uniques, batch_keys)
-    cand = np.flatnonzero(table_codes >= 0)
+    # the open sessions of the batch's keys: a probe of the table's key index and lists
+    kids = table.index.lookup(uniques)
+    cand, cand_codes = table.probe(kids)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
     # the plan, each session's events and its absorbed open sessions, in one compiled pass
     dense = planner.plan(acc_codes, acc_times, ends[accepted], closed_before[accepted],
-                         table_codes[cand], cand_starts, cand_ends, cfg.inclusive_gap,
+                         cand_codes, cand_starts, cand_ends, cfg.inclusive_gap,
                          keys=len(uniques), by_time=needs_time_order(kinds, acc_values))
     plan = dense.plan
-    open_parts = [part.take(cand) for part in table.parts]
+    open_parts = [part.gather(cand) for part in table.parts]
     new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
                                dense.events, dense.absorbed)
     new_keys = (batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
                 else object_array(uniques)[plan.session_codes])
-    new = OpenTable(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)
+    new = SessionRows(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)
     touched = plan.open_session >= 0
     absorbed = cand[touched]
     into = plan.open_session[touched]
-    moved = ((table.starts_ms[absorbed] != plan.session_starts_ms[into])
-             | (table.ends_ms[absorbed] != plan.session_ends_ms[into]))
-    removed = table.take(absorbed[moved])
-    kept = np.ones(len(table), dtype=np.bool_)
-    kept[absorbed] = False
+    moved = ((cand_starts[touched] != plan.session_starts_ms[into])
+             | (cand_ends[touched] != plan.session_ends_ms[into]))
+    moved_codes = cand_codes[touched][moved]
+    removed = (table.rows(absorbed[moved], batch_keys.take(pa.array(moved_codes))
+                          if batch_keys is not None else object_array(uniques)[moved_codes])
+               if engine._updates else None)
+    removed_starts = cand_starts[touched][moved]
+    removed_ends = cand_ends[touched][moved]
     combined = engine._result_names is not None
     packed = (pack_session_records([part.value for part in new.parts], combined=combined)
               if _store_takes_packed(engine, kinds) else None)
@@ -591,9 +591,11 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
                 engine.on_late(uniques[codes[i]], None if late_values is None
                                else late_values[i], int(times[i]))
     clock.seq += m
-    engine._table = table.take(np.flatnonzero(kept)).concat(new)
+    table.remove(absorbed)
+    table.insert(uniques, plan.session_codes, kids, new)
     blocks: list[Block] = []
     if engine._updates:
+        assert removed is not None
         changes = removed.concat(new)
         flags = np.concatenate((np.ones(len(removed), dtype=np.bool_),
                                 np.zeros(len(new), dtype=np.bool_)))
@@ -609,10 +611,9 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
         if closed is not None and len(closed):
             blocks.append((closed, None))
     state = engine._state
-    if len(removed):
+    if len(moved_codes):
         # the batch's keys with an index: each distinct key is encoded once, not per session
-        state.remove_many(uniques, removed.starts_ms, removed.ends_ms,
-                          key_index=table_codes[absorbed[moved]])
+        state.remove_many(uniques, removed_starts, removed_ends, key_index=moved_codes)
     if len(new):
         # sessions that closed inside the batch and lie below the expiry boundary were emitted
         # above; the loop would have written them and expired them by now, so they are not
@@ -844,7 +845,7 @@ def _output_types(engine: EngineHost, table: pa.Table, value: str | None
     return types
 
 
-def _block_key_arrays(block: OpenTable, names: list[str], table: pa.Table) -> list[pa.Array]:
+def _block_key_arrays(block: SessionRows, names: list[str], table: pa.Table) -> list[pa.Array]:
     """The key columns of a block's rows, in the input table's types: Arrow keys are cast
     (no Python object per row); other keys, or a cast Arrow refuses, go through Python."""
     if len(names) == 1 and isinstance(block.keys, pa.Array):
@@ -881,7 +882,7 @@ def _blocks_to_table(engine: EngineHost, blocks: list[Block], names: list[str],
     assert engine._columnar_kinds is not None
     kinds = engine._columnar_kinds
     if not blocks:
-        empty = OpenTable.empty(kinds)
+        empty = SessionRows.empty(kinds)
         blocks = [(empty, None)]
     pieces = []
     for block, flags in blocks:

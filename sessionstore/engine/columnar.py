@@ -1,9 +1,11 @@
-"""The engine's open sessions as columns, and the built-in aggregations over them.
+"""Sessions as columns, and the built-in aggregations over them.
 
-The fast batch path keeps every open session (end after the close cursor) of the engine in one
-:class:`OpenTable`: a key column, start and end arrays, and one set of accumulator columns per
-built-in aggregation part (:class:`PartColumns`). A batch then costs array operations over the
-batch and the table, never a Python call per event or per session: the merge plan comes from
+The fast batch path moves sessions as :class:`SessionRows`: a key column, start and end arrays,
+and one set of accumulator columns per built-in aggregation part (:class:`PartColumns`). The
+engine keeps its open sessions (end after the close cursor) in the persistent table of
+:mod:`sessionstore.engine.table`, which hands a batch the rows of the batch's keys as
+:class:`SessionRows`. A batch then costs array operations over the batch and the sessions of
+its keys, never a Python call per event or per session: the merge plan comes from
 :func:`sessionstore.engine.planner.plan`, the accumulators from the vectorised aggregations
 of :mod:`sessionstore.kernels`, and the store sees one ``remove_many`` and one ``put_many``.
 
@@ -179,11 +181,11 @@ def _concat_parts(a: PartColumns, b: PartColumns) -> PartColumns:
     return PartColumns("collect", value, t_ms, seq, offsets)
 
 
-class OpenTable:
+class SessionRows:
     """Sessions as columns: keys, ``starts_ms``, ``ends_ms`` and accumulator parts.
 
-    ``keys`` is an Arrow array when the keys are all ints, all str or all bytes (so that a batch
-    finds its keys' rows with one hash join), else a numpy object array.
+    ``keys`` is an Arrow array when the keys are all ints, all str or all bytes (so that the
+    output columns are built without a Python object per row), else a numpy object array.
     """
 
     def __init__(self, keys: Any, starts_ms: Int64Array, ends_ms: Int64Array,
@@ -197,7 +199,7 @@ class OpenTable:
         return len(self.starts_ms)
 
     @classmethod
-    def empty(cls, kinds: list[str]) -> OpenTable:
+    def empty(cls, kinds: list[str]) -> SessionRows:
         none = np.zeros(0, dtype=np.int64)
         parts = [PartColumns(kind, np.zeros(0, dtype=object) if kind in ITEM_KINDS else
                              np.zeros(0, dtype=np.int64),
@@ -209,7 +211,7 @@ class OpenTable:
 
     @classmethod
     def from_rows(cls, kinds: list[str], rows: list[tuple[Session, Any]], *,
-                  combined: bool) -> OpenTable:
+                  combined: bool) -> SessionRows:
         """Build from stored ``(session, accumulator)`` rows (a cold start: one pass in Python).
 
         ``combined``: the aggregation is a :class:`Combined` (even of one part), whose
@@ -245,14 +247,14 @@ class OpenTable:
                                          offsets))
         return cls(keys, starts, ends, parts)
 
-    def take(self, rows: Int64Array) -> OpenTable:
+    def take(self, rows: Int64Array) -> SessionRows:
         keys = self.keys.take(pa.array(rows)) if isinstance(self.keys, pa.Array) \
             else self.keys[rows]
-        return OpenTable(keys, self.starts_ms[rows], self.ends_ms[rows],
+        return SessionRows(keys, self.starts_ms[rows], self.ends_ms[rows],
                          [part.take(rows) for part in self.parts])
 
-    def concat(self, other: OpenTable) -> OpenTable:
-        return OpenTable(concat_keys(self.keys, other.keys),
+    def concat(self, other: SessionRows) -> SessionRows:
+        return SessionRows(concat_keys(self.keys, other.keys),
                          np.concatenate((self.starts_ms, other.starts_ms)),
                          np.concatenate((self.ends_ms, other.ends_ms)),
                          [_concat_parts(a, b) for a, b in zip(self.parts, other.parts,

@@ -19,9 +19,10 @@ from ..store.caching import CachingSessionStore
 from ..triggers import AfterWatermark
 from ..types import SessionStoreProtocol
 from ..windows import SessionWindows
-from .columnar import OpenTable
+from .columnar import SessionRows
 from .config import EngineConfig
 from .emit import Emit, EngineMetrics
+from .table import OpenSessions
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -57,7 +58,7 @@ class EngineHost(Protocol):
     _metrics: EngineMetrics
     _times: TimeKeeper
     _runner: TriggerRunner | None
-    _table: OpenTable | None
+    _table: OpenSessions | None
     _columnar_kinds: list[str] | None
     _columnar_columns: list[str | None]
     _result_names: list[str] | None
@@ -84,8 +85,8 @@ class EngineHost(Protocol):
 
     def _on_watermark(self, out: list[Emit]) -> None: ...
 
-    def _open_table(self) -> OpenTable: ...
+    def _open_table(self) -> OpenSessions: ...
 
     def _leave_table(self) -> None: ...
 
-    def _advance_table(self) -> OpenTable | None: ...
+    def _advance_table(self) -> SessionRows | None: ...

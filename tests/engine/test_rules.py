@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sessionstore.engine.columnar import OpenTable
+from sessionstore.engine.columnar import SessionRows
 from sessionstore.engine.merge import join_range, merge_event
 from sessionstore.engine.record import (
     Phase,
@@ -96,7 +96,7 @@ def test_the_batch_paths_record_forms_are_plain_records() -> None:
                           for a, b in zip(ints.tolist(), floats.tolist(), strict=True)]
     counts = [1, 4, 2]
     rows = [(Session("k", 0, 10 + i), [n]) for i, n in enumerate(counts)]
-    table = OpenTable.from_rows(["count"], rows, combined=True)
+    table = SessionRows.from_rows(["count"], rows, combined=True)
     assert table.wire_records(combined=True) == [plain_record([n]) for n in counts]
-    table = OpenTable.from_rows(["count"], [(s, acc[0]) for s, acc in rows], combined=False)
+    table = SessionRows.from_rows(["count"], [(s, acc[0]) for s, acc in rows], combined=False)
     assert table.wire_records(combined=False) == [plain_record(n) for n in counts]

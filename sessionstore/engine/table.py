@@ -1,0 +1,438 @@
+"""The engine's open sessions, kept across batches: one persistent columnar table.
+
+:class:`OpenSessions` holds every session the batch paths have not closed yet, so a batch
+costs what its own keys hold, not what the whole state holds:
+
+* a **key index** (:class:`KeyIndex`): each key gets a dense key id; a batch looks up only its
+  own distinct keys (one dict probe each);
+* **slots**: the sessions' key ids, bounds and accumulators in numpy columns, one row per slot;
+  each key's live slots are a doubly linked list (``head`` per key id, ``nxt``/``prv`` per
+  slot), so finding a batch's open sessions walks only those keys' lists; freed slots go on a
+  free stack and are reused;
+* an **end index**: sorted runs of ``(end, slot, generation)``, one per batch, merged while a
+  run is at least half the size of the one below it (so there are O(log n) runs and each entry
+  is merged O(log n) times); closing up to a time is a binary search per run. Freeing a slot
+  bumps its generation, so the entries of sessions that merged away are skipped when the close
+  cursor reaches them, and dropped when their run is merged.
+
+Every per-session loop is a compiled kernel of :mod:`sessionstore.table_kernels`; the rest is
+numpy over a batch's rows. Rows leave the table as :class:`~.columnar.SessionRows` (keys,
+bounds, accumulator columns), the form the planner's folds and the emits take.
+
+The store holds everything the table holds after every batch: the table is an index over the
+open state, dropped on abort and rebuilt from the committed store (:meth:`OpenSessions.insert`
+from the store's rows).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from .. import table_kernels as tk
+from ..arrays import Int64Array
+from ..kernels import compiled
+from .columnar import (
+    ITEM_KINDS,
+    NUMERIC_KINDS,
+    NotColumnar,
+    PartColumns,
+    SessionRows,
+    key_column,
+    object_array,
+)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _grown(array: npt.NDArray[Any], size: int, fill: Any = 0) -> npt.NDArray[Any]:
+    """``array`` with room for ``size`` rows (doubling), the old rows kept, new ones ``fill``."""
+    if size <= len(array):
+        return array
+    capacity = max(size, 2 * len(array), 64)
+    out = np.full(capacity, fill, dtype=array.dtype)
+    out[:len(array)] = array
+    return out
+
+
+def unique_keys(keys: list[Any]) -> tuple[list[Any], Int64Array]:
+    """The distinct keys (in first-seen order, types kept apart as :class:`KeyIndex` keeps
+    them) and each key's position among them."""
+    first: dict[tuple[type, Any], int] = {}
+    codes = np.fromiter((first.setdefault((type(key), key), len(first)) for key in keys),
+                        dtype=np.int64, count=len(keys))
+    return [key for _, key in first], codes
+
+
+class KeyIndex:
+    """Keys to dense key ids, kept across batches. Keys of different types stay apart (``1``,
+    ``1.0`` and ``True`` are three keys, as the store's key encoding keeps them)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[type, dict[Any, int]] = {}
+        self.keys: npt.NDArray[Any] = np.empty(0, dtype=object)  # by key id
+        # the same keys as int64 while every key is an int that fits (the common case: the
+        # output's key column is then gathered without a Python object per row)
+        self.ints: Int64Array | None = np.zeros(0, dtype=np.int64)
+        self.size = 0
+
+    def lookup(self, keys: list[Any]) -> Int64Array:
+        """Each key's id, ``-1`` for keys the index lacks."""
+        if not keys:
+            return _EMPTY
+        kinds = set(map(type, keys))
+        if len(kinds) == 1:
+            ids = self._ids.get(kinds.pop())
+            if ids is None:
+                return np.full(len(keys), -1, dtype=np.int64)
+            return np.fromiter(map(ids.get, keys, itertools.repeat(-1)), dtype=np.int64,
+                               count=len(keys))
+        by_type = self._ids
+        empty: dict[Any, int] = {}
+        return np.fromiter((by_type.get(type(key), empty).get(key, -1) for key in keys),
+                           dtype=np.int64, count=len(keys))
+
+    def add(self, keys: list[Any]) -> Int64Array:
+        """Give ids to ``keys`` (distinct, and absent from the index); return them."""
+        first = self.size
+        ids = np.arange(first, first + len(keys), dtype=np.int64)
+        by_type = self._ids
+        for key, kid in zip(keys, ids.tolist(), strict=True):
+            table = by_type.get(type(key))
+            if table is None:
+                table = by_type[type(key)] = {}
+            table[key] = kid
+        self.keys = _grown(self.keys, first + len(keys), None)
+        self.keys[first:first + len(keys)] = object_array(keys)  # tuples stay elements
+        if self.ints is not None:
+            if set(map(type, keys)) <= {int}:
+                try:
+                    values = np.array(keys, dtype=np.int64)
+                except OverflowError:
+                    self.ints = None
+                else:
+                    self.ints = _grown(self.ints, first + len(keys))
+                    self.ints[first:first + len(keys)] = values
+            else:
+                self.ints = None
+        self.size = first + len(keys)
+        return ids
+
+    def column(self, kids: Int64Array) -> Any:
+        """The keys of ``kids`` as a key column (:func:`~.columnar.key_column`)."""
+        if self.ints is not None:
+            return pa.array(self.ints[kids])
+        return key_column(self.keys[kids].tolist())
+
+    def keep(self, kids: Int64Array) -> None:
+        """Keep only the keys ``kids`` (ascending), renumbered ``0..len(kids)-1``."""
+        keys = self.keys[kids]
+        self._ids = {}
+        self.size = 0
+        self.keys = np.empty(0, dtype=object)
+        self.ints = np.zeros(0, dtype=np.int64)
+        self.add(keys.tolist())
+
+
+class _Part:
+    """The accumulator columns of one aggregation part, by slot (collect: an item arena)."""
+
+    #: collect: garbage items tolerated beyond twice the live ones before a compaction
+    ARENA_SLACK = 1024
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.value: npt.NDArray[Any] | None = None  # dtype set by the first write
+        self.t_ms = _EMPTY
+        self.seq = _EMPTY
+        # collect: each slot's items are arena[off[slot]:off[slot] + length[slot]]
+        self.off = _EMPTY
+        self.length = _EMPTY
+        self.used = 0  # arena rows written
+        self.live_items = 0
+
+    def check(self, values: npt.NDArray[Any] | None, live: int) -> None:
+        """Refuse (before any change) a batch whose values the live accumulators cannot take
+        exactly: numeric parts keep one dtype while sessions are open."""
+        if self.kind in NUMERIC_KINDS and live and values is not None \
+                and self.value is not None and self.value.dtype != values.dtype:
+            raise NotColumnar("the batch's values and the open accumulators differ in type")
+
+    def gather(self, slots: Int64Array) -> PartColumns:
+        value = self.value
+        if value is None:
+            value = np.zeros(0, dtype=object if self.kind in ITEM_KINDS else np.int64)
+        if self.kind in ("count", *NUMERIC_KINDS):
+            return PartColumns(self.kind, value[slots])
+        if self.kind != "collect":
+            return PartColumns(self.kind, value[slots], self.t_ms[slots], self.seq[slots])
+        lengths = self.length[slots]
+        offsets = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        items = (np.arange(offsets[-1], dtype=np.int64)
+                 + np.repeat(self.off[slots] - offsets[:-1], lengths))
+        return PartColumns("collect", value[items], self.t_ms[items], self.seq[items], offsets)
+
+    def _store_values(self, rows: int, values: npt.NDArray[Any], live: int) -> None:
+        """Room for ``rows`` values of ``values``' type (objects when types mix)."""
+        current = self.value
+        if current is None or (live == 0 and current.dtype != values.dtype):
+            self.value = np.zeros(max(rows, 64), dtype=values.dtype)
+            return
+        if current.dtype != values.dtype and current.dtype != object:
+            current = current.astype(object)
+        self.value = _grown(current, rows, None if current.dtype == object else 0)
+
+    def write(self, slots: Int64Array, columns: PartColumns, capacity: int, live: int) -> None:
+        """Store the rows of ``columns`` in ``slots``; ``live``: accumulators still held."""
+        if self.kind != "collect":
+            self._store_values(capacity, columns.value, live)
+            assert self.value is not None
+            self.value[slots] = columns.value
+            if columns.t_ms is not None and columns.seq is not None:
+                self.t_ms = _grown(self.t_ms, capacity)
+                self.seq = _grown(self.seq, capacity)
+                self.t_ms[slots] = columns.t_ms
+                self.seq[slots] = columns.seq
+            return
+        assert columns.offsets is not None and columns.t_ms is not None
+        assert columns.seq is not None
+        n_items = len(columns.value)
+        end = self.used + n_items
+        self._store_values(end, columns.value, self.live_items)
+        assert self.value is not None
+        self.t_ms = _grown(self.t_ms, end)
+        self.seq = _grown(self.seq, end)
+        self.value[self.used:end] = columns.value
+        self.t_ms[self.used:end] = columns.t_ms
+        self.seq[self.used:end] = columns.seq
+        self.off = _grown(self.off, capacity)
+        self.length = _grown(self.length, capacity)
+        self.off[slots] = self.used + columns.offsets[:-1]
+        self.length[slots] = np.diff(columns.offsets)
+        self.used = end
+        self.live_items += n_items
+
+    def free(self, slots: Int64Array) -> None:
+        if self.kind == "collect" and len(slots):
+            self.live_items -= int(self.length[slots].sum())
+            self.length[slots] = 0
+
+    def compact(self, live_slots: Int64Array) -> None:
+        """Collect: once the arena's garbage outweighs its live items, move the live slots'
+        items to the front of a fresh arena (a cost of what is live, after as much churn)."""
+        if self.kind != "collect" or self.used <= 2 * self.live_items + self.ARENA_SLACK:
+            return
+        gathered = self.gather(live_slots)
+        self.used = 0
+        self.live_items = 0
+        self.value = None
+        self.t_ms = _EMPTY
+        self.seq = _EMPTY
+        if len(live_slots):
+            self.write(live_slots, gathered, len(self.off), 0)
+
+
+class _EndRun:
+    """Entries ``(end, slot, generation)`` sorted by end; those before ``pos`` are consumed."""
+
+    __slots__ = ("ends", "slots", "gens", "pos")
+
+    def __init__(self, ends: Int64Array, slots: Int64Array, gens: Int64Array) -> None:
+        self.ends = ends
+        self.slots = slots
+        self.gens = gens
+        self.pos = 0
+
+    def size(self) -> int:
+        return len(self.ends) - self.pos
+
+    def live(self, gen: Int64Array) -> _EndRun:
+        """The unconsumed entries whose slot still holds the session they were made for."""
+        slots = self.slots[self.pos:]
+        keep = gen[slots] == self.gens[self.pos:]
+        return _EndRun(self.ends[self.pos:][keep], slots[keep], self.gens[self.pos:][keep])
+
+    def merged(self, other: _EndRun, gen: Int64Array) -> _EndRun:
+        """One run of both runs' live entries."""
+        a, b = self.live(gen), other.live(gen)
+        ends = np.concatenate((a.ends, b.ends))
+        order = np.argsort(ends, kind="stable")  # two sorted runs: a merge
+        return _EndRun(ends[order], np.concatenate((a.slots, b.slots))[order],
+                       np.concatenate((a.gens, b.gens))[order])
+
+    def pop_upto(self, upto: int, gen: Int64Array) -> Int64Array:
+        """Consume the entries ending at or before ``upto``; return their live slots."""
+        stop = int(np.searchsorted(self.ends, upto, side="right"))
+        if stop <= self.pos:
+            return _EMPTY
+        slots = self.slots[self.pos:stop]
+        live: Int64Array = slots[gen[slots] == self.gens[self.pos:stop]]
+        self.pos = stop
+        return live
+
+
+class OpenSessions:
+    """The open sessions of one engine: see the module's docstring.
+
+    Args:
+        kinds: the aggregation's part kinds (:func:`~.columnar.columnar_parts`).
+    """
+
+    #: key ids without sessions tolerated (beyond the live sessions) before a renumbering
+    KEY_SLACK = 65_536
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds = kinds
+        self.index = KeyIndex()
+        self.parts = [_Part(kind) for kind in kinds]
+        self.kid = np.zeros(0, dtype=np.int64)  # -1: a free slot
+        self.starts_ms = np.zeros(0, dtype=np.int64)
+        self.ends_ms = np.zeros(0, dtype=np.int64)
+        self.gen = np.zeros(0, dtype=np.int64)
+        self.nxt = np.zeros(0, dtype=np.int64)
+        self.prv = np.zeros(0, dtype=np.int64)
+        self.head = np.zeros(0, dtype=np.int64)  # by key id: its newest slot, -1: none
+        self.count = np.zeros(0, dtype=np.int64)  # by key id: its live slots
+        self.free = np.zeros(0, dtype=np.int64)
+        self.n_free = 0
+        self.top = 0  # slots ever used
+        self.live = 0
+        self.runs: list[_EndRun] = []
+
+    def __len__(self) -> int:
+        return self.live
+
+    # -- reading -------------------------------------------------------------------------
+
+    def check(self, values: list[npt.NDArray[Any] | None]) -> None:
+        """Raise :class:`NotColumnar` for a batch the open accumulators cannot take."""
+        for part, part_values in zip(self.parts, values, strict=True):
+            part.check(part_values, self.live)
+
+    def probe(self, kids: Int64Array) -> tuple[Int64Array, Int64Array]:
+        """The live slots of the key ids ``kids`` (``-1``: an unknown key), with the position
+        in ``kids`` of each slot's key."""
+        known = kids[kids >= 0]
+        total = int(self.count[known].sum()) if len(known) else 0
+        slots = np.empty(total, dtype=np.int64)
+        codes = np.empty(total, dtype=np.int64)
+        if total:
+            compiled(tk.table_probe)(self.head, self.nxt, kids, slots, codes)
+        return slots, codes
+
+    def rows(self, slots: Int64Array, keys: Any = None) -> SessionRows:
+        """The sessions in ``slots`` as rows; ``keys``: their keys when the caller has them
+        (else they come from the key index)."""
+        if keys is None:
+            keys = self.index.column(self.kid[slots])
+        return SessionRows(keys, self.starts_ms[slots], self.ends_ms[slots],
+                           [part.gather(slots) for part in self.parts])
+
+    def live_slots(self) -> Int64Array:
+        return np.flatnonzero(self.kid[:self.top] >= 0)
+
+    def live_ends(self) -> Int64Array:
+        ends: Int64Array = self.ends_ms[self.live_slots()]
+        return ends
+
+    # -- changing ------------------------------------------------------------------------
+
+    def remove(self, slots: Int64Array) -> None:
+        """Forget the live, distinct ``slots``."""
+        if not len(slots):
+            return
+        for part in self.parts:
+            part.free(slots)
+        self.n_free = compiled(tk.table_unlink)(
+            slots, self.kid, self.nxt, self.prv, self.head, self.count, self.gen, self.free,
+            self.n_free)
+        self.live -= len(slots)
+
+    def insert(self, keys: list[Any], key_codes: Int64Array, kids: Int64Array,
+               rows: SessionRows) -> None:
+        """Add the sessions ``rows``; row ``i``'s key is ``keys[key_codes[i]]``, whose id is
+        ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in)."""
+        n = len(rows)
+        if not n:
+            return
+        fresh = np.unique(key_codes[kids[key_codes] < 0])
+        if len(fresh):
+            kids[fresh] = self.index.add([keys[c] for c in fresh.tolist()])
+            size = self.index.size
+            self.head = _grown(self.head, size, -1)
+            self.count = _grown(self.count, size)
+        slots = self._allocate(n)
+        self.starts_ms[slots] = rows.starts_ms
+        self.ends_ms[slots] = rows.ends_ms
+        live_before = self.live
+        for part, columns in zip(self.parts, rows.parts, strict=True):
+            part.write(slots, columns, len(self.kid), live_before)
+        compiled(tk.table_link)(slots, kids[key_codes], self.kid, self.nxt, self.prv,
+                                self.head, self.count)
+        self.live += n
+        self._push_ends(slots)
+        self._tidy()
+
+    def _allocate(self, n: int) -> Int64Array:
+        reused = min(n, self.n_free)
+        slots = np.empty(n, dtype=np.int64)
+        slots[:reused] = self.free[self.n_free - reused:self.n_free]
+        self.n_free -= reused
+        first = self.top
+        slots[reused:] = np.arange(first, first + n - reused, dtype=np.int64)
+        self.top = first + n - reused
+        if self.top > len(self.kid):
+            size = self.top
+            self.kid = _grown(self.kid, size, -1)
+            self.starts_ms = _grown(self.starts_ms, size)
+            self.ends_ms = _grown(self.ends_ms, size)
+            self.gen = _grown(self.gen, size)
+            self.nxt = _grown(self.nxt, size, -1)
+            self.prv = _grown(self.prv, size, -1)
+            self.free = _grown(self.free, len(self.kid))
+        return slots
+
+    def _push_ends(self, slots: Int64Array) -> None:
+        """Index the ends of the new live ``slots``: a run of their own, then merges."""
+        ends = self.ends_ms[slots]
+        order = np.argsort(ends)
+        runs = self.runs
+        runs.append(_EndRun(ends[order], slots[order], self.gen[slots][order]))
+        while len(runs) > 1 and runs[-1].size() >= runs[-2].size():
+            top = runs.pop()
+            runs[-1] = runs[-1].merged(top, self.gen)
+
+    def close_upto(self, upto: int, *, rows: bool) -> SessionRows | None:
+        """Forget every session ending at or before ``upto``; return them (``rows``), in no
+        particular order."""
+        found = [run.pop_upto(upto, self.gen) for run in self.runs]
+        self.runs = [run for run in self.runs if run.size()]
+        slots = np.concatenate(found) if found else _EMPTY
+        if not len(slots):
+            return None
+        closed = self.rows(slots) if rows else None
+        self.remove(slots)
+        self._tidy()
+        return closed
+
+    def _tidy(self) -> None:
+        """Drop key ids without sessions once they outnumber the live ones, and compact
+        collect arenas: each costs what the live state holds, after at least as much churn."""
+        for part in self.parts:
+            if part.kind == "collect" and part.used > 2 * part.live_items + part.ARENA_SLACK:
+                part.compact(self.live_slots())
+        size = self.index.size
+        if size > self.KEY_SLACK and size > 2 * self.live:
+            kept = np.flatnonzero(self.count[:size] > 0)
+            renumber = np.full(size, -1, dtype=np.int64)
+            renumber[kept] = np.arange(len(kept), dtype=np.int64)
+            live = self.live_slots()
+            self.kid[live] = renumber[self.kid[live]]
+            self.head = self.head[kept].copy()
+            self.count = self.count[kept].copy()
+            self.index.keep(kept)

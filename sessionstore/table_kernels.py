@@ -1,0 +1,74 @@
+"""The compiled loops of the open-session table (:mod:`sessionstore.engine.table`).
+
+The table keeps its sessions in slots (rows of numpy columns). Each key's live slots form a
+doubly linked list (``head`` per key id, ``nxt``/``prv`` per slot). A freed slot's generation
+is bumped, so the end index's entries of sessions that were absorbed or closed become stale and
+are skipped when the close cursor reaches them, rather than searched for and removed.
+
+These loops are the only per-session work of a batch on the table: everything else is numpy
+over the batch's rows. Each is plain Python that numba compiles on first use
+(:func:`sessionstore.kernels.compiled`); ``NUMBA_DISABLE_JIT=1`` runs them as written.
+"""
+
+from __future__ import annotations
+
+from .arrays import Int64Array
+
+
+def table_probe(head: Int64Array, nxt: Int64Array, kids: Int64Array, out_slots: Int64Array,
+                out_codes: Int64Array) -> int:
+    """Write the live slots of every key id in ``kids`` (``-1``: a key the table lacks) to
+    ``out_slots``, with the position in ``kids`` of their key in ``out_codes``; return how many.
+    The outputs must hold the keys' live sessions."""
+    n = 0
+    for code in range(len(kids)):
+        kid = kids[code]
+        if kid < 0:
+            continue
+        slot = head[kid]
+        while slot >= 0:
+            out_slots[n] = slot
+            out_codes[n] = code
+            n += 1
+            slot = nxt[slot]
+    return n
+
+
+def table_unlink(slots: Int64Array, kid: Int64Array, nxt: Int64Array, prv: Int64Array,
+                 head: Int64Array, count: Int64Array, gen: Int64Array, free: Int64Array,
+                 n_free: int) -> int:
+    """Free ``slots`` (live, distinct): out of their key's list, generation bumped (their
+    end-index entries go stale), pushed on the free stack. Returns the new stack size."""
+    for i in range(len(slots)):
+        slot = slots[i]
+        k = kid[slot]
+        before = prv[slot]
+        after = nxt[slot]
+        if before >= 0:
+            nxt[before] = after
+        else:
+            head[k] = after
+        if after >= 0:
+            prv[after] = before
+        count[k] -= 1
+        kid[slot] = -1
+        gen[slot] += 1
+        free[n_free] = slot
+        n_free += 1
+    return n_free
+
+
+def table_link(slots: Int64Array, kids: Int64Array, kid: Int64Array, nxt: Int64Array,
+               prv: Int64Array, head: Int64Array, count: Int64Array) -> None:
+    """Make the free ``slots`` live, ``slots[i]`` in the list of key id ``kids[i]``."""
+    for i in range(len(slots)):
+        slot = slots[i]
+        k = kids[i]
+        kid[slot] = k
+        first = head[k]
+        nxt[slot] = first
+        prv[slot] = -1
+        if first >= 0:
+            prv[first] = slot
+        head[k] = slot
+        count[k] += 1

@@ -1,0 +1,150 @@
+"""The engine's persistent open-session table (``engine/table.py``) against a plain dict model.
+
+Random interleavings of inserts (new and known keys of several types, including keys that are
+equal in Python but distinct for the engine: ``1`` and ``True``, and tuples), removals of
+sessions found by probing, and closes up to a time. After every step, probing any keys gives
+exactly the model's sessions of those keys, with their accumulators, and a close gives exactly
+the model's sessions ending at or before the time. The slack before a key renumbering and
+before a collect arena compaction varies down to 0, so both run often.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore.engine.columnar import PartColumns, SessionRows
+from sessionstore.engine.table import KeyIndex, OpenSessions, unique_keys
+
+KINDS = ["count", "sum", "first", "collect"]
+KEY_POOL: list[Any] = [0, 1, 2, True, False, "a", "b", b"a", (1, "a"), (1, True), -5, 2**40]
+
+
+def _rows(keys: list[Any], sessions: list[tuple[int, int, int, list[Any]]]) -> SessionRows:
+    """Rows for ``sessions`` ``(key position, start, end, items)``: count = len(items),
+    sum = float sum, first = the first item (time = start, seq = its position), collect = the
+    items (times start.., seqs ..)."""
+    counts = np.array([len(items) for *_, items in sessions], dtype=np.int64)
+    sums = np.array([float(sum(range(len(items)))) for *_, items in sessions])
+    first_value = np.empty(len(sessions), dtype=object)
+    first_value[:] = [items[0] for *_, items in sessions]
+    starts = np.array([start for _, start, _, _ in sessions], dtype=np.int64)
+    flat = [item for *_, items in sessions for item in items]
+    offsets = np.zeros(len(sessions) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    flat_values = np.empty(len(flat), dtype=object)
+    flat_values[:] = flat
+    item_t = np.concatenate([np.arange(len(items), dtype=np.int64) + start
+                             for _, start, _, items in sessions]) if sessions else starts
+    parts = [
+        PartColumns("count", counts),
+        PartColumns("sum", sums),
+        PartColumns("first", first_value, starts.copy(), np.arange(len(sessions))),
+        PartColumns("collect", flat_values, item_t, np.arange(len(flat), dtype=np.int64),
+                    offsets),
+    ]
+    key_objects = np.empty(len(sessions), dtype=object)
+    key_objects[:] = [keys[k] for k, *_ in sessions]
+    return SessionRows(key_objects, starts,
+                       np.array([end for _, _, end, _ in sessions], dtype=np.int64), parts)
+
+
+def _as_model_rows(rows: SessionRows) -> Counter[tuple[Any, ...]]:
+    keys = rows.key_list()
+    out: Counter[tuple[Any, ...]] = Counter()
+    results = [part.results() for part in rows.parts]
+    for i, (key, start, end) in enumerate(zip(keys, rows.starts_ms.tolist(),
+                                              rows.ends_ms.tolist(), strict=True)):
+        accs = tuple(tuple(r[i]) if isinstance(r[i], list) else r[i] for r in results)
+        out[(type(key), key, start, end, accs)] += 1
+    return out
+
+
+def _model_row(key: Any, start: int, end: int, items: list[Any]) -> tuple[Any, ...]:
+    return (type(key), key, start, end,
+            (len(items), float(sum(range(len(items)))), items[0], tuple(items)))
+
+
+step = st.one_of(
+    st.tuples(st.just("insert"),
+              st.lists(st.tuples(st.sampled_from(range(len(KEY_POOL))),
+                                 st.integers(0, 50), st.integers(1, 20),
+                                 st.lists(st.one_of(st.integers(-3, 3), st.text(max_size=2)),
+                                          min_size=1, max_size=3)),
+                       max_size=8)),
+    st.tuples(st.just("remove"), st.lists(st.sampled_from(range(len(KEY_POOL))), max_size=4),
+              st.integers(0, 2**32)),
+    st.tuples(st.just("close"), st.integers(0, 80)),
+)
+
+
+@settings(max_examples=150)
+@given(steps=st.lists(step, max_size=25), key_slack=st.sampled_from([0, 2, 65_536]),
+       arena_slack=st.sampled_from([0, 3, 1024]))
+def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
+                                       arena_slack: int) -> None:
+    table = OpenSessions(KINDS)
+    table.KEY_SLACK = key_slack
+    for part in table.parts:
+        part.ARENA_SLACK = arena_slack
+    model: Counter[tuple[Any, ...]] = Counter()
+    for op in steps:
+        if op[0] == "insert":
+            sessions = [(k, start, start + length, items)
+                        for k, start, length, items in op[1]]
+            keys = KEY_POOL
+            used = sorted({k for k, *_ in sessions})
+            batch_keys = [keys[k] for k in used]
+            position = {k: i for i, k in enumerate(used)}
+            codes = np.array([position[k] for k, *_ in sessions], dtype=np.int64)
+            rows = _rows(keys, sessions)
+            kids = table.index.lookup(batch_keys)
+            table.insert(batch_keys, codes, kids, rows)
+            assert (kids >= 0).all() or not len(sessions)
+            model.update(_model_row(keys[k], s, e, items) for k, s, e, items in sessions)
+        elif op[0] == "remove":
+            batch_keys = [KEY_POOL[k] for k in sorted(set(op[1]))]
+            slots, codes = table.probe(table.index.lookup(batch_keys))
+            rng = np.random.default_rng(op[2])
+            chosen = slots[rng.random(len(slots)) < 0.5]
+            gone = _as_model_rows(table.rows(chosen))
+            assert gone <= model
+            table.remove(chosen)
+            model -= gone
+        else:
+            closed = table.close_upto(op[1], rows=True)
+            expected = Counter({row: n for row, n in model.items() if row[3] <= op[1]})
+            assert (Counter() if closed is None else _as_model_rows(closed)) == expected
+            model -= expected
+        assert len(table) == model.total()
+        everything = table.probe(table.index.lookup(KEY_POOL))[0]
+        assert _as_model_rows(table.rows(everything)) == model
+        assert len(everything) == model.total()
+
+
+def test_keys_equal_in_python_stay_apart() -> None:
+    index = KeyIndex()
+    kids = index.add([1, True, "1", b"1", (1, "a"), 2**70])
+    assert index.lookup([True, 1, 1.0, (1, "a"), 2**70]).tolist() == [kids[1], kids[0], -1,
+                                                                      kids[4], kids[5]]
+    assert index.ints is None  # 2**70 leaves int64: keys go through objects
+    distinct, codes = unique_keys([1, True, 1, "x", True])
+    assert distinct == [1, True, "x"] and codes.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_integer_keys_come_back_as_an_int64_column() -> None:
+    table = OpenSessions(["count"])
+    keys = [7, -3, 2**62]
+    rows = SessionRows(np.array(keys, dtype=object), np.array([0, 5, 9]), np.array([4, 8, 20]),
+                       [PartColumns("count", np.array([1, 2, 3], dtype=np.int64))])
+    table.insert(keys, np.arange(3, dtype=np.int64), table.index.lookup(keys), rows)
+    closed = table.close_upto(8, rows=True)
+    assert closed is not None
+    assert closed.keys.type == "int64"
+    assert sorted(zip(closed.keys.to_pylist(), closed.parts[0].value.tolist(),
+                      strict=True)) == [(-3, 2), (7, 1)]
+    assert len(table) == 1
