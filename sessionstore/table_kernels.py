@@ -72,3 +72,40 @@ def table_link(slots: Int64Array, kids: Int64Array, kid: Int64Array, nxt: Int64A
             prv[first] = slot
         head[k] = slot
         count[k] += 1
+
+
+# -- a hash table of int64 keys (open addressing, linear probing): the key index while every
+# key is an int. A Python dict of millions of ints costs a few cache misses per probe (the
+# index, the entry, the int object); this costs one or two.
+
+# 2**64 / golden ratio, as a signed int64 (so the product wraps in int64): a multiplicative hash
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+
+
+def int_index_lookup(table_keys: Int64Array, table_ids: Int64Array, keys: Int64Array,
+                     out: Int64Array) -> None:
+    """``out[i]``: the id of ``keys[i]`` in the table (size a power of two, ``-1`` ids mark
+    empty cells), or ``-1``."""
+    mask = len(table_keys) - 1
+    for i in range(len(keys)):
+        key = keys[i]
+        at = ((key * _GOLDEN) >> 17) & mask
+        while True:
+            kid = table_ids[at]
+            if kid < 0 or table_keys[at] == key:
+                out[i] = kid
+                break
+            at = (at + 1) & mask
+
+
+def int_index_insert(table_keys: Int64Array, table_ids: Int64Array, keys: Int64Array,
+                     ids: Int64Array) -> None:
+    """Add ``keys[i] -> ids[i]`` (keys absent from the table, which has room)."""
+    mask = len(table_keys) - 1
+    for i in range(len(keys)):
+        key = keys[i]
+        at = ((key * _GOLDEN) >> 17) & mask
+        while table_ids[at] >= 0:
+            at = (at + 1) & mask
+        table_keys[at] = key
+        table_ids[at] = ids[i]

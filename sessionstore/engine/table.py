@@ -73,25 +73,57 @@ class KeyIndex:
     ``1.0`` and ``True`` are three keys, as the store's key encoding keeps them)."""
 
     def __init__(self) -> None:
-        self._ids: dict[type, dict[Any, int]] = {}
-        self.keys: npt.NDArray[Any] = np.empty(0, dtype=object)  # by key id
-        # the same keys as int64 while every key is an int that fits (the common case: the
-        # output's key column is then gathered without a Python object per row)
+        # while every key is an int that fits in int64 (the common case), the index is a
+        # compiled hash table (_hash_keys, _hash_ids) and ``ints`` holds the keys by id, so
+        # that probes and output key columns need no Python object per key; otherwise dicts
+        # by key type, built on the first other key
+        self._ids: dict[type, dict[Any, int]] | None = None
         self.ints: Int64Array | None = np.zeros(0, dtype=np.int64)
+        self._hash_keys = np.zeros(0, dtype=np.int64)
+        self._hash_ids = np.zeros(0, dtype=np.int64)
+        self.keys: npt.NDArray[Any] = np.empty(0, dtype=object)  # by key id
         self.size = 0
+
+    @staticmethod
+    def _as_ints(keys: list[Any]) -> Int64Array | None:
+        """``keys`` as int64 when they are all ints (not bools) that fit, else None."""
+        if not set(map(type, keys)) <= {int}:
+            return None
+        try:
+            return np.array(keys, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            return None
 
     def lookup(self, keys: list[Any]) -> Int64Array:
         """Each key's id, ``-1`` for keys the index lacks."""
         if not keys:
             return _EMPTY
+        if self._ids is None:
+            out = np.full(len(keys), -1, dtype=np.int64)
+            if not len(self._hash_ids):
+                return out
+            ints = self._as_ints(keys)
+            if ints is not None:
+                compiled(tk.int_index_lookup)(self._hash_keys, self._hash_ids, ints, out)
+                return out
+            # other keys too (absent: the index holds ints only): look up the ints among them
+            rows = [i for i, key in enumerate(keys)
+                    if type(key) is int and -(1 << 63) <= key < (1 << 63)]
+            if rows:
+                found = np.empty(len(rows), dtype=np.int64)
+                compiled(tk.int_index_lookup)(self._hash_keys, self._hash_ids,
+                                              np.array([keys[i] for i in rows], dtype=np.int64),
+                                              found)
+                out[rows] = found
+            return out
+        by_type = self._ids
         kinds = set(map(type, keys))
         if len(kinds) == 1:
-            ids = self._ids.get(kinds.pop())
+            ids = by_type.get(kinds.pop())
             if ids is None:
                 return np.full(len(keys), -1, dtype=np.int64)
             return np.fromiter(map(ids.get, keys, itertools.repeat(-1)), dtype=np.int64,
                                count=len(keys))
-        by_type = self._ids
         empty: dict[Any, int] = {}
         return np.fromiter((by_type.get(type(key), empty).get(key, -1) for key in keys),
                            dtype=np.int64, count=len(keys))
@@ -99,28 +131,48 @@ class KeyIndex:
     def add(self, keys: list[Any]) -> Int64Array:
         """Give ids to ``keys`` (distinct, and absent from the index); return them."""
         first = self.size
-        ids = np.arange(first, first + len(keys), dtype=np.int64)
+        n = len(keys)
+        ids = np.arange(first, first + n, dtype=np.int64)
+        self.keys = _grown(self.keys, first + n, None)
+        self.keys[first:first + n] = object_array(keys)  # tuples stay elements
+        self.size = first + n
+        if self._ids is None:
+            ints = self._as_ints(keys)
+            if ints is not None:
+                assert self.ints is not None
+                self.ints = _grown(self.ints, first + n)
+                self.ints[first:first + n] = ints
+                self._hash(ints, ids)
+                return ids
+            # the first key that is not an int64: the index becomes dicts by type
+            self.ints = None
+            self._hash_keys = self._hash_ids = _EMPTY
+            self._ids = {}
+            self._add_to_dicts(self.keys[:first].tolist(), 0)
+        self._add_to_dicts(keys, first)
+        return ids
+
+    def _add_to_dicts(self, keys: list[Any], first: int) -> None:
         by_type = self._ids
-        for key, kid in zip(keys, ids.tolist(), strict=True):
+        assert by_type is not None
+        for kid, key in enumerate(keys, first):
             table = by_type.get(type(key))
             if table is None:
                 table = by_type[type(key)] = {}
             table[key] = kid
-        self.keys = _grown(self.keys, first + len(keys), None)
-        self.keys[first:first + len(keys)] = object_array(keys)  # tuples stay elements
-        if self.ints is not None:
-            if set(map(type, keys)) <= {int}:
-                try:
-                    values = np.array(keys, dtype=np.int64)
-                except OverflowError:
-                    self.ints = None
-                else:
-                    self.ints = _grown(self.ints, first + len(keys))
-                    self.ints[first:first + len(keys)] = values
-            else:
-                self.ints = None
-        self.size = first + len(keys)
-        return ids
+
+    def _hash(self, ints: Int64Array, ids: Int64Array) -> None:
+        """Add to the int hash table, doubling it to stay at most half full."""
+        if 2 * self.size > len(self._hash_ids):
+            capacity = 1024
+            while capacity < 4 * self.size:
+                capacity *= 2
+            assert self.ints is not None
+            self._hash_keys = np.zeros(capacity, dtype=np.int64)
+            self._hash_ids = np.full(capacity, -1, dtype=np.int64)
+            ints = self.ints[:self.size]
+            ids = np.arange(self.size, dtype=np.int64)
+        compiled(tk.int_index_insert)(self._hash_keys, self._hash_ids, ints, ids)
 
     def column(self, kids: Int64Array) -> Any:
         """The keys of ``kids`` as a key column (:func:`~.columnar.key_column`)."""
@@ -131,10 +183,7 @@ class KeyIndex:
     def keep(self, kids: Int64Array) -> None:
         """Keep only the keys ``kids`` (ascending), renumbered ``0..len(kids)-1``."""
         keys = self.keys[kids]
-        self._ids = {}
-        self.size = 0
-        self.keys = np.empty(0, dtype=object)
-        self.ints = np.zeros(0, dtype=np.int64)
+        self.__init__()  # type: ignore[misc]
         self.add(keys.tolist())
 
 

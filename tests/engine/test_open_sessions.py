@@ -148,3 +148,32 @@ def test_integer_keys_come_back_as_an_int64_column() -> None:
     assert sorted(zip(closed.keys.to_pylist(), closed.parts[0].value.tolist(),
                       strict=True)) == [(-3, 2), (7, 1)]
     assert len(table) == 1
+
+
+int64s = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-50, 3000))
+
+
+@settings(max_examples=60)
+@given(batches=st.lists(st.lists(int64s, max_size=700, unique=True), max_size=4),
+       probes=st.lists(st.one_of(int64s, st.booleans(), st.just(2**64), st.just("1")),
+                       max_size=50))
+def test_the_int_key_index_equals_a_dict(batches: list[list[int]], probes: list[Any]) -> None:
+    """The compiled hash table of int keys (grown past its first size by large batches) finds
+    every key added and nothing else; a bool or an out-of-range int is never an int key."""
+    index = KeyIndex()
+    model: dict[int, int] = {}
+    for batch in batches:
+        fresh = [key for key in batch if key not in model]
+        ids = index.add(fresh)
+        model.update(zip(fresh, ids.tolist(), strict=True))
+        assert index.ints is not None
+    queries = list(model)[:2000] + probes
+    expected = [model.get(key, -1) if type(key) is int else -1 for key in queries]
+    assert index.lookup(queries).tolist() == expected
+    assert index.lookup([key for key in queries if type(key) is int]).tolist() == \
+        [model.get(key, -1) for key in queries if type(key) is int]
+    if model:  # renumbering keeps a subset, still hashed
+        kept = np.arange(0, index.size, 2, dtype=np.int64)
+        keys = [key for key, kid in model.items() if kid % 2 == 0]
+        index.keep(kept)
+        assert index.lookup(keys).tolist() == [model[key] // 2 for key in keys]
