@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation
+from ..aggregations import Aggregation, is_count
 from ..gap_boundary import reaches
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
@@ -83,6 +83,10 @@ if TYPE_CHECKING:
     from .host import EngineHost
 
 _FIRST = operator.itemgetter(0)
+_SEQ = operator.itemgetter(1)
+_VALUE = operator.itemgetter(3)
+# how many keys' open-session orders MaxDuration keeps beyond the keys the cache holds
+_ORDERS_SLACK = 1024
 
 Cut = tuple[int, int, int, int]
 """``(start, end, max_end, stop)`` of one session of a cut: its events are
@@ -177,6 +181,82 @@ def cut_until_unchanged(gathered: list[Any], following: int,
     return out, used
 
 
+Recut = tuple[int, int, int, list[Any], bool]
+"""``(start, end, max_end, events, holds the new event)`` of one session of a re-cut."""
+
+
+def cut_pieces(pieces: list[list[Any]], new: int, following: int,
+               events_of: Callable[[int], list[Any]], max_duration_ms: int, inclusive: bool
+               ) -> tuple[list[Recut], int, int]:
+    """:func:`cut_until_unchanged` for a fixed gap, by binary search instead of a scan.
+
+    With a fixed gap an event's own end is ``t + gap``, so the largest own end of a session's
+    events is that of its latest one, and whether an event reaches the next one does not depend
+    on where the session starts. A stored session holds consecutive events that reach each
+    other; so does any run of its events. Inside such a run a session ends only at its
+    ``start + max_duration``: the first event at or past it is found by binary search, and the
+    gap rule is checked only where two runs meet. A re-cut costs O(log n) per session it
+    writes, not O(its events).
+
+    Args:
+        pieces: non-empty runs of events in (time, arrival) order, each taken from one stored
+            session (or the new event alone), together the events from the start of the first
+            session re-cut; extended in place with the sessions read.
+        new: the index of the piece ``[new event]``.
+        following: how many open sessions come after those events.
+        events_of: the events of the ``i``-th of those, ``0 <= i < following``.
+        max_duration_ms, inclusive: as :func:`cut`.
+
+    Returns:
+        The sessions of the cut over ``pieces`` as extended, how many following sessions were
+        read (those are replaced; the rest stay as stored), and the binary searches made.
+    """
+    out: list[Recut] = []
+    used = 0
+    searches = 0
+    p = i = 0
+    while p < len(pieces):
+        piece = pieces[p]
+        first = piece[i]
+        start = first[0]
+        limit = start + max_duration_ms
+        run = first[2]
+        parts: list[list[Any]] = []
+        holds = False
+        while True:
+            # every event of the run from i on reaches the next; the limit cuts the run
+            stop = bisect.bisect_left(piece, limit, i, key=_FIRST)
+            searches += 1
+            parts.append(piece[i:stop])
+            holds = holds or p == new
+            if piece[stop - 1][2] > run:
+                run = piece[stop - 1][2]
+            if stop < len(piece):
+                i = stop  # the next session starts inside this run
+                break
+            p += 1
+            i = 0
+            if p == len(pieces):
+                if used == following:
+                    break
+                more = events_of(used)
+                t = more[0][0]
+                if t >= limit or not reaches(run, t, inclusive):
+                    break  # the next stored session starts where it did: the rest is unchanged
+                pieces.append(more)
+                used += 1
+            else:
+                t = pieces[p][0][0]
+                if t >= limit or not reaches(run, t, inclusive):
+                    break
+            piece = pieces[p]
+        events = parts[0]
+        for part in parts[1:]:
+            events += part
+        out.append((start, run if run < limit else limit, run, events, holds))
+    return out, used, searches
+
+
 def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
     """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
     own end so far, ``start + max_duration``, and the index after its last event) over
@@ -207,9 +287,12 @@ def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], in
 
 def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
     """The accumulator of ``events`` (in (time, arrival) order): ``initial()``, then each
-    event's ``add`` (``add_run`` gives the same by its contract)."""
-    return agg.add_run(key, [e[3] for e in events], [e[0] for e in events],
-                       [e[1] for e in events], agg.initial())
+    event's ``add`` (``add_run`` gives the same by its contract; count's ``add_run`` is the
+    number of events, which needs no lists)."""
+    if is_count(agg):
+        return agg.initial() + len(events)
+    return agg.add_run(key, list(map(_VALUE, events)), list(map(_FIRST, events)),
+                       list(map(_SEQ, events)), agg.initial())
 
 
 def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
@@ -241,9 +324,63 @@ class MaxDuration:
         # exactly); any other aggregation is folded again from the events, so that only its
         # initializer and aggregator are used, on fresh accumulators
         self._incremental = columnar_parts(engine.aggregation) is not None
-        #: events gathered by full re-cuts (an operation count: tests bound the work of
-        #: disordered input with it, without timing)
+        self._fixed_gap = not engine.config.dynamic
+        #: events of the sessions re-cuts wrote (each is copied into its record and folded)
         self.recut_events = 0
+        #: the steps of re-cuts done one by one in Python: binary searches (or, with a gap
+        #: per event, events scanned) and sessions written (operation counts: tests bound the
+        #: work of disordered input with them, without timing)
+        self.recut_steps = 0
+        # key -> (the cache's view of it, the bounds of its open sessions in order), kept
+        # while the cache holds that same view (see _open_bounds)
+        self._orders: dict[Any, tuple[Any, list[tuple[int, int]]]] = {}
+
+    def _open_bounds(self, key: Any, view: Any, closed_before: int) -> list[tuple[int, int]]:
+        """The bounds of ``key``'s open sessions (ending after ``closed_before``) in ``view``
+        (what the cache's ``sessions_of`` returned), in order (disjoint: start order is end
+        order), without sorting them again at every event.
+
+        The order is kept with the view it was read from, and used only while the cache
+        returns that same view: every change of a key's open sessions goes through this
+        class, which updates the order (:meth:`_reindex`), or drops it (the batch plans); the
+        cache itself only forgets sessions that closed, which are a prefix (ends increase), or
+        starts a new view (an eviction, an abort, a reload)."""
+        entry = self._orders.get(key)
+        if entry is not None and entry[0] is view:
+            order = entry[1]
+            closed = 0
+            while closed < len(order) and order[closed][1] <= closed_before:
+                closed += 1
+            if closed:
+                del order[:closed]
+            return order
+        order = sorted(b for b in view if b[1] > closed_before)
+        self.recut_steps += len(view)
+        held = self.engine._state.held_keys
+        if held.get(key) is view:  # not when the cache writes through (a view per call)
+            orders = self._orders
+            if len(orders) >= len(held) + _ORDERS_SLACK:
+                for gone in [k for k, e in orders.items() if held.get(k) is not e[0]]:
+                    del orders[gone]  # views the cache no longer holds
+            orders[key] = (view, order)
+        return order
+
+    @staticmethod
+    def _reindex(order: list[tuple[int, int]], removed: list[tuple[tuple[int, int], Any]],
+                 added: list[tuple[int, int, Any, list[Any], int, bool, Any]],
+                 recut: tuple[int, int, list[tuple[int, int]]] | None) -> None:
+        """Apply a step's changes to the order :meth:`_open_bounds` returned: a re-cut
+        replaces ``order[low:high]`` by its sessions; otherwise the removed bounds leave and
+        the new ones (``fresh``) are inserted."""
+        if recut is not None:
+            low, high, bounds = recut
+            order[low:high] = bounds
+            return
+        for b, _ in removed:
+            del order[bisect.bisect_left(order, b)]
+        for start, end, _, _, _, fresh, _ in added:
+            if fresh:
+                bisect.insort(order, (start, end))
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
@@ -286,7 +423,7 @@ class MaxDuration:
         agg = engine.aggregation
         event = [t, seq, own_end, value]
         view = engine._state.sessions_of(key, closed_before)
-        bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
+        bounds = self._open_bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
@@ -351,30 +488,43 @@ class MaxDuration:
             added.append((t, own_window_end(t, own_end, md),
                           agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
                           None))
+        recut: tuple[int, int, list[tuple[int, int]]] | None = None
         if not appended:
             # the event falls at or after the start of bounds[first] and before the next one
             first = j if j > 0 else 0
-            gathered = list(_payload(view[bounds[first]][0], key, bounds[first])[0])
-            pos = bisect.bisect_right(gathered, t, key=_FIRST)  # after equal times: arrival
-            gathered.insert(pos, event)
-            after = bounds[first + 1:]
+            stored = _payload(view[bounds[first]][0], key, bounds[first])[0]
+            pos = bisect.bisect_right(stored, t, key=_FIRST)  # after equal times: arrival
+            following = len(bounds) - first - 1
 
             def events_of(i: int) -> list[Any]:
-                return _payload(view[after[i]][0], key, after[i])[0]
+                b = bounds[first + 1 + i]
+                return _payload(view[b][0], key, b)[0]
 
-            cuts, used = cut_until_unchanged(gathered, len(after), events_of, md, inclusive)
+            sessions: list[Recut]
+            if self._fixed_gap:
+                pieces = [part for part in (stored[:pos], [event], stored[pos:]) if part]
+                sessions, used, searches = cut_pieces(pieces, 1 if pos else 0, following,
+                                                      events_of, md, inclusive)
+                self.recut_steps += searches
+            else:  # a gap per event: whether events reach each other depends on the start
+                gathered = [*stored[:pos], event, *stored[pos:]]
+                cuts, used = cut_until_unchanged(gathered, following, events_of, md, inclusive)
+                self.recut_steps += len(gathered)
+                sessions = []
+                low = 0
+                for start, end, max_end, stop in cuts:
+                    sessions.append((start, end, max_end, gathered[low:stop],
+                                     low <= pos < stop))
+                    low = stop
             old = bounds[first:first + 1 + used]
-            self.recut_events += len(gathered)
             old_set = set(old)
             kept: set[tuple[int, int]] = set()
-            low = 0
-            for start, end, max_end, stop in cuts:
-                members = gathered[low:stop]
-                holds_new = low <= pos < stop
-                low = stop
+            for start, end, max_end, members, holds_new in sessions:
                 if not holds_new and (start, end) in old_set:
                     kept.add((start, end))  # the same events: unchanged
                     continue
+                self.recut_events += len(members)
+                self.recut_steps += 1
                 acc = _fold(agg, key, members)
                 fresh = (start, end) not in old_set
                 if not fresh:
@@ -382,6 +532,7 @@ class MaxDuration:
                 added.append((start, end, acc, members, max_end, fresh,
                               None if fresh else acc_of(view[(start, end)][0])))
             removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
+            recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
         if engine._check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
@@ -391,6 +542,7 @@ class MaxDuration:
             state.remove(Session(key, b[0], b[1]))
         for start, end, acc, events, max_end, *_ in added:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
+        self._reindex(bounds, removed, added, recut)
         if engine._updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
@@ -698,6 +850,7 @@ class MaxDuration:
         engine = self.engine
         state = engine._state
         done, fresh = plan
+        self._orders.pop(key, None)  # read again from the view at the key's next step
         for start, end, max_end, events, acc, old, old_acc, _ in done:
             if old is not None and old != (start, end):
                 state.remove(Session(key, old[0], old[1]))
