@@ -40,10 +40,19 @@ folded again from the events.
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
-every change). An out-of-order event costs O(events of the sessions it re-cuts); when a
-newest-first event moves the first event of several open sessions (sessions cut by the maximum
-duration, one after the other), every one of them changes and is re-cut
-(:attr:`MaxDuration.recut_events` counts that work).
+every change). A key's open sessions are kept in order beside the cache's view of the key
+(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. With a
+fixed gap a re-cut finds each session's end by binary search too (:func:`cut_pieces`): O(log n)
+steps per session it writes, plus copying that session's events into its new record and
+folding its accumulator (count folds in O(1); a float sum must add in (time, arrival) order, so
+other aggregations fold every event). With a gap per event it scans the events it reads
+(:func:`cut_until_unchanged`). What a re-cut cannot avoid is writing every session whose bounds
+or events change: when a newest-first event moves the first event of every session of a chain
+(sessions cut by the maximum duration, one after the other), each of them is written again, a
+store write (and with ``ON_WINDOW_UPDATE`` a retraction and an update) per session per event.
+That is O(n * sessions in the chain) writes for such a key, each copying its events; only open
+sessions written lazily, at a close or a flush, could avoid it. :attr:`MaxDuration.recut_steps`
+and :attr:`MaxDuration.recut_events` count that work.
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -250,11 +259,23 @@ def cut_pieces(pieces: list[list[Any]], new: int, following: int,
                 if t >= limit or not reaches(run, t, inclusive):
                     break
             piece = pieces[p]
-        events = parts[0]
-        for part in parts[1:]:
-            events += part
+        events = _joined(parts)
         out.append((start, run if run < limit else limit, run, events, holds))
     return out, used, searches
+
+
+def _joined(parts: list[list[Any]]) -> list[Any]:
+    """The concatenation of fresh lists, built on the longest one (the others are copied into
+    it; its own items only move)."""
+    if len(parts) == 1:
+        return parts[0]
+    longest = max(range(len(parts)), key=lambda k: len(parts[k]))
+    out = parts[longest]
+    for part in parts[longest + 1:]:
+        out += part
+    if longest:
+        out[:0] = [e for part in parts[:longest] for e in part] if longest > 1 else parts[0]
+    return out
 
 
 def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
