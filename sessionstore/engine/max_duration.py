@@ -178,10 +178,9 @@ def cut_until_unchanged(gathered: list[Any], following: int,
         limit = start + max_duration_ms
         run, j = _run_from(gathered, i + 1, first[2], limit, inclusive)
         while j == len(gathered) and used < following:
-            more = events_of(used)
-            t = more[0][0]
-            if t >= limit or not reaches(run, t, inclusive):
-                break  # the next stored session starts where it did: the rest is unchanged
+            more = _reached(events_of, used, run, limit, inclusive)
+            if more is None:
+                break
             gathered.extend(more)
             used += 1
             run, j = _run_from(gathered, j, run, limit, inclusive)
@@ -246,12 +245,10 @@ def cut_pieces(pieces: list[list[Any]], new: int, following: int,
             p += 1
             i = 0
             if p == len(pieces):
-                if used == following:
+                more = None if used == following else _reached(events_of, used, run, limit,
+                                                                inclusive)
+                if more is None:
                     break
-                more = events_of(used)
-                t = more[0][0]
-                if t >= limit or not reaches(run, t, inclusive):
-                    break  # the next stored session starts where it did: the rest is unchanged
                 pieces.append(more)
                 used += 1
             else:
@@ -276,6 +273,19 @@ def _joined(parts: list[list[Any]]) -> list[Any]:
     if longest:
         out[:0] = [e for part in parts[:longest] for e in part] if longest > 1 else parts[0]
     return out
+
+
+def _reached(events_of: Callable[[int], list[Any]], used: int, run: int, limit: int,
+             inclusive: bool) -> list[Any] | None:
+    """The events of the ``used``-th stored session after a re-cut's events when the session
+    being cut (largest own end ``run``, ``start + max_duration`` = ``limit``) takes its first
+    event; None when it does not: that stored session starts where it did, and the cut from
+    there on is the stored one."""
+    more = events_of(used)
+    t = more[0][0]
+    if t >= limit or not reaches(run, t, inclusive):
+        return None
+    return more
 
 
 def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
@@ -557,13 +567,17 @@ class MaxDuration:
         if engine._check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
-        # apply: nothing below fails on the event's content
+        # apply: nothing below fails on the event's content (a store failure while the cache
+        # writes leaves the key's order dropped: it is read again from the view)
         state = engine._state
+        order = self._orders.pop(key, None)
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
         for start, end, acc, events, max_end, *_ in added:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
         self._reindex(bounds, removed, added, recut)
+        if order is not None:
+            self._orders[key] = order
         if engine._updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
