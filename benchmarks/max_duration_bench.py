@@ -7,8 +7,9 @@ the input; asserts nothing::
 
 Events are 10 ms apart with a 100 ms gap, under two maximum durations: 10 s (a chain of
 sessions of 1,000 events, cut by the maximum duration: a newest-first event moves the first
-event of each, so each is re-cut) and one day (one session). Lateness covers the whole input,
-so every event is accepted whatever the order.
+event of each, so each is written again) and one day (one session). ``events_re_cut`` counts
+the events of the sessions re-cuts wrote, ``re_cut_steps`` the steps they took one by one.
+Lateness covers the whole input, so every event is accepted whatever the order.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def run(n: int, order: str, path: str, layout: str) -> dict[str, Any]:
     assert engine._max_duration is not None
     return {"events": n, "order": order, "path": path, "layout": layout, "sessions": len(out),
             "events_re_cut": engine._max_duration.recut_events,
+            "re_cut_steps": engine._max_duration.recut_steps,
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 

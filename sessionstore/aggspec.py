@@ -10,6 +10,8 @@ another type system (Spark) convert the Arrow types at their edge.
 from __future__ import annotations
 
 import decimal
+import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -479,6 +481,9 @@ class SkipNullColumn(Aggregation):
     def add_run(self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int],
                 acc: Any) -> Any:
         column = self.column
+        if values and not any(map(operator.is_, map(operator.itemgetter(column), values),
+                                  itertools.repeat(None))):
+            return self.inner.add_run(key, values, times_ms, seqs, acc)  # no null: all rows
         kept = [(v, t, s) for v, t, s in zip(values, times_ms, seqs, strict=True)
                 if v[column] is not None]
         if not kept:

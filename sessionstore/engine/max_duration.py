@@ -40,10 +40,19 @@ folded again from the events.
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
-every change). An out-of-order event costs O(events of the sessions it re-cuts); when a
-newest-first event moves the first event of several open sessions (sessions cut by the maximum
-duration, one after the other), every one of them changes and is re-cut
-(:attr:`MaxDuration.recut_events` counts that work).
+every change). A key's open sessions are kept in order beside the cache's view of the key
+(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. With a
+fixed gap a re-cut finds each session's end by binary search too (:func:`cut_pieces`): O(log n)
+steps per session it writes, plus copying that session's events into its new record and
+folding its accumulator (count folds in O(1); a float sum must add in (time, arrival) order, so
+other aggregations fold every event). With a gap per event it scans the events it reads
+(:func:`cut_until_unchanged`). What a re-cut cannot avoid is writing every session whose bounds
+or events change: when a newest-first event moves the first event of every session of a chain
+(sessions cut by the maximum duration, one after the other), each of them is written again, a
+store write (and with ``ON_WINDOW_UPDATE`` a retraction and an update) per session per event.
+That is O(n * sessions in the chain) writes for such a key, each copying its events; only open
+sessions written lazily, at a close or a flush, could avoid it. :attr:`MaxDuration.recut_steps`
+and :attr:`MaxDuration.recut_events` count that work.
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -72,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation
+from ..aggregations import Aggregation, is_count
 from ..gap_boundary import reaches
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
@@ -83,6 +92,10 @@ if TYPE_CHECKING:
     from .host import EngineHost
 
 _FIRST = operator.itemgetter(0)
+_SEQ = operator.itemgetter(1)
+_VALUE = operator.itemgetter(3)
+# how many keys' open-session orders MaxDuration keeps beyond the keys the cache holds
+_ORDERS_SLACK = 1024
 
 Cut = tuple[int, int, int, int]
 """``(start, end, max_end, stop)`` of one session of a cut: its events are
@@ -165,16 +178,114 @@ def cut_until_unchanged(gathered: list[Any], following: int,
         limit = start + max_duration_ms
         run, j = _run_from(gathered, i + 1, first[2], limit, inclusive)
         while j == len(gathered) and used < following:
-            more = events_of(used)
-            t = more[0][0]
-            if t >= limit or not reaches(run, t, inclusive):
-                break  # the next stored session starts where it did: the rest is unchanged
+            more = _reached(events_of, used, run, limit, inclusive)
+            if more is None:
+                break
             gathered.extend(more)
             used += 1
             run, j = _run_from(gathered, j, run, limit, inclusive)
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out, used
+
+
+Recut = tuple[int, int, int, list[Any], bool]
+"""``(start, end, max_end, events, holds the new event)`` of one session of a re-cut."""
+
+
+def cut_pieces(pieces: list[list[Any]], new: int, following: int,
+               events_of: Callable[[int], list[Any]], max_duration_ms: int, inclusive: bool
+               ) -> tuple[list[Recut], int, int]:
+    """:func:`cut_until_unchanged` for a fixed gap, by binary search instead of a scan.
+
+    With a fixed gap an event's own end is ``t + gap``, so the largest own end of a session's
+    events is that of its latest one, and whether an event reaches the next one does not depend
+    on where the session starts. A stored session holds consecutive events that reach each
+    other; so does any run of its events. Inside such a run a session ends only at its
+    ``start + max_duration``: the first event at or past it is found by binary search, and the
+    gap rule is checked only where two runs meet. A re-cut costs O(log n) per session it
+    writes, not O(its events).
+
+    Args:
+        pieces: non-empty runs of events in (time, arrival) order, each taken from one stored
+            session (or the new event alone), together the events from the start of the first
+            session re-cut; extended in place with the sessions read.
+        new: the index of the piece ``[new event]``.
+        following: how many open sessions come after those events.
+        events_of: the events of the ``i``-th of those, ``0 <= i < following``.
+        max_duration_ms, inclusive: as :func:`cut`.
+
+    Returns:
+        The sessions of the cut over ``pieces`` as extended, how many following sessions were
+        read (those are replaced; the rest stay as stored), and the binary searches made.
+    """
+    out: list[Recut] = []
+    used = 0
+    searches = 0
+    p = i = 0
+    while p < len(pieces):
+        piece = pieces[p]
+        first = piece[i]
+        start = first[0]
+        limit = start + max_duration_ms
+        run = first[2]
+        parts: list[list[Any]] = []
+        holds = False
+        while True:
+            # every event of the run from i on reaches the next; the limit cuts the run
+            stop = bisect.bisect_left(piece, limit, i, key=_FIRST)
+            searches += 1
+            parts.append(piece[i:stop])
+            holds = holds or p == new
+            if piece[stop - 1][2] > run:
+                run = piece[stop - 1][2]
+            if stop < len(piece):
+                i = stop  # the next session starts inside this run
+                break
+            p += 1
+            i = 0
+            if p == len(pieces):
+                more = None if used == following else _reached(events_of, used, run, limit,
+                                                                inclusive)
+                if more is None:
+                    break
+                pieces.append(more)
+                used += 1
+            else:
+                t = pieces[p][0][0]
+                if t >= limit or not reaches(run, t, inclusive):
+                    break
+            piece = pieces[p]
+        events = _joined(parts)
+        out.append((start, run if run < limit else limit, run, events, holds))
+    return out, used, searches
+
+
+def _joined(parts: list[list[Any]]) -> list[Any]:
+    """The concatenation of fresh lists, built on the longest one (the others are copied into
+    it; its own items only move)."""
+    if len(parts) == 1:
+        return parts[0]
+    longest = max(range(len(parts)), key=lambda k: len(parts[k]))
+    out = parts[longest]
+    for part in parts[longest + 1:]:
+        out += part
+    if longest:
+        out[:0] = [e for part in parts[:longest] for e in part] if longest > 1 else parts[0]
+    return out
+
+
+def _reached(events_of: Callable[[int], list[Any]], used: int, run: int, limit: int,
+             inclusive: bool) -> list[Any] | None:
+    """The events of the ``used``-th stored session after a re-cut's events when the session
+    being cut (largest own end ``run``, ``start + max_duration`` = ``limit``) takes its first
+    event; None when it does not: that stored session starts where it did, and the cut from
+    there on is the stored one."""
+    more = events_of(used)
+    t = more[0][0]
+    if t >= limit or not reaches(run, t, inclusive):
+        return None
+    return more
 
 
 def _scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
@@ -207,9 +318,12 @@ def _payload(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], in
 
 def _fold(agg: Aggregation, key: Any, events: list[Any]) -> Any:
     """The accumulator of ``events`` (in (time, arrival) order): ``initial()``, then each
-    event's ``add`` (``add_run`` gives the same by its contract)."""
-    return agg.add_run(key, [e[3] for e in events], [e[0] for e in events],
-                       [e[1] for e in events], agg.initial())
+    event's ``add`` (``add_run`` gives the same by its contract; count's ``add_run`` is the
+    number of events, which needs no lists)."""
+    if is_count(agg):
+        return agg.initial() + len(events)
+    return agg.add_run(key, list(map(_VALUE, events)), list(map(_FIRST, events)),
+                       list(map(_SEQ, events)), agg.initial())
 
 
 def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
@@ -241,9 +355,63 @@ class MaxDuration:
         # exactly); any other aggregation is folded again from the events, so that only its
         # initializer and aggregator are used, on fresh accumulators
         self._incremental = columnar_parts(engine.aggregation) is not None
-        #: events gathered by full re-cuts (an operation count: tests bound the work of
-        #: disordered input with it, without timing)
+        self._fixed_gap = not engine.config.dynamic
+        #: events of the sessions re-cuts wrote (each is copied into its record and folded)
         self.recut_events = 0
+        #: the steps of re-cuts done one by one in Python: binary searches (or, with a gap
+        #: per event, events scanned) and sessions written (operation counts: tests bound the
+        #: work of disordered input with them, without timing)
+        self.recut_steps = 0
+        # key -> (the cache's view of it, the bounds of its open sessions in order), kept
+        # while the cache holds that same view (see _open_bounds)
+        self._orders: dict[Any, tuple[Any, list[tuple[int, int]]]] = {}
+
+    def _open_bounds(self, key: Any, view: Any, closed_before: int) -> list[tuple[int, int]]:
+        """The bounds of ``key``'s open sessions (ending after ``closed_before``) in ``view``
+        (what the cache's ``sessions_of`` returned), in order (disjoint: start order is end
+        order), without sorting them again at every event.
+
+        The order is kept with the view it was read from, and used only while the cache
+        returns that same view: every change of a key's open sessions goes through this
+        class, which updates the order (:meth:`_reindex`), or drops it (the batch plans); the
+        cache itself only forgets sessions that closed, which are a prefix (ends increase), or
+        starts a new view (an eviction, an abort, a reload)."""
+        entry = self._orders.get(key)
+        if entry is not None and entry[0] is view:
+            order = entry[1]
+            closed = 0
+            while closed < len(order) and order[closed][1] <= closed_before:
+                closed += 1
+            if closed:
+                del order[:closed]
+            return order
+        order = sorted(b for b in view if b[1] > closed_before)
+        self.recut_steps += len(view)
+        held = self.engine._state.held_keys
+        if held.get(key) is view:  # not when the cache writes through (a view per call)
+            orders = self._orders
+            if len(orders) >= len(held) + _ORDERS_SLACK:
+                for gone in [k for k, e in orders.items() if held.get(k) is not e[0]]:
+                    del orders[gone]  # views the cache no longer holds
+            orders[key] = (view, order)
+        return order
+
+    @staticmethod
+    def _reindex(order: list[tuple[int, int]], removed: list[tuple[tuple[int, int], Any]],
+                 added: list[tuple[int, int, Any, list[Any], int, bool, Any]],
+                 recut: tuple[int, int, list[tuple[int, int]]] | None) -> None:
+        """Apply a step's changes to the order :meth:`_open_bounds` returned: a re-cut
+        replaces ``order[low:high]`` by its sessions; otherwise the removed bounds leave and
+        the new ones (``fresh``) are inserted."""
+        if recut is not None:
+            low, high, bounds = recut
+            order[low:high] = bounds
+            return
+        for b, _ in removed:
+            del order[bisect.bisect_left(order, b)]
+        for start, end, _, _, _, fresh, _ in added:
+            if fresh:
+                bisect.insort(order, (start, end))
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
@@ -286,7 +454,7 @@ class MaxDuration:
         agg = engine.aggregation
         event = [t, seq, own_end, value]
         view = engine._state.sessions_of(key, closed_before)
-        bounds = sorted(b for b in view if b[1] > closed_before)  # disjoint: start = end order
+        bounds = self._open_bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
@@ -351,30 +519,43 @@ class MaxDuration:
             added.append((t, own_window_end(t, own_end, md),
                           agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
                           None))
+        recut: tuple[int, int, list[tuple[int, int]]] | None = None
         if not appended:
             # the event falls at or after the start of bounds[first] and before the next one
             first = j if j > 0 else 0
-            gathered = list(_payload(view[bounds[first]][0], key, bounds[first])[0])
-            pos = bisect.bisect_right(gathered, t, key=_FIRST)  # after equal times: arrival
-            gathered.insert(pos, event)
-            after = bounds[first + 1:]
+            stored = _payload(view[bounds[first]][0], key, bounds[first])[0]
+            pos = bisect.bisect_right(stored, t, key=_FIRST)  # after equal times: arrival
+            following = len(bounds) - first - 1
 
             def events_of(i: int) -> list[Any]:
-                return _payload(view[after[i]][0], key, after[i])[0]
+                b = bounds[first + 1 + i]
+                return _payload(view[b][0], key, b)[0]
 
-            cuts, used = cut_until_unchanged(gathered, len(after), events_of, md, inclusive)
+            sessions: list[Recut]
+            if self._fixed_gap:
+                pieces = [part for part in (stored[:pos], [event], stored[pos:]) if part]
+                sessions, used, searches = cut_pieces(pieces, 1 if pos else 0, following,
+                                                      events_of, md, inclusive)
+                self.recut_steps += searches
+            else:  # a gap per event: whether events reach each other depends on the start
+                gathered = [*stored[:pos], event, *stored[pos:]]
+                cuts, used = cut_until_unchanged(gathered, following, events_of, md, inclusive)
+                self.recut_steps += len(gathered)
+                sessions = []
+                low = 0
+                for start, end, max_end, stop in cuts:
+                    sessions.append((start, end, max_end, gathered[low:stop],
+                                     low <= pos < stop))
+                    low = stop
             old = bounds[first:first + 1 + used]
-            self.recut_events += len(gathered)
             old_set = set(old)
             kept: set[tuple[int, int]] = set()
-            low = 0
-            for start, end, max_end, stop in cuts:
-                members = gathered[low:stop]
-                holds_new = low <= pos < stop
-                low = stop
+            for start, end, max_end, members, holds_new in sessions:
                 if not holds_new and (start, end) in old_set:
                     kept.add((start, end))  # the same events: unchanged
                     continue
+                self.recut_events += len(members)
+                self.recut_steps += 1
                 acc = _fold(agg, key, members)
                 fresh = (start, end) not in old_set
                 if not fresh:
@@ -382,15 +563,21 @@ class MaxDuration:
                 added.append((start, end, acc, members, max_end, fresh,
                               None if fresh else acc_of(view[(start, end)][0])))
             removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
+            recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
         if engine._check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
-        # apply: nothing below fails on the event's content
+        # apply: nothing below fails on the event's content (a store failure while the cache
+        # writes leaves the key's order dropped: it is read again from the view)
         state = engine._state
+        order = self._orders.pop(key, None)
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
         for start, end, acc, events, max_end, *_ in added:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
+        self._reindex(bounds, removed, added, recut)
+        if order is not None:
+            self._orders[key] = order
         if engine._updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
@@ -698,6 +885,7 @@ class MaxDuration:
         engine = self.engine
         state = engine._state
         done, fresh = plan
+        self._orders.pop(key, None)  # read again from the view at the key's next step
         for start, end, max_end, events, acc, old, old_acc, _ in done:
             if old is not None and old != (start, end):
                 state.remove(Session(key, old[0], old[1]))

@@ -307,7 +307,9 @@ class CachingSessionStore:
         bounds = (start, end)
         cached = view.get(bounds)
         if cached is None:
-            view[bounds] = (value, False)
+            # a removal still pending means the wrapped store holds the session (a re-cut can
+            # put back the bounds of a session it removed)
+            view[bounds] = (value, self._dirty.get(sid) is TOMBSTONE)
             self._size += 1
             if self._index_ends:
                 self._index(key, start, end)
@@ -358,7 +360,7 @@ class CachingSessionStore:
                     dirty.pop(old, None)  # never written: nothing to undo downstream
         cached = held.get(bounds)
         if cached is None:
-            held[bounds] = (value, False)
+            held[bounds] = (value, dirty.get(session) is TOMBSTONE)  # as put() does
             self._size += 1
             if self._index_ends:
                 end = bounds[1]

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from sessionstore import aggregations, aggspec
-from sessionstore.aggspec import AggSpec
+from sessionstore.aggspec import AggSpec, SkipNullColumn
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.int64()), ("amount", pa.int32()),
                     ("price", pa.float32()), ("cost", pa.decimal128(10, 2)),
@@ -125,3 +125,20 @@ def test_nested_columns_are_refused_naming_column_and_type():
     for spec in ("x=min:tags", "x=first:meta", "x=sum:tags"):
         with pytest.raises(ValueError, match="cannot run over column"):
             aggspec.plan(aggspec.parse_specs([spec]), nested)
+
+
+@pytest.mark.parametrize("rows", [[], [4], [None], [3, 1.5, 7], [None, 4, None, 2, None],
+                                  [2, None, 2.0, -1]])
+def test_a_column_run_skipping_nulls_equals_adding_each_row(rows):
+    # SkipNullColumn.add_run passes a run without nulls straight to the built-in: it must
+    # still give what adding row by row gives, nulls skipped
+    values = [{"amount": v} for v in rows]
+    times = [10 * i for i in range(len(rows))]
+    for make in (aggregations.sum_of, aggregations.min_of, aggregations.max_of,
+                 aggregations.collect):
+        part = SkipNullColumn(make(column="amount"))
+        one_by_one = part.initial()
+        for i, value in enumerate(values):
+            one_by_one = part.add("k", value, times[i], i, one_by_one)
+        assert part.add_run("k", values, times, list(range(len(rows))),
+                            part.initial()) == one_by_one

@@ -104,3 +104,27 @@ def test_put_remove_put_before_a_flush_is_written_once(kind: str, tmp_path: Path
     assert _contents(cache.wrapped) == sorted(((s, "second") for s in sessions),
                                               key=lambda row: (row[0].end, row[0].key))
     assert cache.dirty_count == 0
+
+
+@pytest.mark.parametrize("listener", [False, True])
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_a_session_removed_put_back_and_removed_again_leaves_the_store(
+        kind: str, listener: bool, tmp_path: Path) -> None:
+    # a re-cut (maximum duration) can give a session the bounds of one it removed earlier;
+    # removing it again must still remove what the store holds. Before, the put back marked
+    # it as never written, and the second removal only dropped the cached change: the store
+    # kept the session, and closing emitted it beside the one that replaced it
+    store = _open(kind, tmp_path, "store")
+    cache = CachingSessionStore(store, max_sessions=100,
+                                forward=(lambda *_: None) if listener else None)
+    session = Session("a", 22, 27)
+    cache.sessions_of("a", INT64_MIN)
+    cache.put(session, [1])
+    cache.flush()  # now in the store
+    cache.remove(session)
+    cache.put(session, [2])
+    assert cache.fetch_session("a", 22, 27) == [2]
+    cache.remove(session)
+    cache.put(Session("a", 22, 28), [3])
+    cache.flush()
+    assert _contents(store) == [(Session("a", 22, 28), [3])]
