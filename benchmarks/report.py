@@ -265,15 +265,19 @@ def spark_section() -> list[str]:
         "included. Static: the same files as one DataFrame. Each run counts its sessions and "
         "sums a hash of every session row, so equal counts and checksums mean equal results.",
         "",
-        "| mode | peer | rows/s | x native | sessions | batches (data + no-data) |",
-        "|---|---|---:|---:|---:|---|",
+        "| mode | peer | rows/s | x native | CPU s (JVM + Python) | sessions "
+        "| batches (data + no-data) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for mode in ("streaming", "static"):
         for name, run in data[mode].items():
             ratio = data["ratios_vs_native"][mode][name]
             batches = (f"{run['data_batches']} + {run['no_data_batches']}"
                        if mode == "streaming" else "")
-            lines.append(f"| {mode} | {name} | {_fmt(run['rows_per_s'])} | {ratio:.2f} | "
+            cpu = (f"{run['cpu_s']:.1f} ({run['jvm_cpu_s']:.1f} + {run['python_cpu_s']:.1f})"
+                   if "cpu_s" in run else "")  # results written before CPU was measured
+            rate = run.get("median_rows_per_s", run["rows_per_s"])
+            lines.append(f"| {mode} | {name} | {_fmt(rate)} | {ratio:.2f} | {cpu} | "
                          f"{run['sessions']:,} | {batches} |")
     equal = data["equal_results"]
     lines += [

@@ -8,12 +8,18 @@ Spark session on the same data, streaming and static.
   kept as ``spark_reported_rows``: it counts a source once per scan in the plan.
 * Static: the same files read as one DataFrame; rows/s divide the input rows by the wall time of
   one job that computes every output row.
+* CPU: each run reports the CPU seconds used by the JVM and by the Python workers (every process
+  this driver started, read from ``/proc``), besides the wall time.
+* Every engine is warmed up first (one streaming file and one static run each, not counted), then
+  the engines run ``--repeats`` times, in alternating order (forward, then reversed), so neither
+  always goes first. Each figure is the median over the repeats; every run is kept in the JSON.
 
 Each run also counts its sessions and sums a hash of every session row (key, bounds,
 aggregates), so equal counts and checksums mean equal results. It reports numbers and asserts
 none; ratios against native are the figures to quote on a shared machine::
 
-    python -m benchmarks.spark_bench [--rows N] [--batches B] [--no-write]
+    python -m benchmarks.spark_bench [--rows N] [--batches B] [--repeats R]
+        [--engines native,arrow,processor] [--no-write]
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import argparse
 import logging
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,6 +79,57 @@ def spark_session(partitions: int) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _process_cpu_s(pid: int) -> tuple[str, float] | None:
+    """(command name, CPU seconds of the process and its reaped children), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), counted after the name
+    ticks = sum(int(f) for f in fields[11:15])
+    return name, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@contextmanager
+def cpu_used() -> Iterator[dict[str, float]]:
+    """Yields a dict that holds, on exit, the CPU seconds the JVM and the Python workers used
+    inside the block (``jvm_cpu_s``, ``python_cpu_s``, ``cpu_s``). A worker that exited and was
+    reaped counts in its parent's total; one that exited unreaped in the block is lost."""
+    before = {pid: _process_cpu_s(pid) for pid in _descendants(os.getpid())}
+    used: dict[str, float] = {}
+    yield used
+    totals = {"jvm": 0.0, "python": 0.0}
+    for pid in _descendants(os.getpid()):
+        now, then = _process_cpu_s(pid), before.get(pid)
+        if now is None:
+            continue
+        kind = "jvm" if now[0] == "java" else "python"
+        totals[kind] += now[1] - (then[1] if then is not None and then[0] == now[0] else 0.0)
+    used.update(jvm_cpu_s=totals["jvm"], python_cpu_s=totals["python"],
+                cpu_s=totals["jvm"] + totals["python"])
 
 
 def write_batches(directory: Path, n_rows: int, n_batches: int) -> tuple[list[Path], Path, int]:
@@ -156,18 +215,19 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
 
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1) \
         .parquet(str(source))
-    started = time.perf_counter()
-    query = (build(stream, DELAY).writeStream.foreachBatch(sink).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    query.processAllAvailable()
-    wall_s = time.perf_counter() - started
+    with cpu_used() as cpu:
+        started = time.perf_counter()
+        query = (build(stream, DELAY).writeStream.foreachBatch(sink).outputMode("append")
+                 .option("checkpointLocation", str(root / "checkpoint")).start())
+        query.processAllAvailable()
+        wall_s = time.perf_counter() - started
     progress = list(query.recentProgress)
     query.stop()
     # rows are counted from the files, never from Spark's numInputRows: Spark counts a source
     # once per scan in the plan, so a query that reads its input twice reports twice the rows
     file_rows = [pq.read_metadata(path).num_rows for path in files]
-    batches = [{"spark_rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
-               for p in progress]
+    batches = [{"spark_rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"],
+                "add_batch_ms": p["durationMs"].get("addBatch", 0)} for p in progress]
     data = [b for b in batches if b["spark_rows"]]
     if len(data) != len(files):
         raise RuntimeError(f"{len(data)} micro-batches read rows, expected one per file "
@@ -187,6 +247,8 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
                                                                / 1000),
         "data_batches": len(data),
         "no_data_batches": len(batches) - len(data),
+        **cpu,
+        "python_cpu_s_per_batch": cpu["python_cpu_s"] / len(batches),
         "sessions": totals["sessions"],
         "checksum": str(totals["checksum"]),
         "batches": batches,
@@ -196,11 +258,24 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
 def run_static(spark: Any, files: list[Path], build: Callable[[Any, str | None], Any],
                rows: int) -> dict[str, Any]:
     frame = spark.read.schema(SCHEMA).parquet(*[str(p) for p in files])
-    started = time.perf_counter()
-    sessions, checksum = digest(build(frame, None))
-    seconds = time.perf_counter() - started
-    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+    with cpu_used() as cpu:
+        started = time.perf_counter()
+        sessions, checksum = digest(build(frame, None))
+        seconds = time.perf_counter() - started
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, **cpu,
             "sessions": sessions, "checksum": str(checksum)}
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median rows/s (the lower middle of an even count), with every run's rows/s,
+    wall and CPU, and the load average after each, beside it."""
+    ranked = sorted(runs, key=lambda r: r["rows_per_s"])
+    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    chosen["median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in runs)
+    chosen["runs"] = [{k: r[k] for k in ("rows_per_s", "seconds", "cpu_s", "jvm_cpu_s",
+                                          "python_cpu_s", "load_average") if k in r}
+                      for r in runs]
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -209,50 +284,74 @@ def main(argv: list[str] | None = None) -> None:
                         help="input rows (the sample clickstream); default 200,000")
     parser.add_argument("--batches", type=int, default=8, help="data micro-batches")
     parser.add_argument("--partitions", type=int, default=2, help="shuffle partitions")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed runs of each engine, in alternating order; default 2")
+    parser.add_argument("--engines", default="native,arrow,processor",
+                        help="which of native, arrow and processor to run (comma-separated)")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
+    chosen = args.engines.split(",")
+    if not chosen or set(chosen) - {"native", "arrow", "processor"} or args.repeats < 1:
+        parser.error(f"--engines must name native, arrow or processor, got {args.engines!r}; "
+                     f"--repeats must be >= 1, got {args.repeats}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)  # ours only: py4j logs every command at INFO
     spark = spark_session(args.partitions)
     root = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     results: dict[str, Any] = {"rows": 0, "gap": GAP, "watermark_delay": DELAY,
                                "batches": args.batches, "partitions": args.partitions,
-                               "master": "local[2]", "spark": spark.version}
+                               "repeats": args.repeats, "master": "local[2]",
+                               "spark": spark.version}
     try:
         files, flush, n_rows = write_batches(root / "files", args.rows, args.batches)
         results["rows"] = n_rows
-        peers: list[tuple[str, Callable[[Path], Builder]]] = [
-            (NATIVE, lambda _: native), (ARROW, partial(ours, "arrow")),
-            (PROCESSOR, partial(ours, "processor"))]
-        # warm up the JVM and the Python workers once, on one file, so no peer pays for it
+        every: list[tuple[str, str, Callable[[Path], Builder]]] = [
+            ("native", NATIVE, lambda _: native), ("arrow", ARROW, partial(ours, "arrow")),
+            ("processor", PROCESSOR, partial(ours, "processor"))]
+        peers = [(name, make) for short, name, make in every if short in chosen]
+        # warm up the JVM and the Python workers, streaming and static, so no peer pays for it
         for name, make in peers:
-            run_streaming(spark, files[:1], root / "warm" / name.replace(" ", "_"),
-                          make(root / "warm" / name.replace(" ", "_")))
-        streaming: dict[str, dict[str, Any]] = {}
-        static: dict[str, dict[str, Any]] = {}
-        for name, make in peers:
-            run_root = root / "stream" / name.replace(" ", "_")
-            streaming[name] = run_streaming(spark, [*files, flush], run_root, make(run_root))
-            log.info("streaming %-24s %9.0f rows/s  %d sessions  (%d data + %d no-data "
-                     "batches; Spark reported %d input rows of %d)", name,
-                     streaming[name]["rows_per_s"], streaming[name]["sessions"],
-                     streaming[name]["data_batches"], streaming[name]["no_data_batches"],
-                     streaming[name]["spark_reported_rows"], streaming[name]["rows"])
-        for name, make in peers:
-            static[name] = run_static(spark, files, make(root / "static"), n_rows)
-            log.info("static    %-24s %9.0f rows/s  %d sessions", name,
-                     static[name]["rows_per_s"], static[name]["sessions"])
+            warm = root / "warm" / name.replace(" ", "_")
+            run_streaming(spark, files[:1], warm, make(warm))
+            run_static(spark, files[:1], make(warm), 0)
+        streaming_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
+        static_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
+        for repeat in range(args.repeats):
+            order = peers if repeat % 2 == 0 else peers[::-1]
+            for name, make in order:
+                run_root = root / f"stream-{repeat}" / name.replace(" ", "_")
+                run = run_streaming(spark, [*files, flush], run_root, make(run_root))
+                run["load_average"] = os.getloadavg()[0]
+                streaming_runs[name].append(run)
+                log.info("streaming %-24s %9.0f rows/s  %5.1f s wall  CPU %.1f s (JVM %.1f, "
+                         "Python %.1f)  %d sessions  (%d data + %d no-data batches)  load %.1f",
+                         name, run["rows_per_s"], run["wall_seconds"], run["cpu_s"],
+                         run["jvm_cpu_s"], run["python_cpu_s"], run["sessions"],
+                         run["data_batches"], run["no_data_batches"], run["load_average"])
+            for name, make in order:
+                run = run_static(spark, files, make(root / "static"), n_rows)
+                run["load_average"] = os.getloadavg()[0]
+                static_runs[name].append(run)
+                log.info("static    %-24s %9.0f rows/s  %5.1f s wall  CPU %.1f s (JVM %.1f, "
+                         "Python %.1f)  %d sessions  load %.1f", name, run["rows_per_s"],
+                         run["seconds"], run["cpu_s"], run["jvm_cpu_s"], run["python_cpu_s"],
+                         run["sessions"], run["load_average"])
+        streaming = {name: median_run(runs) for name, runs in streaming_runs.items()}
+        static = {name: median_run(runs) for name, runs in static_runs.items()}
         results["streaming"] = streaming
         results["static"] = static
+        base = NATIVE if NATIVE in streaming else next(iter(streaming))
         results["ratios_vs_native"] = {
-            mode: {name: runs[name]["rows_per_s"] / runs[NATIVE]["rows_per_s"] for name in runs}
+            mode: {name: runs[name]["median_rows_per_s"] / runs[base]["median_rows_per_s"]
+                   for name in runs}
             for mode, runs in (("streaming", streaming), ("static", static))
         }
+        # every run of every engine, not only the medians, must give the same sessions
         results["equal_results"] = {
-            mode: len({(r["sessions"], r["checksum"]) for r in runs.values()}) == 1
-            for mode, runs in (("streaming", streaming), ("static", static))
+            mode: len({(r["sessions"], r["checksum"]) for rs in runs.values() for r in rs}) == 1
+            for mode, runs in (("streaming", streaming_runs), ("static", static_runs))
         }
-        log.info("ratios vs native: %s; equal results: %s", results["ratios_vs_native"],
+        log.info("median ratios vs native: %s; equal results: %s", results["ratios_vs_native"],
                  results["equal_results"])
         results["driver_peak_rss_mb"] = peak_rss_mb()
         results["load_average"] = os.getloadavg()
