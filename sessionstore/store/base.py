@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import int64_column, sort_order
+from ..arrays import int64_column, last_of_each
 from ..errors import StoreCorruptedError
 from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
@@ -430,7 +430,9 @@ class SegmentedSessionStore(ABC):
         self._metrics["dropped-records"] += n - len(accepted)
         if len(accepted) == 0:
             return written
-        if values.count(None) if isinstance(values, list) else any(v is None for v in values):
+        if type(values) is not PackedValues and (
+                values.count(None) if isinstance(values, list)
+                else any(v is None for v in values)):
             # None values are deletes (Kafka's null aggregate): taken in call order, row by
             # row, so that every segment a loop of put() would create is created
             for row in accepted.tolist():
@@ -444,13 +446,8 @@ class SegmentedSessionStore(ABC):
         # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
         # only the last write of a session that appears twice, as consecutive puts would.
         key_rank = self._key_ranks(encoded)
-        rank = key_rank[index[accepted]]
-        rows = accepted[sort_order([rank, ends[accepted], starts[accepted]])]
-        ranks = key_rank[index[rows]]
-        last = np.ones(len(rows), dtype=np.bool_)
-        last[:-1] = ((ranks[1:] != ranks[:-1]) | (ends[rows[1:]] != ends[rows[:-1]])
-                     | (starts[rows[1:]] != starts[rows[:-1]]))
-        rows = rows[last]
+        rows = accepted[last_of_each([key_rank[index[accepted]], ends[accepted],
+                                      starts[accepted]])]
         if len(rows) == n and (rows == np.arange(n)).all():
             picked = data
         else:  # an object array gathers about twice as fast as a list comprehension

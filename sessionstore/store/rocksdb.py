@@ -587,7 +587,7 @@ class SessionStore(SegmentedSessionStore):
         records = keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts,
                                          matrix)
         # (end, key, start): the input is by (key, end, start), so a stable sort on the end
-        by_time = np.argsort(ends, kind="stable")
+        by_time = sort_order([ends])
         data, block = keyschema.encode_index_block(encoded, index[by_time], ends[by_time],
                                                    starts[by_time], matrix)
         block_id = self._next_block_id
