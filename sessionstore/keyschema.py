@@ -258,7 +258,8 @@ def records_many(
     grouped = bool((record_lengths[1:] >= record_lengths[:-1]).all())
     out: npt.NDArray[Any] | None = None if grouped else np.empty(n, object)
     pieces: list[bytes] = []
-    for width in np.unique(record_lengths).tolist():
+    # widths are at most 256 (a KeyMatrix): counted rather than sorted
+    for width in np.flatnonzero(np.bincount(record_lengths)).tolist():
         if grouped:
             first = int(np.searchsorted(record_lengths, width, side="left"))
             stop = int(np.searchsorted(record_lengths, width, side="right"))

@@ -146,7 +146,10 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
         return None
     widths = 4 + packed
     out = np.empty(n, dtype=object)
-    for width in np.unique(widths).tolist():
+    # counted rather than sorted, unless a key is long
+    distinct = (np.flatnonzero(np.bincount(widths)) if n and int(widths.max()) <= 4096
+                else np.unique(widths))
+    for width in distinct.tolist():
         rows = np.flatnonzero(widths == width)
         size = int(lengths[rows[0]])
         header = int(headers[rows[0]])
