@@ -210,7 +210,8 @@ def key_order(encoded_keys: Sequence[bytes], matrix: KeyMatrix | None = None
                if words[0, j] != words[:, j].min() or words[0, j] != words[:, j].max()]
     if not varying:
         return np.zeros(n, dtype=np.int64)
-    order = np.lexsort(varying[::-1])
+    # ties get one rank whatever their order: a single word needs no stable sort
+    order = np.argsort(varying[0]) if len(varying) == 1 else np.lexsort(varying[::-1])
     ordered = words[order]
     ranks = np.empty(n, dtype=np.int64)
     ranks[order] = np.concatenate(

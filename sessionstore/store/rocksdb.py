@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import itertools
 import logging
+import operator
 import os
 import shutil
 import threading
@@ -79,6 +80,7 @@ _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 # sorts after the (end, start) of any key-first record: the start of a backward key scan
 _HIGH_TIMES = b"\xff" * 16
+_SETITEM: Callable[[Any, bytes, bytes], None] = operator.setitem
 
 
 def _housekeep(root: Path, doomed: list[Path]) -> None:
@@ -599,7 +601,10 @@ class SessionStore(SegmentedSessionStore):
             writer = rocksdict.SstFileWriter(options=self._sst_options)
             writer.open(str(path))
             writer[block_key] = data
-            collections.deque(map(writer.__setitem__, records, values), maxlen=0)
+            # operator.setitem is called without building an argument tuple (a bound
+            # __setitem__ builds one per record)
+            collections.deque(map(_SETITEM, itertools.repeat(writer), records, values),
+                              maxlen=0)
             writer.finish()
         except BaseException as exc:
             path.unlink(missing_ok=True)
