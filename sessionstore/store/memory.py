@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from itertools import chain, compress, filterfalse
 from typing import Any, NamedTuple
 
@@ -44,14 +44,16 @@ class _Bulk(NamedTuple):
         return list(zip(self.ends.tolist(), picked, self.starts.tolist(), strict=True))
 
 
-def compact_log(pending: list[_Bulk], deletes_needed: bool) -> list[_Bulk]:
-    """The net effect of applying the bulks of ``pending`` in order, as at most two bulks.
+def compact_log(pending: list[_Bulk],
+                applied: Collection[tuple[int, bytes, int]]) -> list[_Bulk]:
+    """The net effect of applying the bulks of ``pending`` in order to ``applied`` (the
+    segment's applied sessions), as at most two bulks.
 
-    A delete of the sessions whose last logged operation deletes them (left out unless
-    ``deletes_needed``: when nothing is applied yet there is nothing for them to delete), and a
-    write of every other logged session with its last value, in log order. The two
-    touch disjoint sessions, so that applying them in either order gives what applying
-    ``pending`` gives. Costs a few array operations per row, no Python object per session.
+    A delete of the sessions whose last logged operation deletes them and that ``applied``
+    holds (the others have nothing to delete), and a write of every other logged session with
+    its last value, in log order. The two touch disjoint sessions, so that applying them in
+    either order gives what applying ``pending`` gives. Costs a few array operations per row,
+    and a Python tuple only per deleted session.
     """
     if not pending:
         return []
@@ -77,9 +79,14 @@ def compact_log(pending: list[_Bulk], deletes_needed: bool) -> list[_Bulk]:
     rows = last_of_each([ends, key_ids, starts])  # each session's last operation
     rows.sort()  # in log order: gathering the values reads memory in order
     written = writes[rows]
-    kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any] | None]] = (
-        [(rows[~written], None)] if deletes_needed else [])
-    kept.append((rows[written], data))
+    deleted = rows[~written] if len(applied) else rows[:0]
+    if len(deleted):  # only what the applied sessions hold: the log stays within the data
+        entries = zip(ends[deleted].tolist(), [distinct[k] for k in key_ids[deleted].tolist()],
+                      starts[deleted].tolist(), strict=True)
+        deleted = deleted[np.fromiter(map(applied.__contains__, entries), dtype=np.bool_,
+                                      count=len(deleted))]
+    kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any] | None]] = [
+        (deleted, None), (rows[written], data)]
     used = np.zeros(len(distinct), dtype=np.bool_)
     for picked, _ in kept:
         used[key_ids[picked]] = True
@@ -145,7 +152,7 @@ class _Segment:
         """Replace the log by its net effect (:func:`compact_log`), in columns: what a read
         sees does not change, and no session becomes a Python object."""
         # new bulks in a new list: a commit's snapshot may share the old ones
-        self._pending = compact_log(self._pending, deletes_needed=bool(self._values))
+        self._pending = compact_log(self._pending, self._values)
         self._pending_rows = self._compacted_rows = sum(len(b.ends) for b in self._pending)
 
     def values(self) -> dict[tuple[int, bytes, int], bytes]:

@@ -91,18 +91,19 @@ def test_a_compacted_log_applies_as_the_log_does(
                if start <= end}
     expected = replayed(applied, log)
     before = frozen(log)
-    for compacted in (memory.compact_log(log, deletes_needed=bool(applied)),
-                      memory.compact_log(
-                          memory.compact_log(log[:cut], deletes_needed=bool(applied))
-                          + log[cut:], deletes_needed=bool(applied))):
+    for compacted in (memory.compact_log(log, applied),
+                      memory.compact_log(memory.compact_log(log[:cut], applied) + log[cut:],
+                                         applied)):
         assert frozen(log) == before
         assert sorted(bulk.data is None for bulk in compacted) in ([], [False], [True],
                                                                    [False, True])
         rows = [(int(b.ends[i]), b.keys[int(b.key_index[i])], int(b.starts[i]))
                 for b in compacted for i in range(len(b.ends))]
         assert len(rows) == len(set(rows))
-        if not applied:
-            assert all(bulk.data is not None for bulk in compacted)
+        # a delete only of what is applied: the log stays within the data
+        assert all(row in applied for b in compacted if b.data is None
+                   for row in [(int(b.ends[i]), b.keys[int(b.key_index[i])], int(b.starts[i]))
+                               for i in range(len(b.ends))])
         segment = settled(applied, compacted)
         assert segment.values() == expected
         # the indexes a read uses, not only the values
@@ -228,3 +229,22 @@ def test_small_bounds_do_compact() -> None:
     # compaction left, which is at most one row per session
     segment = store._segments[0]  # noqa: SLF001 - the log's size is what this checks
     assert segment._pending_rows <= 2 * segment._compacted_rows <= 2 * 12  # noqa: SLF001
+
+
+def test_deletes_of_sessions_never_applied_do_not_pile_up() -> None:
+    """Sessions written and deleted again with no read in between leave nothing in the
+    compacted log, also when the segment holds applied sessions: the log stays within a
+    bound of the live data, not of every session that ever came and went."""
+    store = InMemorySessionStore(retention_ms=10**12, segment_interval_ms=10**12)
+    store.put(Session("kept", 0, 1), "v")  # applied: the segment's dict is not empty
+    n = 100
+    keys = [f"user{i}" for i in range(n)]
+    with log_bound(0):
+        for round_ in range(50):  # 10,000 rows over 5,000 distinct sessions, all deleted
+            starts = np.arange(n, dtype=np.int64) + 1_000 * round_
+            store.put_many(keys, starts, starts + 10, [round_] * n)
+            store.remove_many(keys, starts, starts + 10)
+    segment = store._segments[0]  # noqa: SLF001 - the log's size is what this checks
+    assert segment._pending_rows <= 2 * n  # noqa: SLF001 - at most the last two calls
+    assert [(tuple(s), v) for s, v in store.find_sessions(-(2**63), 2**63 - 1)] == [
+        (("kept", 0, 1), "v")]
