@@ -158,7 +158,7 @@ def time_first_to_key_first(record: bytes) -> bytes:
 # must have one width) and cut it into bytes objects in one C-level step.
 
 
-_FIXED_WIDTH_SORT_LIMIT = 256
+KEY_MATRIX_MAX_WIDTH = 256  # the widest encoded key a KeyMatrix holds
 
 
 class KeyMatrix(NamedTuple):
@@ -175,7 +175,7 @@ def key_matrix(encoded_keys: Sequence[bytes]) -> KeyMatrix | None:
     that wide would be huge: the callers fall back to per-key work)."""
     n = len(encoded_keys)
     lengths = np.fromiter(map(len, encoded_keys), dtype=np.int64, count=n)
-    if n == 0 or int(lengths.max()) > _FIXED_WIDTH_SORT_LIMIT:
+    if n == 0 or int(lengths.max()) > KEY_MATRIX_MAX_WIDTH:
         return None
     # numpy's fixed-width bytes pad with zeros; the raw buffer keeps a key's own trailing zeros
     fixed = np.array(encoded_keys, dtype=bytes)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from .. import keyschema
 from ..arrays import last_of_each, sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
@@ -308,7 +309,8 @@ class InMemorySessionStore(SegmentedSessionStore):
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
         self._segment(end // self._interval).write((end, encoded_key, start), data)
 
-    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+                   ) -> npt.NDArray[np.int64]:
         """Identity, not byte order: nothing here is written in order. Distinct encodings (the
         batch path's keys) rank by position, skipping the sort; repeated ones by first
         occurrence."""

@@ -523,10 +523,12 @@ class SessionStore(SegmentedSessionStore):
         cf[keyschema.key_first(encoded_key, end, start)] = data
         cf[keyschema.time_first(encoded_key, end, start)] = b""
 
-    def _key_ranks(self, encoded: list[bytes]) -> Any:
-        """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` for
-        the record builders of the same call."""
-        matrix = keyschema.key_matrix(encoded)
+    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+                   ) -> Any:
+        """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` (the
+        one given, or built here) for the record builders of the same call."""
+        if matrix is None:
+            matrix = keyschema.key_matrix(encoded)
         self._matrix_of = (encoded, matrix)
         return keyschema.key_order(encoded, matrix)
 
