@@ -45,20 +45,45 @@ def first_row(mask: npt.NDArray[np.bool_]) -> int:
 def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Array:
     """A stable permutation sorting rows by ``columns``, the most significant first.
 
-    The same permutation as ``np.lexsort(columns[::-1])``, usually about twice as fast: when the
-    columns' value ranges fit in 63 bits together, they are packed into one int64 and sorted
-    once (what bulk writes sort by, key rank, end and start within one batch, nearly always
-    fits); otherwise it falls back to ``np.lexsort``. ``distinct=True`` promises that no two
-    rows are equal in every column, so that an unstable sort gives the same permutation (about
-    four times faster again).
+    The same permutation as ``np.lexsort(columns[::-1])``, usually many times faster. When the
+    columns' value ranges fit in 63 bits together, they are packed into one int64 (what bulk
+    writes sort by, key rank, end and start within one batch, nearly always fits); otherwise it
+    falls back to ``np.lexsort``. The row numbers are packed below the values, so that every
+    value is distinct and numpy's sort of plain values (several times faster than a stable
+    ``argsort``, a merge sort) gives the stable order, read back from the low bits; when they
+    do not fit, the packed values are first replaced by their dense ranks (an unstable
+    ``argsort``), which always leave room. ``distinct=True`` promises that no two rows are
+    equal in every column: an unstable ``argsort`` of the packed values is then enough.
     """
     if not columns or len(columns[0]) == 0:
         return np.zeros(0, dtype=np.int64)
+    packing = _packed(columns)
+    if packing is None:
+        return np.lexsort(columns[::-1]).astype(np.int64)
+    packed, width = packing
+    n = len(packed)
+    row_bits = (n - 1).bit_length()
+    if width + row_bits > 63:
+        order = np.argsort(packed, kind="quicksort").astype(np.int64)
+        if distinct:
+            return order
+        ordered = packed[order]
+        packed[order] = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
+    packed <<= row_bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << row_bits) - 1
+    return packed
+
+
+def _packed(columns: list[Int64Array]) -> tuple[Int64Array, int] | None:
+    """The rows as one int64 each, ordered as the rows are (column by column), and the bits
+    that takes; None when that is more than 63. The result is a new array."""
     lows = [int(column.min()) for column in columns]
     spans = [int(column.max()) - low for column, low in zip(columns, lows, strict=True)]
     widths = [span.bit_length() for span in spans]
     if sum(widths) > 63:
-        return np.lexsort(columns[::-1]).astype(np.int64)
+        return None
     packed = np.zeros(len(columns[0]), dtype=np.int64)
     for column, low, width in zip(columns, lows, widths, strict=True):
         if width:
@@ -66,4 +91,20 @@ def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Arr
             # as unsigned (two's complement wraps to the right value).
             offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
             packed = (packed << width) | offset
-    return np.argsort(packed, kind="quicksort" if distinct else "stable").astype(np.int64)
+    return packed, sum(widths)
+
+
+def last_of_each(columns: list[Int64Array]) -> Int64Array:
+    """The row of the last occurrence of each distinct row of ``columns`` (rows equal in every
+    column are one), ordered by the columns as :func:`sort_order` orders them."""
+    order = sort_order(columns)
+    n = len(order)
+    if n < 2:
+        return order
+    last = np.ones(n, dtype=np.bool_)
+    differs = np.zeros(n - 1, dtype=np.bool_)
+    for column in columns:
+        ordered = column[order]
+        differs |= ordered[1:] != ordered[:-1]
+    last[:-1] = differs
+    return order[last]

@@ -158,7 +158,7 @@ def time_first_to_key_first(record: bytes) -> bytes:
 # must have one width) and cut it into bytes objects in one C-level step.
 
 
-_FIXED_WIDTH_SORT_LIMIT = 256
+KEY_MATRIX_MAX_WIDTH = 256  # the widest encoded key a KeyMatrix holds
 
 
 class KeyMatrix(NamedTuple):
@@ -175,7 +175,7 @@ def key_matrix(encoded_keys: Sequence[bytes]) -> KeyMatrix | None:
     that wide would be huge: the callers fall back to per-key work)."""
     n = len(encoded_keys)
     lengths = np.fromiter(map(len, encoded_keys), dtype=np.int64, count=n)
-    if n == 0 or int(lengths.max()) > _FIXED_WIDTH_SORT_LIMIT:
+    if n == 0 or int(lengths.max()) > KEY_MATRIX_MAX_WIDTH:
         return None
     # numpy's fixed-width bytes pad with zeros; the raw buffer keeps a key's own trailing zeros
     fixed = np.array(encoded_keys, dtype=bytes)
@@ -210,7 +210,8 @@ def key_order(encoded_keys: Sequence[bytes], matrix: KeyMatrix | None = None
                if words[0, j] != words[:, j].min() or words[0, j] != words[:, j].max()]
     if not varying:
         return np.zeros(n, dtype=np.int64)
-    order = np.lexsort(varying[::-1])
+    # ties get one rank whatever their order: a single word needs no stable sort
+    order = np.argsort(varying[0]) if len(varying) == 1 else np.lexsort(varying[::-1])
     ordered = words[order]
     ranks = np.empty(n, dtype=np.int64)
     ranks[order] = np.concatenate(
@@ -258,7 +259,8 @@ def records_many(
     grouped = bool((record_lengths[1:] >= record_lengths[:-1]).all())
     out: npt.NDArray[Any] | None = None if grouped else np.empty(n, object)
     pieces: list[bytes] = []
-    for width in np.unique(record_lengths).tolist():
+    # widths are at most 256 (a KeyMatrix): counted rather than sorted
+    for width in np.flatnonzero(np.bincount(record_lengths)).tolist():
         if grouped:
             first = int(np.searchsorted(record_lengths, width, side="left"))
             stop = int(np.searchsorted(record_lengths, width, side="right"))

@@ -78,7 +78,12 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
             formats.append(np.full(n, _FLOAT, dtype=np.int64))
             payloads.append(column.astype(">f8").view(np.uint8).reshape(n, 8))
             continue
-        formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
+        low, high = _FORMAT_BY_LOW[np.searchsorted(_LOWS, [column.min(), column.max()],
+                                                   side="right") - 1].tolist()
+        if low == high:  # the usual case (counts): every row has the format of both ends
+            formats.append(np.full(n, low, dtype=np.int64))
+        else:
+            formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
         payloads.append(column.astype(">i8").view(np.uint8).reshape(n, 8))
     # rows whose parts have the same formats have the same layout: one byte matrix each
     layout = formats[0]

@@ -18,13 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import int64_column, sort_order
+from ..arrays import int64_column, last_of_each
 from ..errors import StoreCorruptedError
 from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
-from .keycodec import encode_keys
+from .keycodec import encode_key_column
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
@@ -159,14 +159,18 @@ class BulkSessions(NamedTuple):
 
 def check_sessions_many(
     keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None
-) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Validate the sessions of a bulk operation; return ``(encoded_keys, index, starts, ends)``.
+) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
+           keyschema.KeyMatrix | None]:
+    """Validate the sessions of a bulk operation; return ``(encoded_keys, index, starts, ends,
+    matrix)``, where ``matrix`` is the encoded keys' :class:`~sessionstore.keyschema.KeyMatrix`
+    when the encoder built it on the way (None otherwise).
 
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
     if key_index is None:
-        encoded = encode_keys(keys)  # vectorised for int and str columns; names a bad row
+        # vectorised for int and str columns; names a bad row
+        encoded, matrix = encode_key_column(keys)
         index = np.arange(len(encoded), dtype=np.int64)
     else:
         index = int64_column("key_index", key_index)
@@ -181,10 +185,10 @@ def check_sessions_many(
         used = np.flatnonzero(present)
         if len(used) * 10 < n_keys * 9:
             picked = used.tolist()
-            encoded = encode_keys([keys[row] for row in picked], picked)
+            encoded, matrix = encode_key_column([keys[row] for row in picked], picked)
             index = (np.cumsum(present) - 1)[index]
         else:
-            encoded = encode_keys(keys)
+            encoded, matrix = encode_key_column(keys)
     n = len(index)
     starts = int64_column("starts_ms", starts_ms, n)
     ends = int64_column("ends_ms", ends_ms, n)
@@ -194,7 +198,7 @@ def check_sessions_many(
         raise ValueError(
             f"starts_ms[{row}] must be <= ends_ms[{row}], got start={starts[row]} end={ends[row]}"
         )
-    return encoded, index, starts, ends
+    return encoded, index, starts, ends, matrix
 
 
 def _floor_segments(times_ms: npt.NDArray[np.int64], minus_ms: int,
@@ -410,7 +414,8 @@ class SegmentedSessionStore(ABC):
             TypeError / ValueError: a bad key, time or value, naming the argument and the row.
         """
         self._check_open()
-        encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
+        encoded, index, starts, ends, matrix = check_sessions_many(keys, starts_ms, ends_ms,
+                                                                   key_index)
         n = len(index)
         if len(values) != n:
             raise ValueError(f"values has {len(values)} rows, there are {n} sessions")
@@ -430,7 +435,9 @@ class SegmentedSessionStore(ABC):
         self._metrics["dropped-records"] += n - len(accepted)
         if len(accepted) == 0:
             return written
-        if values.count(None) if isinstance(values, list) else any(v is None for v in values):
+        if type(values) is not PackedValues and (
+                values.count(None) if isinstance(values, list)
+                else any(v is None for v in values)):
             # None values are deletes (Kafka's null aggregate): taken in call order, row by
             # row, so that every segment a loop of put() would create is created
             for row in accepted.tolist():
@@ -443,14 +450,9 @@ class SegmentedSessionStore(ABC):
             return written
         # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
         # only the last write of a session that appears twice, as consecutive puts would.
-        key_rank = self._key_ranks(encoded)
-        rank = key_rank[index[accepted]]
-        rows = accepted[sort_order([rank, ends[accepted], starts[accepted]])]
-        ranks = key_rank[index[rows]]
-        last = np.ones(len(rows), dtype=np.bool_)
-        last[:-1] = ((ranks[1:] != ranks[:-1]) | (ends[rows[1:]] != ends[rows[:-1]])
-                     | (starts[rows[1:]] != starts[rows[:-1]]))
-        rows = rows[last]
+        key_rank = self._key_ranks(encoded, matrix)
+        rows = accepted[last_of_each([key_rank[index[accepted]], ends[accepted],
+                                      starts[accepted]])]
         if len(rows) == n and (rows == np.arange(n)).all():
             picked = data
         else:  # an object array gathers about twice as fast as a list comprehension
@@ -502,10 +504,11 @@ class SegmentedSessionStore(ABC):
         anything is deleted.
         """
         self._check_open()
-        encoded, index, starts, ends = check_sessions_many(keys, starts_ms, ends_ms, key_index)
+        encoded, index, starts, ends, matrix = check_sessions_many(keys, starts_ms, ends_ms,
+                                                                   key_index)
         if len(index):
             self._delete_many(
-                BulkSessions(encoded, self._key_ranks(encoded), index, starts, ends, [])
+                BulkSessions(encoded, self._key_ranks(encoded, matrix), index, starts, ends, [])
             )
 
     # -- reads ------------------------------------------------------------------------------
@@ -663,11 +666,13 @@ class SegmentedSessionStore(ABC):
 
     # -- backend hooks ----------------------------------------------------------------------
 
-    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+                   ) -> npt.NDArray[np.int64]:
         """Ranks of the encoded keys for :class:`BulkSessions`: equal encodings get equal
         ranks. In byte order (:func:`keyschema.key_order`) here, for backends that write in
-        on-disk order; a backend that needs identity only may override this."""
-        return keyschema.key_order(encoded)
+        on-disk order; a backend that needs identity only may override this. ``matrix``: the
+        keys' :class:`~sessionstore.keyschema.KeyMatrix`, when the caller has it."""
+        return keyschema.key_order(encoded, matrix)
 
     @abstractmethod
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None: ...

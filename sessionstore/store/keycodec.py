@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from .. import keyschema
 
-__all__ = ["encode_keys"]
+__all__ = ["encode_key_column", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -54,6 +54,18 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
         TypeError / ValueError: as :func:`~sessionstore.keyschema.encode_key`, naming the row
             (``keys[3]: ...``).
     """
+    return encode_key_column(keys, rows)[0]
+
+
+def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
+                      ) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
+    """:func:`encode_keys`, and the encodings' :class:`~sessionstore.keyschema.KeyMatrix`
+    when the vectorised encoders built it on the way (equal to ``keyschema.key_matrix`` of the
+    encodings; None otherwise: the caller builds it if it needs it).
+
+    Raises:
+        TypeError / ValueError: as :func:`encode_keys`.
+    """
     n = len(keys)
     kinds = set(map(type, keys)) if n >= _VECTOR_MIN else set()
     if kinds == {int}:  # bool is its own type: never taken here
@@ -62,13 +74,13 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
         except OverflowError:
             pass  # an int beyond int64: the per-key path names its row
         else:
-            return _encode_int64(values)
+            return _assemble(n, _encode_int64(values))
     elif kinds == {str} or kinds == {bytes}:
-        encoded = _encode_str(keys, binary=kinds == {bytes})
-        if encoded is not None:
-            return encoded
+        pieces = _encode_str(keys, binary=kinds == {bytes})
+        if pieces is not None:
+            return _assemble(n, pieces)
     try:
-        return list(map(keyschema.encode_key, keys))
+        return list(map(keyschema.encode_key, keys)), None
     except (TypeError, ValueError):
         for row, key in enumerate(keys):
             try:
@@ -79,10 +91,33 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
         raise
 
 
-def _encode_int64(values: npt.NDArray[np.int64]) -> list[bytes]:
-    """The length-prefixed msgpack encodings of int64 values (see :data:`_INT_CLASSES`)."""
-    n = len(values)
+# The rows of one width, and their encodings as a byte matrix.
+_Pieces = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]]
+
+
+def _assemble(n: int, pieces: _Pieces) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
+    """The encodings of ``n`` keys as bytes, and as a KeyMatrix unless one is too wide."""
     out = np.empty(n, dtype=object)
+    for rows, matrix in pieces:
+        # a void view cuts rows into bytes without dropping trailing zero bytes
+        out[rows] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
+    encoded: list[bytes] = out.tolist()
+    width = max((matrix.shape[1] for _, matrix in pieces), default=0)
+    if n == 0 or width > keyschema.KEY_MATRIX_MAX_WIDTH:
+        return encoded, None
+    padded = np.zeros((n, width), dtype=np.uint8)
+    lengths = np.empty(n, dtype=np.int64)
+    for rows, matrix in pieces:
+        padded[rows, :matrix.shape[1]] = matrix
+        lengths[rows] = matrix.shape[1]
+    return encoded, keyschema.KeyMatrix(padded, lengths)
+
+
+def _encode_int64(values: npt.NDArray[np.int64]) -> _Pieces:
+    """The length-prefixed msgpack encodings of int64 values (see :data:`_INT_CLASSES`), as
+    byte matrices of the rows of each width."""
+    n = len(values)
+    pieces: _Pieces = []
     big_endian = values.astype(">i8").view(np.uint8).reshape(n, 8)
     for low, high, header, size, _signed in _INT_CLASSES:
         rows = np.flatnonzero((values >= low) & (values <= high))
@@ -97,17 +132,16 @@ def _encode_int64(values: npt.NDArray[np.int64]) -> list[bytes]:
         else:
             matrix[:, 4] = header
             matrix[:, 5:] = big_endian[rows, 8 - size:]
-        # a void view cuts rows into bytes without dropping trailing zero bytes
-        out[rows] = matrix.view(f"V{width}").ravel().tolist()
-    encoded: list[bytes] = out.tolist()
-    return encoded
+        pieces.append((rows, matrix))
+    return pieces
 
 
 def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
-                ) -> list[bytes] | None:
+                ) -> _Pieces | None:
     """The length-prefixed msgpack encodings of strings (fixstr, str8, str16, str32) or, with
-    ``binary``, of bytes (bin8, bin16, bin32), or None when a string is not valid UTF-8 or a key
-    is too long (the per-key path raises for it)."""
+    ``binary``, of bytes (bin8, bin16, bin32), as byte matrices of the rows of each width, or
+    None when a string is not valid UTF-8 or a key is too long (the per-key path raises for
+    it)."""
     n = len(keys)
     raw: bytes | None = None
     if binary:
@@ -145,8 +179,11 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
     if len(packed) and int(packed.max()) > keyschema.MAX_KEY_BYTES:
         return None
     widths = 4 + packed
-    out = np.empty(n, dtype=object)
-    for width in np.unique(widths).tolist():
+    pieces: _Pieces = []
+    # counted rather than sorted, unless a key is long
+    distinct = (np.flatnonzero(np.bincount(widths)) if n and int(widths.max()) <= 4096
+                else np.unique(widths))
+    for width in distinct.tolist():
         rows = np.flatnonzero(widths == width)
         size = int(lengths[rows[0]])
         header = int(headers[rows[0]])
@@ -161,6 +198,5 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
                 size.to_bytes(header - 1, "big"), dtype=np.uint8)
         if size:
             matrix[:, 4 + header:] = data[offsets[rows][:, None] + np.arange(size)]
-        out[rows] = matrix.view(f"V{width}").ravel().tolist()
-    encoded: list[bytes] = out.tolist()
-    return encoded
+        pieces.append((rows, matrix))
+    return pieces

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
-from itertools import filterfalse
-from typing import NamedTuple
+from collections.abc import Collection, Iterator
+from itertools import chain, compress, filterfalse
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from .. import keyschema
+from ..arrays import last_of_each, sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
-# A segment applies its logged bulk operations once they hold more rows than this plus twice
-# its applied sessions, so the log stays within a constant factor of the live data.
+# A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
+# than this plus twice its applied sessions plus twice what the last compaction left: the log
+# stays within a constant factor of the live data, and a logged row is compacted about twice
+# on average.
 _MAX_UNAPPLIED_ROWS = 1 << 17
 
 
@@ -41,6 +45,59 @@ class _Bulk(NamedTuple):
         return list(zip(self.ends.tolist(), picked, self.starts.tolist(), strict=True))
 
 
+def compact_log(pending: list[_Bulk],
+                applied: Collection[tuple[int, bytes, int]]) -> list[_Bulk]:
+    """The net effect of applying the bulks of ``pending`` in order to ``applied`` (the
+    segment's applied sessions), as at most two bulks.
+
+    A delete of the sessions whose last logged operation deletes them and that ``applied``
+    holds (the others have nothing to delete), and a write of every other logged session with
+    its last value, in log order. The two touch disjoint sessions, so that applying them in
+    either order gives what applying ``pending`` gives. Costs a few array operations per row,
+    and a Python tuple only per deleted session.
+    """
+    if not pending:
+        return []
+    # one id per distinct encoded key across the bulks (each bulk has its own key list)
+    distinct = list(dict.fromkeys(chain.from_iterable(bulk.keys for bulk in pending)))
+    where = dict(zip(distinct, range(len(distinct)), strict=True))
+    key_ids = np.concatenate([
+        np.fromiter(map(where.__getitem__, bulk.keys), dtype=np.int64,
+                    count=len(bulk.keys))[bulk.key_index]
+        for bulk in pending])
+    ends = np.concatenate([bulk.ends for bulk in pending])
+    starts = np.concatenate([bulk.starts for bulk in pending])
+    n = len(ends)
+    data = np.empty(n, dtype=object)  # the values of written rows, in log order
+    writes = np.zeros(n, dtype=np.bool_)
+    at = 0
+    for bulk in pending:
+        stop = at + len(bulk.ends)
+        if bulk.data is not None:
+            data[at:stop] = bulk.data
+            writes[at:stop] = True
+        at = stop
+    rows = last_of_each([ends, key_ids, starts])  # each session's last operation
+    rows.sort()  # in log order: gathering the values reads memory in order
+    written = writes[rows]
+    deleted = rows[~written] if len(applied) else rows[:0]
+    if len(deleted):  # only what the applied sessions hold: the log stays within the data
+        entries = zip(ends[deleted].tolist(), [distinct[k] for k in key_ids[deleted].tolist()],
+                      starts[deleted].tolist(), strict=True)
+        deleted = deleted[np.fromiter(map(applied.__contains__, entries), dtype=np.bool_,
+                                      count=len(deleted))]
+    kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any] | None]] = [
+        (deleted, None), (rows[written], data)]
+    used = np.zeros(len(distinct), dtype=np.bool_)
+    for picked, _ in kept:
+        used[key_ids[picked]] = True
+    renumber = np.cumsum(used) - 1
+    keys = list(compress(distinct, used.tolist()))
+    return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked],
+                  None if values is None else values[picked].tolist())
+            for picked, values in kept if len(picked)]
+
+
 class _Segment:
     """One segment: values by ``(end, encoded_key, start)``, the same sessions time-first in a
     list ``(end, key, start)`` sorted on first read, key-first as a per-key index
@@ -51,13 +108,15 @@ class _Segment:
     operation that needs the dict (:meth:`settle`): a read, a single write or delete. The fast
     batch path writes every batch and rarely reads the store, and segments expire whole, so
     most bulk-written sessions never become Python tuples; a read pays what the write skipped,
-    once. The values dict and the time list are flat, so that applying a bulk write and a
+    once. A log that grows with no read in between is compacted in columns (:meth:`compact`).
+    The values dict and the time list are flat, so that applying a bulk write and a
     commit's snapshot are C-level dict and list operations rather than a Python call per key or
     per session. The key index is per key because the event path's one-by-one writes land at
     random places of a single key-first list, and inserting there moved half of it each time.
     """
 
-    __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending", "_pending_rows")
+    __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending", "_pending_rows",
+                 "_compacted_rows")
 
     def __init__(self) -> None:
         self._values: dict[tuple[int, bytes, int], bytes] = {}
@@ -67,6 +126,7 @@ class _Segment:
         self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
         self._pending: list[_Bulk] = []
         self._pending_rows = 0
+        self._compacted_rows = 0  # the rows the log held after its last compaction
 
     def copy(self) -> _Segment:
         other = _Segment()
@@ -76,6 +136,7 @@ class _Segment:
         other._by_key = None  # rebuilt if the copy is ever read by key
         other._pending = self._pending.copy()
         other._pending_rows = self._pending_rows
+        other._compacted_rows = self._compacted_rows
         return other
 
     def log(self, bulk: _Bulk) -> None:
@@ -84,8 +145,16 @@ class _Segment:
         self._pending_rows += len(bulk.ends)
         # a log is applied by the next read; bound what it holds when no read comes (rewrites
         # and deletes of the same sessions would otherwise pile up until the segment expires)
-        if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * len(self._values):
-            self.settle()
+        if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
+                                                          + self._compacted_rows):
+            self.compact()
+
+    def compact(self) -> None:
+        """Replace the log by its net effect (:func:`compact_log`), in columns: what a read
+        sees does not change, and no session becomes a Python object."""
+        # new bulks in a new list: a commit's snapshot may share the old ones
+        self._pending = compact_log(self._pending, self._values)
+        self._pending_rows = self._compacted_rows = sum(len(b.ends) for b in self._pending)
 
     def values(self) -> dict[tuple[int, bytes, int], bytes]:
         """The sessions' values, every logged bulk operation applied."""
@@ -96,7 +165,7 @@ class _Segment:
     def settle(self) -> None:
         """Apply the logged bulk operations, in the order they came."""
         pending, self._pending = self._pending, []
-        self._pending_rows = 0
+        self._pending_rows = self._compacted_rows = 0
         for bulk in pending:
             entries = bulk.entries()
             if bulk.data is None:
@@ -240,7 +309,8 @@ class InMemorySessionStore(SegmentedSessionStore):
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
         self._segment(end // self._interval).write((end, encoded_key, start), data)
 
-    def _key_ranks(self, encoded: list[bytes]) -> npt.NDArray[np.int64]:
+    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+                   ) -> npt.NDArray[np.int64]:
         """Identity, not byte order: nothing here is written in order. Distinct encodings (the
         batch path's keys) rank by position, skipping the sort; repeated ones by first
         occurrence."""
@@ -259,7 +329,7 @@ class InMemorySessionStore(SegmentedSessionStore):
         first = int(segs[0])
         if (segs == first).all():
             return [(first, None)]
-        order = np.argsort(segs, kind="stable")
+        order = sort_order([segs])
         bounds = np.flatnonzero(np.diff(segs[order])) + 1
         return [(int(segs[rows[0]]), rows) for rows in np.split(order, bounds)]
 

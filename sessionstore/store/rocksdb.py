@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import itertools
 import logging
+import operator
 import os
 import shutil
 import threading
@@ -79,6 +80,7 @@ _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 # sorts after the (end, start) of any key-first record: the start of a backward key scan
 _HIGH_TIMES = b"\xff" * 16
+_SETITEM: Callable[[Any, bytes, bytes], None] = operator.setitem
 
 
 def _housekeep(root: Path, doomed: list[Path]) -> None:
@@ -521,10 +523,12 @@ class SessionStore(SegmentedSessionStore):
         cf[keyschema.key_first(encoded_key, end, start)] = data
         cf[keyschema.time_first(encoded_key, end, start)] = b""
 
-    def _key_ranks(self, encoded: list[bytes]) -> Any:
-        """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` for
-        the record builders of the same call."""
-        matrix = keyschema.key_matrix(encoded)
+    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+                   ) -> Any:
+        """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` (the
+        one given, or built here) for the record builders of the same call."""
+        if matrix is None:
+            matrix = keyschema.key_matrix(encoded)
         self._matrix_of = (encoded, matrix)
         return keyschema.key_order(encoded, matrix)
 
@@ -587,7 +591,7 @@ class SessionStore(SegmentedSessionStore):
         records = keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts,
                                          matrix)
         # (end, key, start): the input is by (key, end, start), so a stable sort on the end
-        by_time = np.argsort(ends, kind="stable")
+        by_time = sort_order([ends])
         data, block = keyschema.encode_index_block(encoded, index[by_time], ends[by_time],
                                                    starts[by_time], matrix)
         block_id = self._next_block_id
@@ -599,7 +603,10 @@ class SessionStore(SegmentedSessionStore):
             writer = rocksdict.SstFileWriter(options=self._sst_options)
             writer.open(str(path))
             writer[block_key] = data
-            collections.deque(map(writer.__setitem__, records, values), maxlen=0)
+            # operator.setitem is called without building an argument tuple (a bound
+            # __setitem__ builds one per record)
+            collections.deque(map(_SETITEM, itertools.repeat(writer), records, values),
+                              maxlen=0)
             writer.finish()
         except BaseException as exc:
             path.unlink(missing_ok=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import keyschema
-from sessionstore.store.keycodec import encode_keys
+from sessionstore.store.keycodec import encode_key_column, encode_keys
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # every boundary of msgpack's int formats, and one either side
@@ -23,15 +24,43 @@ def _oracle(key: object) -> bytes:
     return len(packed).to_bytes(4, "big") + packed
 
 
+def _checked(keys: list[object]) -> list[bytes]:
+    """encode_keys' answer; encode_key_column gives the same bytes, and its byte matrix (when
+    it builds one) is the zero-padded rows of those bytes, built here from msgpack's."""
+    encoded = encode_keys(keys)
+    same, matrix = encode_key_column(keys)
+    assert same == encoded
+    expected = [_oracle(k) for k in keys]
+    widest = max(map(len, expected), default=0)
+    if matrix is None:
+        # only a column the vectorised encoders do not take, or one too wide for a matrix
+        assert len(keys) < 64 or len({type(k) for k in keys}) > 1 or widest > 256 \
+            or isinstance(keys[0], tuple)
+    else:
+        assert 0 < widest <= 256
+        assert matrix.lengths.tolist() == [len(e) for e in expected]
+        assert matrix.rows.tolist() == [list(e) + [0] * (widest - len(e)) for e in expected]
+        assert matrix.rows.dtype == np.uint8
+    return encoded
+
+
+@pytest.mark.parametrize(("longest", "built"), [(250, True), (251, False)])
+def test_the_byte_matrix_holds_keys_of_up_to_256_bytes(longest: int, built: bool) -> None:
+    """A str8 key of 250 characters encodes to 256 bytes, the widest a KeyMatrix holds."""
+    keys: list[object] = ["x" * longest] + [f"k{i}" for i in range(70)]
+    _checked(keys)
+    assert (encode_key_column(keys)[1] is not None) == built
+
+
 def test_int_format_boundaries() -> None:
     keys = BOUNDARIES * 8  # enough rows for the vectorised path
-    assert encode_keys(keys) == [_oracle(k) for k in keys]
+    assert _checked(keys) == [_oracle(k) for k in keys]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(INT64, min_size=64, max_size=400))
 def test_ints_match_msgpack(keys: list[int]) -> None:
-    assert encode_keys(keys) == [_oracle(k) for k in keys]
+    assert _checked(keys) == [_oracle(k) for k in keys]
 
 
 @settings(max_examples=60, deadline=None)
@@ -39,7 +68,7 @@ def test_ints_match_msgpack(keys: list[int]) -> None:
                                                           "y" * 255, "z" * 256, "w" * 65_536]),
                 min_size=64, max_size=300))
 def test_strings_match_msgpack(keys: list[str]) -> None:
-    assert encode_keys(keys) == [_oracle(k) for k in keys]
+    assert _checked(keys) == [_oracle(k) for k in keys]
 
 
 @settings(max_examples=60, deadline=None)
@@ -48,7 +77,7 @@ def test_strings_match_msgpack(keys: list[str]) -> None:
                 min_size=64, max_size=300))
 def test_ascii_strings_match_msgpack(keys: list[str]) -> None:
     """ASCII-only columns take the encoder's path without Arrow."""
-    assert encode_keys(keys) == [_oracle(k) for k in keys]
+    assert _checked(keys) == [_oracle(k) for k in keys]
 
 
 @settings(max_examples=60, deadline=None)
@@ -57,7 +86,7 @@ def test_ascii_strings_match_msgpack(keys: list[str]) -> None:
                                                           b"v" * 65_536]),
                 min_size=64, max_size=300))
 def test_bytes_match_msgpack(keys: list[bytes]) -> None:
-    assert encode_keys(keys) == [_oracle(k) for k in keys]
+    assert _checked(keys) == [_oracle(k) for k in keys]
 
 
 @settings(max_examples=30, deadline=None)
