@@ -220,3 +220,13 @@ def test_a_background_upload_older_than_half_the_orphan_grace_is_uploaded_again(
 def test_compact_level0_files_is_checked(tmp_path, value):
     with pytest.raises(ValueError, match="compact_level0_files"):
         SessionStoreProvider(str(tmp_path), "op", 0, retention_ms=10, compact_level0_files=value)
+
+
+def test_without_a_due_compaction_every_commit_uploads_only_its_flush(tmp_path):
+    """Kills: leaving RocksDB's own compaction on (after four flushes into a segment it
+    compacts them, and the next commit uploads that output)."""
+    writer = make_provider(str(tmp_path / "state"), tmp_path / "writer", None,
+                           compact_level0_files=100)
+    per_commit = run_batches(writer, 0, 9)
+    assert [c["objects_uploaded"] for c in per_commit] == [1] * 10
+    assert writer.metrics["background_objects_uploaded"] == 0
