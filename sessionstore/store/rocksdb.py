@@ -184,6 +184,12 @@ def scan_time(
     try:
         for segment in sorted((s for s in held if first <= s <= last), reverse=backward):
             cf = held[segment]
+            if earliest_end <= segment * interval and (segment + 1) * interval - 1 <= latest_end:
+                # every session of the segment is wanted (a cold start reading all open
+                # sessions): one pass over its key-first records, sorted here, instead of one
+                # lookup per listed session
+                yield from _segment_by_time(cf, backward)
+                continue
             listed = _block_rows(cf, segment, earliest_end, latest_end, where, blocks)
             if not listed:
                 yield from _scan_time_records(cf, earliest_end, latest_end, backward)
@@ -202,6 +208,29 @@ def scan_time(
                     yield end, encoded, start, data
     except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
         _raise_corruption(exc, where)
+
+
+def _segment_by_time(cf: Any, backward: bool) -> list[tuple[int, bytes, int, bytes]]:
+    """Every session of one segment, from its key-first records (the sessions it holds: a
+    removed session has none), as ``(end, key, start, value)`` in time-first order (reversed
+    when ``backward``)."""
+    tag = keyschema.KEY_FIRST
+    split = keyschema.split_key_first_record
+    rows = []
+    it = cf.iter()
+    it.seek(tag)
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            break
+        end, encoded, start = split(record)
+        rows.append((end, encoded, start, it.value()))
+        it.next()
+    else:
+        it.status()
+    del it
+    rows.sort(reverse=backward)  # (end, key, start) is unique: values are never compared
+    return rows
 
 
 def _time_rows(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
