@@ -31,9 +31,18 @@ verifies all of it in a staging directory and only then replaces the local copy,
 snapshot raises :class:`SnapshotCorruptedError` naming the object and changes nothing, locally or
 remotely.
 
+Deltas. The store runs with RocksDB's own compaction off, so a commit's checkpoint adds only the
+files its batch flushed, and those are all the commit uploads. After a commit is published, a
+background thread compacts the segments that reached ``compact_level0_files`` level-0 files and
+uploads the output; the next commit waits for it and references those objects. A manifest is
+written only once every object it names is stored, so every published version is restorable
+from the state location alone. A restore links the SST files the working copy already holds
+(same name, size and SHA-256) and downloads only the rest, several at a time.
+
 Maintenance keeps the newest ``keep_versions`` manifests and deletes an SST object only when no
 kept manifest references it *and* it is older than ``orphan_grace_ms``: an object that was just
-uploaded may belong to an attempt whose manifest is not written yet.
+uploaded may belong to an attempt whose manifest is not written yet (or to a background
+compaction whose commit is not written yet).
 """
 
 from __future__ import annotations
@@ -93,6 +102,10 @@ _LOCK_POLL_S = 0.01
 _STAGING_PREFIX = "staging-"
 _CHUNK = 1 << 20
 _DOWNLOAD_THREADS = 8  # parallel object reads of one restore (each waits on the network)
+# A working copy closed before its next commit loses its background compaction (a reopen starts
+# from the committed checkpoint), so level-0 files could pile up; at this many times
+# compact_level0_files, a commit compacts before its checkpoint (and uploads the output itself).
+_FOREGROUND_COMPACTION_FACTOR = 4
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
 _HELD_LOCKS: dict[Path, IO[bytes]] = {}  # per worker process: the same, for partition locks
 
@@ -385,6 +398,7 @@ class SessionStoreProvider:
         # the compaction and upload started after the last commit, and what it uploaded:
         # local SST name -> (manifest entry, monotonic time the upload ended)
         self._background: threading.Thread | None = None
+        self._stop_background = threading.Event()
         self._preuploaded: dict[str, tuple[dict[str, Any], float]] = {}
 
     # -- loading ----------------------------------------------------------------------------
@@ -402,6 +416,7 @@ class SessionStoreProvider:
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < -1:
             raise ValueError(f"version must be an int >= -1, got {version!r}")
+        self._stop_background.set()
         self._join_background()
         self._preuploaded.clear()
         stale = _OPEN_STORES.pop(self.local, None)
@@ -783,6 +798,8 @@ class SessionStoreProvider:
             raise ValueError(f"version must be {self._loaded_batch + 1} (one more than the "
                              f"version loaded), got {version!r}")
         self._join_background()
+        if self.compact_level0_files:
+            self.store.compact_segments(_FOREGROUND_COMPACTION_FACTOR * self.compact_level0_files)
         new_id = uuid.uuid4().hex
         parent = self._loaded["id"] if self._loaded is not None else None
         spark_meta = {**(extra or {}), "batch": version, "id": new_id, "parent": parent}
@@ -880,6 +897,7 @@ class SessionStoreProvider:
         if self.compact_level0_files == 0 or self.store is None or self._loaded is None:
             return
         uploaded = {name for name, entry in self._loaded["files"].items() if "object" in entry}
+        self._stop_background.clear()
         self._background = threading.Thread(
             target=self._compact_and_upload, args=(self.store, uploaded),
             name="sessionstore-snapshot-compaction", daemon=True)
@@ -894,6 +912,8 @@ class SessionStoreProvider:
             if not store.compact_segments(self.compact_level0_files):
                 return
             for path in store.live_files():
+                if self._stop_background.is_set():
+                    return  # closing: the working copy's reopen would discard this compaction
                 if path.name in uploaded:
                     continue
                 try:
@@ -976,8 +996,10 @@ class SessionStoreProvider:
     def close(self) -> None:
         """Close the store (uncommitted writes are discarded) and release the partition lock.
 
-        Waits for a background compaction and upload first (see :meth:`commit`)."""
+        Stops a background upload after its current object and waits for it (the compaction
+        would be lost anyway: a reopen starts from the committed checkpoint)."""
         try:
+            self._stop_background.set()
             self._join_background()
             self._preuploaded.clear()
             if self.store is not None:

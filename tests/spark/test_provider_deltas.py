@@ -230,3 +230,19 @@ def test_without_a_due_compaction_every_commit_uploads_only_its_flush(tmp_path):
     per_commit = run_batches(writer, 0, 9)
     assert [c["objects_uploaded"] for c in per_commit] == [1] * 10
     assert writer.metrics["background_objects_uploaded"] == 0
+
+
+def test_a_partition_closed_after_every_commit_keeps_its_files_bounded(tmp_path):
+    """Closed after each commit, a working copy loses every background compaction (it reopens
+    from the checkpoint); past four times the threshold a commit compacts first. Kills: no
+    foreground compaction (the files of a version then grow by one per batch)."""
+    state = str(tmp_path / "state")
+    for batch in range(14):
+        run_batches(make_provider(state, tmp_path / "writer", None, compact_level0_files=2),
+                    batch, batch)
+    reader = make_provider(state, tmp_path / "reader", None)
+    counts = [sum(1 for name in reader.read_manifest(v)["files"] if name.endswith(".sst"))
+              for v in range(14)]
+    assert max(counts) <= 4 * 2
+    assert sessions(reader.load(13)) == oracle(14)
+    reader.close()
