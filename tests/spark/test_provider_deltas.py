@@ -16,6 +16,7 @@ import pytest
 
 from sessionstore import EmitStrategy, SessionAggregator, SessionWindows, aggregations
 from spark_adapter import SessionStoreProvider, SnapshotCorruptedError
+from tests.oracle import sessionize
 from tests.spark.s3_server import state_location
 
 GAP_MS = 10
@@ -36,24 +37,11 @@ def batch_events(batch: int) -> list[tuple[str, int]]:
 
 
 def oracle(batches: int) -> list[tuple[str, int, int, int]]:
-    """(key, start, end, count) of every session after ``batches`` batches, by sort and scan."""
-    by_key: dict[str, list[int]] = {}
-    for batch in range(batches):
-        for key, t in batch_events(batch):
-            by_key.setdefault(key, []).append(t)
-    out = []
-    for key, times in by_key.items():
-        times.sort()
-        first = last = times[0]
-        count = 0
-        for t in times:
-            if t > last + GAP_MS:
-                out.append((key, first, last + GAP_MS, count))
-                first, count = t, 0
-            last = t
-            count += 1
-        out.append((key, first, last + GAP_MS, count))
-    return sorted(out)
+    """(key, start, end, count) of every session after ``batches`` batches (no watermark moves:
+    nothing is late), from the independent offline sessionizer."""
+    steps = [("event", key, None, t) for batch in range(batches) for key, t in batch_events(batch)]
+    found, _dropped = sessionize(steps, GAP_MS, out_of_orderness=None)
+    return sorted((key, start, end, len(values)) for key, start, end, values in found)
 
 
 def engine_on(store: Any) -> SessionAggregator:
