@@ -139,6 +139,13 @@ def split_key_first(record: bytes, prefix_len: int) -> tuple[int, int]:
     return end - _SIGN, start - _SIGN
 
 
+def split_key_first_record(record: bytes) -> tuple[int, bytes, int]:
+    """Return ``(end_ms, encoded_key, start_ms)`` of a key-first record (the ``time_first``
+    order of its parts)."""
+    end, start = _TIMES.unpack_from(record, len(record) - 16)
+    return end - _SIGN, record[1:-16], start - _SIGN
+
+
 def split_time_first(record: bytes) -> tuple[int, bytes, int]:
     """Return ``(end_ms, encoded_key, start_ms)`` of a time-first index key."""
     end = _TIME.unpack_from(record, 1)[0] - _SIGN

@@ -104,6 +104,9 @@ class SessionizeProcessor(StatefulProcessor):
             arrow.query_location(cfg), cfg.operator, context.partitionId(),
             local_root=cfg.local_dir, retention_ms=cfg.retention_us,
             keep_versions=cfg.keep_versions,
+            # closed after every commit, so a background compaction would be discarded by the
+            # next load: RocksDB compacts on its own, and commits upload what it wrote
+            compact_level0_files=0,
         )
         store = self.provider.load(self.batch - 1)
         self.engine = SessionAggregator(

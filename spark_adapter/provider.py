@@ -31,15 +31,25 @@ verifies all of it in a staging directory and only then replaces the local copy,
 snapshot raises :class:`SnapshotCorruptedError` naming the object and changes nothing, locally or
 remotely.
 
+Deltas. The store runs with RocksDB's own compaction off, so a commit's checkpoint adds only the
+files its batch flushed, and those are all the commit uploads. After a commit is published, a
+background thread compacts the segments that reached ``compact_level0_files`` level-0 files and
+uploads the output; the next commit waits for it and references those objects. A manifest is
+written only once every object it names is stored, so every published version is restorable
+from the state location alone. A restore links the SST files the working copy already holds
+(same name, size and SHA-256) and downloads only the rest, several at a time.
+
 Maintenance keeps the newest ``keep_versions`` manifests and deletes an SST object only when no
 kept manifest references it *and* it is older than ``orphan_grace_ms``: an object that was just
-uploaded may belong to an attempt whose manifest is not written yet.
+uploaded may belong to an attempt whose manifest is not written yet (or to a background
+compaction whose commit is not written yet).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -50,6 +60,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -62,6 +73,7 @@ from sessionstore import SessionStore, StoreCorruptedError
 from sessionstore.store.checkpoint import (
     CHECKPOINTS_DIR,
     committed_versions,
+    file_digest,
     version_dir_name,
     write_pointer,
 )
@@ -89,6 +101,11 @@ RELEASE_WAKEUP = "release-wakeup"
 _LOCK_POLL_S = 0.01
 _STAGING_PREFIX = "staging-"
 _CHUNK = 1 << 20
+_DOWNLOAD_THREADS = 8  # parallel object reads of one restore (each waits on the network)
+# A working copy closed before its next commit loses its background compaction (a reopen starts
+# from the committed checkpoint), so level-0 files could pile up; at this many times
+# compact_level0_files, a commit compacts before its checkpoint (and uploads the output itself).
+_FOREGROUND_COMPACTION_FACTOR = 4
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
 _HELD_LOCKS: dict[Path, IO[bytes]] = {}  # per worker process: the same, for partition locks
 
@@ -308,13 +325,22 @@ class SessionStoreProvider:
             partition's working copy before raising :class:`StateLockedError`.
         maintenance_every: :meth:`commit` runs :meth:`maintenance` after every batch that is a
             multiple of this (0: never).
+        compact_level0_files: RocksDB's own compaction is off; once a commit is published, a
+            background thread compacts each segment holding at least this many level-0 files
+            (one per commit that wrote to it) and uploads the output, which the next commit
+            then references without uploading it (see :meth:`commit`). 0: RocksDB compacts
+            on its own, and the commit that first holds the output uploads it.
 
     Attributes:
         metrics: counters of what the provider did (``loads_reused``, ``loads_restored``,
             ``loads_resumed`` (see :meth:`resume`), ``local_copies_discarded``,
-            ``objects_uploaded``, ``bytes_uploaded``, ``objects_reused``, ``manifests_deleted``,
-            ``orphans_deleted``, ``orphans_in_grace``, ``maintenance_skipped``,
-            ``maintenance_failed``).
+            ``objects_uploaded``, ``bytes_uploaded`` (both by commits), ``objects_reused``,
+            ``objects_preuploaded`` (referenced by a commit, uploaded before it in the
+            background), ``background_objects_uploaded``, ``background_bytes_uploaded``,
+            ``background_failed``, ``objects_downloaded``, ``bytes_downloaded``,
+            ``objects_linked_locally`` (restored from the working copy's own files),
+            ``manifests_deleted``, ``orphans_deleted``, ``orphans_in_grace``,
+            ``maintenance_skipped``, ``maintenance_failed``).
     """
 
     def __init__(
@@ -331,6 +357,7 @@ class SessionStoreProvider:
         orphan_grace_ms: int = 600_000,
         lock_timeout_ms: int = 10_000,
         maintenance_every: int = 10,
+        compact_level0_files: int = 8,
     ) -> None:
         self.operator = check_name(operator, "operator")
         self.partition = check_partition(partition)
@@ -341,13 +368,15 @@ class SessionStoreProvider:
         for name, value, low in (("keep_versions", keep_versions, 1),
                                  ("orphan_grace_ms", orphan_grace_ms, 0),
                                  ("lock_timeout_ms", lock_timeout_ms, 0),
-                                 ("maintenance_every", maintenance_every, 0)):
+                                 ("maintenance_every", maintenance_every, 0),
+                                 ("compact_level0_files", compact_level0_files, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.keep_versions = keep_versions
         self.orphan_grace_ms = orphan_grace_ms
         self.lock_timeout_ms = lock_timeout_ms
         self.maintenance_every = maintenance_every
+        self.compact_level0_files = compact_level0_files
         self.base = f"{base}/{self.operator}/{self.partition}"
         location_id = hashlib.sha1(state_location.encode()).hexdigest()[:16]
         root = Path(local_root) if local_root is not None else default_local_root()
@@ -357,12 +386,20 @@ class SessionStoreProvider:
         self.store: SessionStore | None = None
         self.metrics: dict[str, int] = dict.fromkeys(
             ("loads_reused", "loads_restored", "loads_resumed", "local_copies_discarded",
-             "objects_uploaded", "bytes_uploaded", "objects_reused", "manifests_deleted",
-             "orphans_deleted", "orphans_in_grace", "maintenance_skipped", "maintenance_failed"),
+             "objects_uploaded", "bytes_uploaded", "objects_reused", "objects_preuploaded",
+             "background_objects_uploaded", "background_bytes_uploaded", "background_failed",
+             "objects_downloaded", "bytes_downloaded", "objects_linked_locally",
+             "manifests_deleted", "orphans_deleted", "orphans_in_grace", "maintenance_skipped",
+             "maintenance_failed"),
             0)
         self._loaded: dict[str, Any] | None = None  # the manifest the open store descends from
         self._loaded_batch: int | None = None
         self._lock_handle: IO[bytes] | None = None
+        # the compaction and upload started after the last commit, and what it uploaded:
+        # local SST name -> (manifest entry, monotonic time the upload ended)
+        self._background: threading.Thread | None = None
+        self._stop_background = threading.Event()
+        self._preuploaded: dict[str, tuple[dict[str, Any], float]] = {}
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -379,6 +416,9 @@ class SessionStoreProvider:
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < -1:
             raise ValueError(f"version must be an int >= -1, got {version!r}")
+        self._stop_background.set()
+        self._join_background()
+        self._preuploaded.clear()
         stale = _OPEN_STORES.pop(self.local, None)
         if stale is not None:
             stale.close()
@@ -497,7 +537,8 @@ class SessionStoreProvider:
 
     def _open_local(self, path: Path | None = None) -> SessionStore:
         return SessionStore(path or self.local / _STORE_DIR, retention_ms=self.retention_ms,
-                            segment_interval_ms=self.segment_interval_ms)
+                            segment_interval_ms=self.segment_interval_ms,
+                            auto_compaction=self.compact_level0_files == 0)
 
     def _reuse_local(self, version: int, manifest: dict[str, Any]) -> SessionStore | None:
         """The local copy, if it is exactly the published ``version``; else None.
@@ -577,14 +618,19 @@ class SessionStoreProvider:
         return self._open_local()
 
     def _stage_files(self, version: int, manifest: dict[str, Any], staged: Path) -> None:
+        """Write every file of ``version`` into ``staged``: SST files the working copy already
+        holds (same name, size and SHA-256) are linked from it, the others downloaded (in
+        parallel), the small mutable files decoded from the manifest. All verified."""
         checkpoint = staged / CHECKPOINTS_DIR / version_dir_name(manifest["store_version"])
         checkpoint.mkdir(parents=True)
         manifest_path = self._manifest_path(version)
+        held = self._local_immutable_files()
+        downloads = []
         for name, entry in sorted(manifest["files"].items()):
             target = checkpoint / name
             if "object" in entry:
-                self._download_verified(self._object_path(entry["object"]), entry, target,
-                                        version)
+                if not self._link_local(held.get(name), entry, target):
+                    downloads.append((self._object_path(entry["object"]), entry, target))
             else:
                 try:
                     data = base64.b64decode(entry["data"], validate=True)
@@ -597,9 +643,59 @@ class SessionStoreProvider:
                         manifest_path, f"inline file {name} does not match its recorded size "
                                        f"and SHA-256")
                 target.write_bytes(data)
+        self._download_all(downloads, version)
         # the snapshot is the store's committed version: point the restored store at it
         if manifest["store_version"] > 0:
             write_pointer(staged, manifest["store_version"])
+
+    def _local_immutable_files(self) -> dict[str, Path]:
+        """The SST files of the working copy's committed versions, by name (read, never
+        changed: a restore that fails leaves the working copy as it was)."""
+        store = self.local / _STORE_DIR
+        held: dict[str, Path] = {}
+        for committed in committed_versions(store):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(store / CHECKPOINTS_DIR / version_dir_name(committed)):
+                    if entry.name.endswith(_IMMUTABLE_SUFFIXES):
+                        held[entry.name] = Path(entry.path)
+        return held
+
+    def _link_local(self, source: Path | None, entry: dict[str, Any], target: Path) -> bool:
+        """Link ``source`` to ``target`` if its size and SHA-256 are the manifest's ``entry``
+        (the same bytes, whatever lineage wrote them); False (nothing done) otherwise, and for
+        a damaged local file, which the restore then downloads instead."""
+        if source is None:
+            return False
+        try:
+            if source.stat().st_size != entry["size"] \
+                    or file_digest(source).hex() != entry["sha256"]:
+                return False
+            try:
+                os.link(source, target)
+            except OSError:  # another file system, or no hard links: a copy will do
+                shutil.copyfile(source, target)
+        except OSError:
+            return False
+        self.metrics["objects_linked_locally"] += 1
+        return True
+
+    def _download_all(self, downloads: list[tuple[str, dict[str, Any], Path]],
+                      version: int) -> None:
+        """Download and verify objects, a few at a time; raise the error of the first one (in
+        the manifest's order) that failed, once every download has ended."""
+        if not downloads:
+            return
+        workers = min(_DOWNLOAD_THREADS, len(downloads))
+        with concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="sessionstore-restore") as pool:
+            futures = [pool.submit(self._download_verified, source, entry, target, version)
+                       for source, entry, target in downloads]
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        self.metrics["objects_downloaded"] += len(downloads)
+        self.metrics["bytes_downloaded"] += sum(entry["size"] for _, entry, _ in downloads)
 
     def _download_verified(self, source: str, entry: dict[str, Any], target: Path,
                            version: int) -> None:
@@ -679,6 +775,14 @@ class SessionStoreProvider:
                extra: dict[str, Any] | None = None) -> str:
         """Commit ``version`` through ``engine_commit(metadata)`` and publish its snapshot.
 
+        The snapshot's manifest is written once every object it references is stored, so a
+        version is restorable as soon as this returns. The commit uploads only the SST files
+        that no earlier version of this lineage uploaded (the ones the batch flushed); files a
+        background compaction wrote since the previous commit were uploaded by that
+        compaction's thread, which this commit waits for first. Once the manifest is out, a
+        new background compaction starts when a segment holds ``compact_level0_files``
+        level-0 files.
+
         Args:
             engine_commit: commits the store with the given user metadata (for example
                 ``SessionAggregator.commit``).
@@ -693,12 +797,19 @@ class SessionStoreProvider:
         if version != self._loaded_batch + 1:
             raise ValueError(f"version must be {self._loaded_batch + 1} (one more than the "
                              f"version loaded), got {version!r}")
+        self._join_background()
+        if self.compact_level0_files:
+            self.store.compact_segments(_FOREGROUND_COMPACTION_FACTOR * self.compact_level0_files)
         new_id = uuid.uuid4().hex
         parent = self._loaded["id"] if self._loaded is not None else None
         spark_meta = {**(extra or {}), "batch": version, "id": new_id, "parent": parent}
         engine_commit({SPARK_METADATA_KEY: spark_meta})
-        self._loaded = self._upload(version, spark_meta)
+        try:
+            self._loaded = self._upload(version, spark_meta)
+        finally:
+            self._preuploaded.clear()  # referenced now, or orphans for maintenance
         self._loaded_batch = version
+        self._start_background()
         if self.maintenance_every and version % self.maintenance_every == 0:
             try:
                 self.maintenance()
@@ -711,6 +822,10 @@ class SessionStoreProvider:
         assert self.store is not None
         checkpoint = self.store.checkpoint_path()
         known = self._loaded["files"] if self._loaded is not None else {}
+        digests = read_store_manifest(checkpoint)[1].files if self._preuploaded else {}
+        # maintenance deletes an unreferenced object once it is orphan_grace_ms old: an object
+        # uploaded in the background is referenced only while it is well within that age
+        fresh_after = time.monotonic() - self.orphan_grace_ms / 2000
         self.fs.create_dir(f"{self.base}/sst", recursive=True)
         self.fs.create_dir(f"{self.base}/manifests", recursive=True)
         files: dict[str, dict[str, Any]] = {}
@@ -721,10 +836,18 @@ class SessionStoreProvider:
                 previous = known.get(entry.name)
                 # RocksDB never reuses a file number within one lineage, and the loaded
                 # manifest is this copy's own lineage, so a name (and size) match is the file
+                early = self._preuploaded.get(entry.name)
                 if previous is not None and "object" in previous \
                         and previous["size"] == entry.stat().st_size:
                     files[entry.name] = previous
                     self.metrics["objects_reused"] += 1
+                elif early is not None and early[1] >= fresh_after \
+                        and entry.name in digests \
+                        and (early[0]["size"], early[0]["sha256"]) \
+                        == (digests[entry.name][0], digests[entry.name][1].hex()):
+                    # the bytes the checkpoint records, uploaded while the batch ran
+                    files[entry.name] = early[0]
+                    self.metrics["objects_preuploaded"] += 1
                 else:
                     files[entry.name] = self._upload_object(entry.path, entry.name)
             else:
@@ -744,8 +867,9 @@ class SessionStoreProvider:
         publish_object(self.fs, self._manifest_path(version), seal(body))
         return body
 
-    def _upload_object(self, source: str, name: str) -> dict[str, Any]:
-        """Copy an immutable file to a fresh object name, hashing it on the way."""
+    def _upload_object(self, source: str, name: str, counters: str = "") -> dict[str, Any]:
+        """Copy an immutable file to a fresh object name, hashing it on the way; counted in
+        ``metrics[counters + "objects_uploaded"]`` and ``...bytes_uploaded``."""
         stem, dot, ext = name.rpartition(".")
         remote = f"{stem}-{uuid.uuid4().hex[:16]}{dot}{ext}"
         target = self._object_path(remote)
@@ -762,9 +886,50 @@ class SessionStoreProvider:
             if local:
                 dst.flush()
                 os.fsync(dst.fileno())
-        self.metrics["objects_uploaded"] += 1
-        self.metrics["bytes_uploaded"] += size
+        self.metrics[f"{counters}objects_uploaded"] += 1
+        self.metrics[f"{counters}bytes_uploaded"] += size
         return {"object": remote, "size": size, "sha256": digest.hexdigest()}
+
+    # -- background compaction ----------------------------------------------------------------
+
+    def _start_background(self) -> None:
+        """After a published commit: compact and upload in a thread (see :meth:`commit`)."""
+        if self.compact_level0_files == 0 or self.store is None or self._loaded is None:
+            return
+        uploaded = {name for name, entry in self._loaded["files"].items() if "object" in entry}
+        self._stop_background.clear()
+        self._background = threading.Thread(
+            target=self._compact_and_upload, args=(self.store, uploaded),
+            name="sessionstore-snapshot-compaction", daemon=True)
+        self._background.start()
+
+    def _compact_and_upload(self, store: SessionStore, uploaded: set[str]) -> None:
+        """Compact the segments that reached the threshold, then upload every SST file of the
+        working copy that is not uploaded yet (the compaction's output). Only objects whose
+        upload completed are recorded; a failure is logged and counted, and the next commit
+        uploads what is missing itself."""
+        try:
+            if not store.compact_segments(self.compact_level0_files):
+                return
+            for path in store.live_files():
+                if self._stop_background.is_set():
+                    return  # closing: the working copy's reopen would discard this compaction
+                if path.name in uploaded:
+                    continue
+                try:
+                    entry = self._upload_object(str(path), path.name, "background_")
+                except FileNotFoundError:  # compacted away meanwhile: nothing will need it
+                    continue
+                self._preuploaded[path.name] = (entry, time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - the next commit uploads what is missing
+            log.warning("background compaction of %s failed: %s", self.base, exc)
+            self.metrics["background_failed"] += 1
+
+    def _join_background(self) -> None:
+        """Wait for the background compaction and upload, if one runs."""
+        if self._background is not None:
+            self._background.join()
+            self._background = None
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -829,8 +994,14 @@ class SessionStoreProvider:
         return run
 
     def close(self) -> None:
-        """Close the store (uncommitted writes are discarded) and release the partition lock."""
+        """Close the store (uncommitted writes are discarded) and release the partition lock.
+
+        Stops a background upload after its current object and waits for it (the compaction
+        would be lost anyway: a reopen starts from the committed checkpoint)."""
         try:
+            self._stop_background.set()
+            self._join_background()
+            self._preuploaded.clear()
             if self.store is not None:
                 _OPEN_STORES.pop(self.local, None)
                 self.store.close()

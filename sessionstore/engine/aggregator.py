@@ -793,7 +793,7 @@ class SessionAggregator:
             assert self._columnar_kinds is not None
             last_close = self._times.last_close
             low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
-            rows = [(session, SessionRecord.from_wire(raw).acc)
+            rows = [(session, acc_of(raw))
                     for session, raw in self._state.find_sessions(low, INT64_MAX)]
             loaded = SessionRows.from_rows(self._columnar_kinds, rows,
                                            combined=self._result_names is not None)

@@ -186,6 +186,12 @@ def scan_time(
     try:
         for segment in sorted((s for s in held if first <= s <= last), reverse=backward):
             cf = held[segment]
+            if earliest_end <= segment * interval and (segment + 1) * interval - 1 <= latest_end:
+                # every session of the segment is wanted (a cold start reading all open
+                # sessions): one pass over its key-first records, sorted here, instead of one
+                # lookup per listed session
+                yield from _segment_by_time(cf, backward)
+                continue
             listed = _block_rows(cf, segment, earliest_end, latest_end, where, blocks)
             if not listed:
                 yield from _scan_time_records(cf, earliest_end, latest_end, backward)
@@ -204,6 +210,29 @@ def scan_time(
                     yield end, encoded, start, data
     except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
         _raise_corruption(exc, where)
+
+
+def _segment_by_time(cf: Any, backward: bool) -> list[tuple[int, bytes, int, bytes]]:
+    """Every session of one segment, from its key-first records (the sessions it holds: a
+    removed session has none), as ``(end, key, start, value)`` in time-first order (reversed
+    when ``backward``)."""
+    tag = keyschema.KEY_FIRST
+    split = keyschema.split_key_first_record
+    rows = []
+    it = cf.iter()
+    it.seek(tag)
+    while it.valid():
+        record = it.key()
+        if not record.startswith(tag):
+            break
+        end, encoded, start = split(record)
+        rows.append((end, encoded, start, it.value()))
+        it.next()
+    else:
+        it.status()
+    del it
+    rows.sort(reverse=backward)  # (end, key, start) is unique: values are never compared
+    return rows
 
 
 def _time_rows(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
@@ -317,6 +346,10 @@ class SessionStore(SegmentedSessionStore):
             A store remembers its interval, and reopening it with a different one raises.
         value_serde: an object with ``dumps``/``loads``; msgpack by default. Never pickle.
         keep_versions: how many committed checkpoints to keep on disk (at least 1).
+        auto_compaction: True lets RocksDB compact in its own threads whenever it likes; False
+            leaves every file a commit flushes in place until :meth:`compact_segments` is
+            called, so that the files a version adds are the data it changed (what a caller
+            copying versions elsewhere wants: see ``spark_adapter.provider``).
 
     Raises:
         StoreCorruptedError: the newest checkpoint is damaged: a file missing, extra, resized or
@@ -334,6 +367,7 @@ class SessionStore(SegmentedSessionStore):
         segment_interval_ms: int | None = None,
         value_serde: ValueSerde | None = None,
         keep_versions: int = 2,
+        auto_compaction: bool = True,
     ) -> None:
         super().__init__(
             retention_ms=retention_ms,
@@ -343,6 +377,8 @@ class SessionStore(SegmentedSessionStore):
         if isinstance(keep_versions, bool) or not isinstance(keep_versions, int) \
                 or keep_versions < 1:
             raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
+        if not isinstance(auto_compaction, bool):
+            raise ValueError(f"auto_compaction must be a bool, got {auto_compaction!r}")
         if path is None or (isinstance(path, str) and not path):
             raise ValueError(f"path must name a directory, got {path!r}")
         self._path = Path(path)
@@ -353,7 +389,11 @@ class SessionStore(SegmentedSessionStore):
         self._cfs: dict[int, Any] = {}
         self._contents: CheckpointContents | None = None
         self._pending: Path | None = None  # a committed checkpoint still under its staging name
-        self._cf_options = rocksdict.Options(raw_mode=True)
+        self._auto_compaction = auto_compaction
+        self._cf_options = self._family_options()
+        # held while compact_segments runs (possibly in another thread) and while the database
+        # is closed: a compaction never runs on a closed database
+        self._compaction_lock = threading.Lock()
         self._sst_options = rocksdict.Options(raw_mode=True)
         self._ingest_options = rocksdict.IngestExternalFileOptions()
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
@@ -487,7 +527,7 @@ class SessionStore(SegmentedSessionStore):
             self._db = rocksdict.Rdict(
                 str(live),
                 options=options,
-                column_families={name: rocksdict.Options(raw_mode=True) for name in names},
+                column_families={name: self._family_options() for name in names},
             )
         except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
             _raise_corruption(exc, live)
@@ -503,11 +543,61 @@ class SessionStore(SegmentedSessionStore):
         except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
             _raise_corruption(exc, live)
 
+    def _family_options(self) -> Any:
+        options = rocksdict.Options(raw_mode=True)
+        if not self._auto_compaction:
+            options.set_disable_auto_compactions(True)
+        return options
+
     def _close_db(self) -> None:
-        self._cfs.clear()
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        with self._compaction_lock:
+            self._cfs.clear()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def compact_segments(self, min_level0_files: int) -> list[int]:
+        """Compact every segment holding at least ``min_level0_files`` level-0 files (one per
+        commit that wrote to it, with ``auto_compaction=False``) into one sorted run.
+
+        Safe to call from another thread while the owner reads, writes and commits (RocksDB
+        compacts beside them, and the data does not change); :meth:`close` and ``abort()``
+        wait for it. The next commit's checkpoint holds the compacted files.
+
+        Args:
+            min_level0_files: the threshold (>= 1).
+
+        Returns:
+            The segments compacted, ascending.
+
+        Raises:
+            StoreCorruptedError: RocksDB met damage while compacting (names the file).
+        """
+        if isinstance(min_level0_files, bool) or not isinstance(min_level0_files, int) \
+                or min_level0_files < 1:
+            raise ValueError(f"min_level0_files must be an int >= 1, got {min_level0_files!r}")
+        compacted = []
+        with self._compaction_lock:
+            if self._db is None:
+                return []
+            for segment, cf in sorted(self._cfs.copy().items()):
+                try:
+                    if cf.property_int_value("rocksdb.num-files-at-level0") < min_level0_files:
+                        continue
+                    cf.compact_range(None, None)
+                except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions
+                    if segment not in self._cfs:
+                        continue  # expired (dropped) meanwhile by the owner
+                    _raise_corruption(exc, self._live_path)
+                compacted.append(segment)
+        return compacted
+
+    def live_files(self) -> list[Path]:
+        """The immutable (SST) files of the working copy as it stands, by name: what the next
+        commit's checkpoint can contain besides the files it flushes."""
+        return sorted(Path(entry.path) for entry in os.scandir(self._live_path)
+                      if entry.name.endswith((".sst", ".blob"))
+                      and not entry.name.startswith(_INGEST_PREFIX))
 
     # -- hooks ------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 A snapshot of batch 2 is published (real RocksDB files) on a local file system and on S3 (moto's
 server on loopback). Each trial damages one object, then an executor whose working copy holds
-batch 1 loads batch 2. A trial is
+batch 1 loads batch 2. That executor links the SST files it already holds (checked by size and
+SHA-256) instead of reading their objects, so the trials on those objects run on an executor with
+an empty disk, which reads every object. A trial is
 
 * detected: ``SnapshotCorruptedError`` naming the damaged object, with the executor's working copy
   and every remote object exactly as before the load;
@@ -128,18 +130,25 @@ class Matrix:
         clean = provider(fs, state, work / "clean")
         self.expected = sessions(clean.load(VERSION))
         clean.close()
-        template = provider(fs, state, work / "template")
-        template.load(VERSION - 1)  # an executor whose working copy holds batch 1
-        template.close()
-        self.template = work / "template"
-        self.template_tree = tree(self.template)
-        self.template_copy = work / "template-copy"
-        shutil.copytree(self.template, self.template_copy)
+        # executors whose working copy holds batch 1, and nothing (an empty store)
+        self.templates = {name: self.executor(work / name, version)
+                          for name, version in (("stale", VERSION - 1), ("empty", -1))}
+        self.held = {f.name for f in (work / "stale").rglob("checkpoints/*/*.sst")}
+        assert self.held  # batch 2 shares SST files with batch 1
         self.base = clean.base
         self.manifest_path = f"{self.base}/manifests/{VERSION}.json"
         self.figures: Counter[str] = Counter()
         self.by_kind: dict[str, Counter[str]] = {}
         self.failures: list[str] = []
+
+    def executor(self, local: Path, version: int) -> tuple[Path, dict[str, bytes], Path]:
+        """An executor's working copy at ``version``: (directory, its files, a pristine copy)."""
+        template = provider(self.fs, self.state, local)
+        template.load(version)
+        template.close()
+        copy = local.with_name(f"{local.name}-copy")
+        shutil.copytree(local, copy)
+        return local, tree(local), copy
 
     def objects(self) -> dict[str, str]:
         body = unseal(self.read(self.manifest_path), self.manifest_path)
@@ -158,20 +167,21 @@ class Matrix:
         if outcome not in ("detected", "harmless"):
             self.failures.append(f"{kind}: {outcome} {detail}")
 
-    def load_trial(self, kind: str, path: str, damaged: bytes) -> None:
-        """Replace ``path`` with ``damaged``, load batch 2 on the template executor (its working
-        copy holds batch 1), classify, and put the original bytes back."""
+    def load_trial(self, kind: str, path: str, damaged: bytes, executor: str = "stale") -> None:
+        """Replace ``path`` with ``damaged``, load batch 2 on an executor (by default the one
+        whose working copy holds batch 1), classify, and put the original bytes back."""
+        local, local_tree, local_copy = self.templates[executor]
         original = self.read(path)
         write(self.fs, path, damaged)
         remote_before = remote_listing(self.fs, self.base)
-        p = provider(self.fs, self.state, self.template)
+        p = provider(self.fs, self.state, local)
         try:
             store = p.load(VERSION)
         except SnapshotCorruptedError as exc:
             p.close()
             if exc.path != path:
                 self.record(kind, "misnamed", f"named {exc.path}, damaged {path}")
-            elif tree(self.template) != self.template_tree:
+            elif tree(local) != local_tree:
                 self.record(kind, "local_changed")
             elif remote_listing(self.fs, self.base) != remote_before:
                 self.record(kind, "remote_changed")
@@ -187,9 +197,9 @@ class Matrix:
                         f"{len(found)} sessions instead of {len(self.expected)}")
         finally:
             write(self.fs, path, original)
-        if tree(self.template) != self.template_tree:  # a load succeeded: back to batch 1
-            shutil.rmtree(self.template)
-            shutil.copytree(self.template_copy, self.template)
+        if tree(local) != local_tree:  # a load succeeded: back to where it was
+            shutil.rmtree(local)
+            shutil.copytree(local_copy, local)
 
     def run(self, n_flips: int | None, n_cuts: int | None, seed: int,
             cap: int | None = None) -> None:
@@ -205,8 +215,9 @@ class Matrix:
             self.load_trial("manifest header", self.manifest_path,
                             damaged + manifest[header_end:])
         for kind, (path, data) in targets.items():
+            executor = "empty" if kind.removeprefix("sst ") in self.held else "stale"
             for damaged in [*flips(data, n_flips, rng, cap), *cuts(data, n_cuts, rng)]:
-                self.load_trial(kind, path, damaged)
+                self.load_trial(kind, path, damaged, executor)
         body = unseal(manifest, self.manifest_path)
         for label, prefix in INLINE.items():
             [name] = [n for n in body["files"] if n.startswith(prefix)]

@@ -101,6 +101,8 @@ def test_a_session_written_by_blocks_and_by_single_puts_is_listed_once(tmp_path:
 
 
 def test_a_damaged_index_block_raises_naming_the_store_not_less_data(tmp_path: Path) -> None:
+    """A range that covers part of a segment reads its index blocks (one that covers whole
+    segments reads their key-first records alone, and needs no block)."""
     with SessionStore(tmp_path / "s", retention_ms=10**9, segment_interval_ms=10**6) as store:
         keys, starts, ends, values = batch(2)
         store.put_many(keys, starts, ends, values)
@@ -108,11 +110,12 @@ def test_a_damaged_index_block_raises_naming_the_store_not_less_data(tmp_path: P
         good = store._cfs[0][block_key]
         store._blocks.clear()  # the cache holds the block as written; read it back from disk
         store._cfs[0][block_key] = good[:-3]
+        latest = int(ends.max())  # below the segment's last end: part of the segment
         with pytest.raises(StoreCorruptedError, match="index block") as info:
-            list(store.find_sessions(INT64_MIN, INT64_MAX))
+            list(store.find_sessions(INT64_MIN, latest))
         assert str(tmp_path / "s" / "live") in str(info.value)
         store._cfs[0][block_key] = good
-        assert len(list(store.find_sessions(INT64_MIN, INT64_MAX))) == len(
+        assert len(list(store.find_sessions(INT64_MIN, latest))) == len(
             set(zip(keys, starts.tolist(), ends.tolist(), strict=True)))
 
 
@@ -177,3 +180,25 @@ def test_long_keys_take_the_per_key_path_and_read_back(tmp_path: Path) -> None:
         assert blocks_in(store) == 1
         store._blocks.clear()  # decode the block from disk
         assert everything(store) == everything(model)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_ranges_that_end_one_short_of_a_segment_or_start_one_into_it(tmp_path: Path,
+                                                                     bulk: bool) -> None:
+    """A range covering whole segments reads them in one pass over their key-first records;
+    one that misses a segment's first or last millisecond must not. Kills an off-by-one in
+    that choice."""
+    interval = 1_000
+    config = {"retention_ms": 10**9, "segment_interval_ms": interval}
+    model = InMemorySessionStore(**config)
+    n = rocksdb_module.BULK_LAYOUT_MIN_SESSIONS if bulk else 3
+    keys = [f"k{i}" for i in range(n)]
+    with SessionStore(tmp_path / "s", **config) as store:
+        for end in (999, 1_000, 1_999, 2_000):
+            ends = np.full(n, end, dtype=np.int64)
+            for target in (store, model):
+                target.put_many(keys, ends - 5, ends, list(range(n)))
+        for low, high in [(0, 1_998), (1_001, 2_999), (1_000, 1_999), (0, 2_999)]:
+            for backward in (False, True):
+                assert list(store.find_sessions(low, high, backward=backward)) \
+                    == list(model.find_sessions(low, high, backward=backward))
