@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["FileLock", "LockHeldError", "holder_pid", "is_locked"]
+__all__ = ["FileLock", "LockHeldError", "holder_description", "holder_pid", "is_locked"]
 
 _PID_BYTES = 32  # far more than any process id's digits and newline
 
