@@ -48,6 +48,10 @@ class LockHeldError(RuntimeError):
         super().__init__(message or f"the lock file {self.path} is held by "
                                     f"{holder_description(holder_pid)}")
 
+    def __reduce__(self) -> tuple[type[LockHeldError], tuple[Path, int | None, str]]:
+        # rebuilt from all three (as when an error crosses to another process), not from args
+        return type(self), (self.path, self.holder_pid, str(self))
+
 
 def holder_description(pid: int | None) -> str:
     """``"process 1234"`` for a known holder, ``"another process (its id unknown)"`` otherwise:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -81,6 +82,13 @@ def test_guards_only_while_the_locked_file_is_still_at_its_path(tmp_path):
         assert not lock.guards()
     lock.release()
     assert not lock.guards()
+
+
+def test_the_errors_survive_a_trip_to_another_process(tmp_path):
+    for error in (LockHeldError(tmp_path / "a", 12), StoreLockedError(tmp_path / "b", None, "m")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert (copy.path, copy.holder_pid) == (error.path, error.holder_pid)
 
 
 def test_a_failed_acquire_changes_nothing(tmp_path):

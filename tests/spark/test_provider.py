@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -289,6 +290,9 @@ def test_a_partition_locked_through_the_locking_module_is_refused_naming_its_hol
         assert f"(process {child.pid}, lock file {lock_file}; waited 50 ms)" \
             in str(refused.value)
         assert p.store is None and not p.holds_lock()
+    copy = pickle.loads(pickle.dumps(refused.value))  # as when it crosses to another process
+    assert type(copy) is StateLockedError and str(copy) == str(refused.value)
+    assert (copy.path, copy.holder_pid) == (lock_file, child.pid)
     assert run_batch(p, 1, [("k", 5)]) == [(("k", 0, 15), [2, 0, 0, 0, None])]
     assert holder_pid(lock_file) is None  # closed cleanly: the file names no holder
 
