@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import fnmatch
 import glob
 import hashlib
@@ -50,6 +49,7 @@ from .io import (
     open_input,
     time_column_ms,
 )
+from .locking import is_locked
 from .metrics_export import (
     MetricsServer,
     MetricsSnapshot,
@@ -136,20 +136,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _lock_held(lock: Path) -> bool:
-    try:
-        handle = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(handle)  # closing releases a lock this probe took
-    return False
-
-
 def sweep_stale_temp_states(root: Path | None = None) -> int:
     """Remove temporary state directories left by CLI runs that died (SIGKILL, power loss).
 
@@ -162,7 +148,7 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
     for entry in folder.glob(_TEMP_PREFIX + "*"):
         match = _TEMP_NAME.match(entry.name)
         if match and entry.is_dir() and not _pid_alive(int(match.group(1))) \
-                and not _lock_held(entry / "LOCK"):
+                and not is_locked(entry / "LOCK"):
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     return removed

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from .locking import LockHeldError
+
 
 class StoreCorruptedError(ValueError):
     """Stored state (a store directory, a checkpoint, a snapshot) is damaged or inconsistent.
@@ -24,3 +26,10 @@ class StoreCorruptedError(ValueError):
         self.path = os.fspath(path)
         self.detail = detail
         super().__init__(f"corrupted state in {self.path}: {detail}")
+
+
+class StoreLockedError(LockHeldError, ValueError):
+    """A session store directory is already open, in this process or another: its lock file is
+    held. A ``ValueError`` (as documented for ``SessionStore``) and a
+    :class:`~sessionstore.locking.LockHeldError` (``path`` is the lock file, ``holder_pid`` the
+    holder's recorded process id or None)."""

@@ -51,7 +51,14 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns, kept, static_columnar
-from .config import STATIC_RETENTION_US, SessionizeConfig, emits_batch, engine_rows
+from .config import (
+    STATIC_RETENTION_US,
+    US_PER_MS,
+    SessionizeConfig,
+    emits_batch,
+    engine_arguments,
+    engine_rows,
+)
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
 
@@ -75,7 +82,8 @@ def sessionize_rows(engine: SessionAggregator, config: SessionizeConfig,
     if rows.gaps_us is None:
         emits = engine.process_batch(rows.keys, rows.values, rows.times_us)
     else:
-        emits = engine.process_batch(rows.keys, rows.values, rows.times_us, gaps_ms=rows.gaps_us)
+        emits = engine.process_batch(rows.keys, rows.values, rows.times_us,
+                                     **engine_arguments(gaps_us=rows.gaps_us))
     counts = {"null_times_dropped": rows.null_times, "null_keys_dropped": rows.null_keys}
     return emits_batch(config, emits), counts, rows.max_time_us
 
@@ -239,7 +247,8 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         before = engine.metrics
         previous = previous_metadata(engine.committed_metadata)
         previous_w_ms = int(previous.get("watermark_ms", SPARK_INITIAL_WATERMARK_MS))
-        opening = engine.advance_watermark(previous_w_ms * 1000)  # a fresh store starts at 0
+        # a fresh store starts at 0
+        opening = engine.advance_watermark(**engine_arguments(to_us=previous_w_ms * US_PER_MS))
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
         table = config.input_table(batches)
         if runner is None:
@@ -251,7 +260,8 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
             yield to_rows(opening)
         if out is not None and out.num_rows:
             yield out
-        closing: list[Emit] = engine.advance_watermark(watermark_ms * 1000)
+        closing: list[Emit] = engine.advance_watermark(
+            **engine_arguments(to_us=watermark_ms * US_PER_MS))
         if config.trigger is not None:
             closing += engine.poll()  # processing-time triggers fire at micro-batch boundaries
         if closing:
@@ -283,7 +293,7 @@ def _open_partition(config: SessionizeConfig, location: str, partition: int, ver
     """A fresh provider with its store at exactly ``version``, and an engine on it."""
     provider = SessionStoreProvider(
         location, config.operator, partition, local_root=config.local_dir,
-        retention_ms=config.retention_us, keep_versions=config.keep_versions,
+        keep_versions=config.keep_versions, **engine_arguments(retention_us=config.retention_us),
     )
     store = provider.load(version)
     try:
@@ -388,7 +398,8 @@ def static_partition(config: SessionizeConfig,
         yield from columnar
         return
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
+        InMemorySessionStore(**engine_arguments(retention_us=STATIC_RETENTION_US)),
+        config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),
     )
     for batch in batches:

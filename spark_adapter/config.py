@@ -1,8 +1,9 @@
 """What a Spark task needs to run the engine, shared by both engines, and its row codecs.
 
 The engine counts time in integer units; the Spark adapter feeds it **microseconds**, Spark's own
-timestamp unit, so gaps, session bounds and ordering keep their full precision. (The engine's
-``*_ms`` arguments are in whatever unit its caller uses; here every such value is microseconds.)
+timestamp unit, so gaps, session bounds and ordering keep their full precision. Inside
+``spark_adapter`` a microsecond quantity is named ``*_us`` and a millisecond one ``*_ms``; every
+microsecond quantity reaches the engine's arguments through :func:`engine_arguments`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ STATIC_RETENTION_US = INT64_MAX // 4
 #: The bound of a per-row gap on a static DataFrame given without ``max_gap`` (about 14,600
 #: years): nothing is retained between tasks, so only the static store's retention limits it.
 STATIC_MAX_GAP_US = STATIC_RETENTION_US // 2
+#: Microseconds per millisecond: Spark's watermarks and delays (ms) in the adapter's unit.
+US_PER_MS = 1000
 _MICROS = re.compile(r"^\s*(\d+)\s*(us|micro|micros|microsecond|microseconds)\s*$")
 
 
@@ -55,7 +58,38 @@ def duration_us(value: Any, name: str) -> int:
         match = _MICROS.match(value)
         if match:
             return check_int64(int(match.group(1)), name)
-    return check_int64(duration_ms(value, name) * 1000, name)
+    return check_int64(duration_ms(value, name) * US_PER_MS, name)
+
+
+def engine_arguments(**quantities_us: Any) -> dict[str, Any]:
+    """The engine's keyword arguments for microsecond quantities: ``<name>_us=v`` is handed over
+    as ``<name>_ms=v``. The one place where the adapter's times meet the engine's arguments.
+
+    The engine (``SessionWindows``, ``SessionAggregator``, the stores, and the
+    :class:`~spark_adapter.provider.SessionStoreProvider` that wraps a store) is unit-agnostic: it
+    counts time in integer *engine units*, whatever unit its caller uses, and names its arguments
+    ``*_ms`` after the unit of its own front ends (the embedded API and the CLI). The Spark
+    adapter runs it in **microseconds**, so a value passes unchanged and only its name says what
+    it is on each side: ``SessionWindows(**engine_arguments(gap_us=gap_us))`` gives the engine a
+    gap of ``gap_us`` engine units.
+
+    Args:
+        quantities_us: each an engine argument's name with ``_us`` in place of ``_ms``.
+
+    Returns:
+        The same values under the engine's names.
+
+    Raises:
+        TypeError: a name that does not end in ``_us`` (naming it), so that a millisecond value
+            is never handed over as if it were one of the engine's units.
+    """
+    arguments: dict[str, Any] = {}
+    for name, value in quantities_us.items():
+        if not name.endswith("_us"):
+            raise TypeError(f"engine_arguments takes microsecond quantities named *_us, got "
+                            f"{name}={value!r}")
+        arguments[name[:-len("_us")] + "_ms"] = value
+    return arguments
 
 
 @dataclass
@@ -106,13 +140,15 @@ class SessionizeConfig:
         """How long the store keeps a session after its end: until Spark's watermark, which
         trails the newest event by the delay, has passed it for certain: the largest gap an
         event may have, the longest a session may last (with ``max_duration``), the delay."""
-        return required_retention_ms(self._windows(None), self.delay_ms * 1000 + 1,
-                                     "event_time")
+        return required_retention_ms(
+            self._windows(None), watermark="event_time",
+            **engine_arguments(max_out_of_orderness_us=self.delay_ms * US_PER_MS + 1))
 
     def _windows(self, retention_us: int | None) -> SessionWindows:
-        return SessionWindows(self.gap_us, 0, self.inclusive_gap, retention_ms=retention_us,
-                              max_gap_ms=self.max_gap_us if self.dynamic else None,
-                              max_duration_ms=self.max_duration_us)
+        return SessionWindows(inclusive_gap=self.inclusive_gap, **engine_arguments(
+            gap_us=self.gap_us, grace_us=0, retention_us=retention_us,
+            max_gap_us=self.max_gap_us if self.dynamic else None,
+            max_duration_us=self.max_duration_us))
 
     def windows(self) -> SessionWindows:
         return self._windows(self.retention_us)
@@ -172,7 +208,7 @@ class SessionizeConfig:
 
     def ceil_gap_ms(self) -> int:
         """The largest gap an event can have, rounded up to whole milliseconds."""
-        return math.ceil(self.max_gap_us / 1000)
+        return math.ceil(self.max_gap_us / US_PER_MS)
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -15,7 +15,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,22 @@ import pyarrow.parquet as pq
 from sessionstore.sample import generate
 
 log = logging.getLogger("spark_adapter.example")
+
+
+def progress_line(progress: Mapping[str, Any]) -> str:
+    """One micro-batch's progress as ``make spark-run`` logs it: batch, rows, time, watermark,
+    then the engine's counters by name (``observedMetrics``, read with ``progress_counters``).
+
+    Raises:
+        TypeError: ``progress`` is not a query progress (see ``progress_counters``).
+    """
+    from .progress import progress_counters
+
+    counters = progress_counters(progress)
+    return (f"batch {progress['batchId']:3d}: {progress['numInputRows']:7d} rows in "
+            f"{progress['durationMs']['triggerExecution'] / 1000:5.2f} s, watermark "
+            f"{(progress.get('eventTime') or {}).get('watermark')}; "
+            + ", ".join(f"{name}={value}" for name, value in counters.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from .progress import progress_counters
     from .sessionize import ROCKSDB_PROVIDER, sessionize
 
     spark = (SparkSession.builder.master("local[2]").appName("sessionstore-example")
@@ -81,12 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 if progress["batchId"] in reported:
                     continue
                 reported.add(progress["batchId"])
-                counters = progress_counters(progress)  # observedMetrics, by name
-                log.info("batch %3d: %7d rows in %5.2f s, watermark %s; %s",
-                         progress["batchId"], progress["numInputRows"],
-                         progress["durationMs"]["triggerExecution"] / 1000,
-                         (progress["eventTime"] or {}).get("watermark"),
-                         ", ".join(f"{name}={value}" for name, value in counters.items()))
+                log.info("%s", progress_line(progress))
         query.stop()
         written = spark.read.parquet(str(out)).count()
         log.info("%d events -> %d closed sessions in %s (%.1f s)", len(stream), written, out,

@@ -39,7 +39,13 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import arrow, columns
-from .config import STATIC_RETENTION_US, SessionizeConfig, emits_batch
+from .config import (
+    STATIC_RETENTION_US,
+    US_PER_MS,
+    SessionizeConfig,
+    emits_batch,
+    engine_arguments,
+)
 from .provider import SessionStoreProvider
 
 log = logging.getLogger(__name__)
@@ -102,7 +108,7 @@ class SessionizeProcessor(StatefulProcessor):
         cfg = self.config
         self.provider = SessionStoreProvider(
             arrow.query_location(cfg), cfg.operator, context.partitionId(),
-            local_root=cfg.local_dir, retention_ms=cfg.retention_us,
+            local_root=cfg.local_dir, **engine_arguments(retention_us=cfg.retention_us),
             keep_versions=cfg.keep_versions,
             # closed after every commit, so a background compaction would be discarded by the
             # next load: RocksDB compacts on its own, and commits upload what it wrote
@@ -147,7 +153,8 @@ class SessionizeProcessor(StatefulProcessor):
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         assert self.engine is not None, "handleExpiredTimer before init"
         watermark_ms = timerValues.getCurrentWatermarkInMs()
-        out: list[Emit] = self.engine.advance_watermark(max(watermark_ms, 0) * 1000)
+        out: list[Emit] = self.engine.advance_watermark(
+            **engine_arguments(to_us=max(watermark_ms, 0) * US_PER_MS))
         if self.config.trigger is not None:
             out.extend(self.engine.poll())  # processing-time triggers, at batch boundaries
         self._heartbeat(watermark_ms)
@@ -181,7 +188,8 @@ def static_frames(config: SessionizeConfig) -> Callable[[pd.DataFrame], pd.DataF
 def static_frame(config: SessionizeConfig, frame: pd.DataFrame) -> pd.DataFrame:
     """The static path: one bucket's rows, all at once, on an in-memory engine."""
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
+        InMemorySessionStore(**engine_arguments(retention_us=STATIC_RETENTION_US)),
+        config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),
     )
     batch, _, _ = arrow.sessionize_rows(engine, config, frame_table(config, frame), sort=False)

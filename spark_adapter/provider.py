@@ -51,7 +51,6 @@ import base64
 import binascii
 import concurrent.futures
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -65,11 +64,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from sessionstore import SessionStore, StoreCorruptedError
+from sessionstore.locking import FileLock, LockHeldError, holder_description
 from sessionstore.store.checkpoint import (
     CHECKPOINTS_DIR,
     committed_versions,
@@ -107,7 +107,7 @@ _DOWNLOAD_THREADS = 8  # parallel object reads of one restore (each waits on the
 # compact_level0_files, a commit compacts before its checkpoint (and uploads the output itself).
 _FOREGROUND_COMPACTION_FACTOR = 4
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
-_HELD_LOCKS: dict[Path, IO[bytes]] = {}  # per worker process: the same, for partition locks
+_HELD_LOCKS: dict[Path, FileLock] = {}  # per worker process: the same, for partition locks
 
 
 def wake_keeper(local: Path) -> None:
@@ -137,8 +137,9 @@ class SnapshotCorruptedError(StoreCorruptedError, SnapshotError):
     """
 
 
-class StateLockedError(RuntimeError):
-    """Another process holds this partition's local working copy."""
+class StateLockedError(LockHeldError):
+    """Another process holds this partition's local working copy (``path`` is its lock file,
+    ``holder_pid`` the holder's recorded process id or None)."""
 
 
 def check_name(value: Any, name: str) -> str:
@@ -394,7 +395,7 @@ class SessionStoreProvider:
             0)
         self._loaded: dict[str, Any] | None = None  # the manifest the open store descends from
         self._loaded_batch: int | None = None
-        self._lock_handle: IO[bytes] | None = None
+        self._lock_handle: FileLock | None = None
         # the compaction and upload started after the last commit, and what it uploaded:
         # local SST name -> (manifest entry, monotonic time the upload ended)
         self._background: threading.Thread | None = None
@@ -452,23 +453,24 @@ class SessionStoreProvider:
         if stale is not None:  # a task of this worker process that failed without close()
             stale.close()
         self.local.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+b")  # noqa: SIM115 - held until close()
+        lock = FileLock(path)
         deadline = time.monotonic() + self.lock_timeout_ms / 1000
         request = self.local / RELEASE_REQUEST
         try:
             while True:
                 try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    lock.acquire()
                     break
-                except OSError:
+                except LockHeldError as exc:
                     if time.monotonic() >= deadline:
-                        handle.close()
                         raise StateLockedError(
+                            exc.path, exc.holder_pid,
                             f"the working copy {self.local} of operator {self.operator!r} "
-                            f"partition {self.partition} is held by another process (waited "
-                            f"{self.lock_timeout_ms} ms); two tasks of one partition run on "
-                            f"this host at once, and neither may touch the other's files"
-                        ) from None
+                            f"partition {self.partition} is held by another process "
+                            f"({holder_description(exc.holder_pid)}, lock file {exc.path}; "
+                            f"waited {self.lock_timeout_ms} ms); two tasks of one partition "
+                            f"run on this host at once, and neither may touch the other's "
+                            f"files") from None
                     # asked again on every poll: another waiter that got the lock first has
                     # withdrawn the request, and will keep the copy idle once its task is done
                     if not request.exists():
@@ -479,20 +481,14 @@ class SessionStoreProvider:
             # withdrawn whether this process asked or not: one left by a waiter that died would
             # make every kept copy close at once; a waiter still waiting asks again
             request.unlink(missing_ok=True)
-        _HELD_LOCKS[path] = handle
-        self._lock_handle = handle
+        _HELD_LOCKS[path] = lock
+        self._lock_handle = lock
 
     def holds_lock(self) -> bool:
         """Whether this provider's lock still guards its working copy: it holds one, and the lock
         file is the one it locked (not deleted since, say by an operator clearing the local
         directory)."""
-        if self._lock_handle is None:
-            return False
-        try:
-            return os.stat(self.local / _LOCK_FILE).st_ino \
-                == os.fstat(self._lock_handle.fileno()).st_ino
-        except OSError:
-            return False
+        return self._lock_handle is not None and self._lock_handle.guards()
 
     def resume(self, version: int) -> bool:
         """Whether a provider kept open since it committed ``version`` may go on from its open
@@ -526,7 +522,7 @@ class SessionStoreProvider:
             path = self.local / _LOCK_FILE
             if _HELD_LOCKS.get(path) is self._lock_handle:  # not if a later task took it over
                 del _HELD_LOCKS[path]
-            self._lock_handle.close()  # closing the descriptor releases the flock
+            self._lock_handle.release()
             self._lock_handle = None
 
     def _clear_staging(self) -> None:

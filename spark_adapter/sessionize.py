@@ -25,7 +25,14 @@ from sessionstore.aggregations import Aggregation
 from sessionstore.timeutil import INT64_MAX, duration_ms
 
 from . import arrow, columns, static_columnar
-from .config import STATIC_MAX_GAP_US, STATIC_RETENTION_US, SessionizeConfig, duration_us
+from .config import (
+    STATIC_MAX_GAP_US,
+    STATIC_RETENTION_US,
+    US_PER_MS,
+    SessionizeConfig,
+    duration_us,
+    engine_arguments,
+)
 from .provider import open_filesystem
 from .state import canonical_settings, config_digest
 
@@ -438,8 +445,8 @@ def _check_engine(config: SessionizeConfig, store_retention_us: int,
             f"gap + max_duration + watermark_delay), beyond the {store_retention_us} us a store "
             f"can keep; make {' or '.join(named)} smaller")
     try:
-        SessionAggregator(InMemorySessionStore(retention_ms=store_retention_us),
-                          config.windows(), config.aggregation, watermark="external",
+        store = InMemorySessionStore(**engine_arguments(retention_us=store_retention_us))
+        SessionAggregator(store, config.windows(), config.aggregation, watermark="external",
                           **config.engine_options())
     except (TypeError, ValueError) as exc:
         raise ValueError(f"sessionize: the engine refuses these settings: {exc}") from exc
@@ -504,7 +511,7 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     # processes rows at the previous watermark, drops the others whose own t + gap is late.
     ceil_gap_ms = config.ceil_gap_ms()
     end = F.timestamp_micros(F.unix_micros(F.col(config.time_column).cast("timestamp"))
-                             + F.lit(ceil_gap_ms * 1000))
+                             + F.lit(ceil_gap_ms * US_PER_MS))
     watermarked = selected.withColumn(WINDOW_END_COLUMN, end).withWatermark(
         WINDOW_END_COLUMN, f"{config.delay_ms + ceil_gap_ms} milliseconds")
     bucketed = watermarked.withColumn(BUCKET_COLUMN, _bucket(config.key_columns, n_buckets))

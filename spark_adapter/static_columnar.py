@@ -33,7 +33,12 @@ from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
 from . import columns
-from .config import STATIC_RETENTION_US, SessionizeConfig, check_gap_bound
+from .config import (
+    STATIC_RETENTION_US,
+    SessionizeConfig,
+    check_gap_bound,
+    engine_arguments,
+)
 
 #: ``SessionizeConfig.extra`` key under which ``sessionize`` leaves ``[(name, kind, column)]``.
 PARTS_KEY = "static_parts"
@@ -207,7 +212,8 @@ def static_partition(config: SessionizeConfig,
     if parts is None:
         return None
     engine = SessionAggregator(
-        InMemorySessionStore(retention_ms=STATIC_RETENTION_US), config.windows(),
+        InMemorySessionStore(**engine_arguments(retention_us=STATIC_RETENTION_US)),
+        config.windows(),
         columnar_aggregation(parts), watermark="external", **config.engine_options(),
     )
     return _run(ColumnarRunner(config, parts, engine), config, batches)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import fcntl
 import itertools
 import logging
 import operator
@@ -39,8 +38,9 @@ import rocksdict
 
 from .. import keyschema
 from ..arrays import sort_order
-from ..errors import StoreCorruptedError
+from ..errors import StoreCorruptedError, StoreLockedError
 from ..fsutil import fsync_dir
+from ..locking import FileLock, LockHeldError, holder_description
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .checkpoint import (
@@ -355,8 +355,9 @@ class SessionStore(SegmentedSessionStore):
         StoreCorruptedError: the newest checkpoint is damaged: a file missing, extra, resized or
             changed, a damaged manifest, or a RocksDB MANIFEST that does not hold the committed
             version. Nothing on disk is changed.
-        ValueError: bad arguments; a manifest of another format version; a store that is
-            already open elsewhere.
+        StoreLockedError: the store is already open, in this process or another (a
+            ``ValueError``; names the lock file and the holder's process id when known).
+        ValueError: bad arguments; a manifest of another format version.
     """
 
     def __init__(
@@ -408,7 +409,7 @@ class SessionStore(SegmentedSessionStore):
         # need the WAL: they flush and checkpoint, and a crash goes back to the last checkpoint.
         setattr(self._write_options, "disable_wal", True)  # noqa: B010
         self._path.mkdir(parents=True, exist_ok=True)
-        self._lock_handle = self._acquire_lock()
+        self._lock_handle: FileLock | None = self._acquire_lock()
         try:
             self._apply_committed(self._load_committed())
             self._open_live()
@@ -435,19 +436,19 @@ class SessionStore(SegmentedSessionStore):
 
     # -- opening ----------------------------------------------------------------------------
 
-    def _acquire_lock(self) -> Any:
-        handle = open(self._path / _LOCK, "a+b")  # noqa: SIM115 - held for the store's lifetime
+    def _acquire_lock(self) -> FileLock:
+        lock = FileLock(self._path / _LOCK)
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            raise ValueError(f"session store {self._path} is already open") from None
-        return handle
+            return lock.acquire()
+        except LockHeldError as exc:
+            raise StoreLockedError(
+                exc.path, exc.holder_pid,
+                f"session store {self._path} is already open: its lock file {exc.path} is held "
+                f"by {holder_description(exc.holder_pid)}") from None
 
     def _unlock(self) -> None:
         if self._lock_handle is not None:
-            fcntl.flock(self._lock_handle.fileno(), fcntl.LOCK_UN)
-            self._lock_handle.close()
+            self._lock_handle.release()
             self._lock_handle = None
 
     def _load_committed(self) -> CommittedState:

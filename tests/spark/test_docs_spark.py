@@ -39,3 +39,22 @@ def test_spark_doc_example_runs_twice(spark, code, tmp_path, monkeypatch):
         for key, value in saved.items():
             if value is not None:
                 spark.conf.set(key, value)
+
+
+SHUFFLE = re.compile(r'\.config\("spark\.sql\.shuffle\.partitions",\s*"?(\d+)"?\)')
+ANY_PYTHON = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def test_every_spark_example_is_run_here_with_a_laptop_sized_shuffle():
+    """No example that builds a SparkSession escapes this file (without the marker it would run
+    without the checks above), and each sets ``spark.sql.shuffle.partitions`` to a laptop's
+    number: Spark's default of 200 left the first example running for minutes on 4 rows.
+    Needs no SparkSession: it reads the docs."""
+    for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for code in ANY_PYTHON.findall(doc.read_text()):
+            if "SparkSession" not in code:
+                continue
+            assert code.startswith("# docs-test: spark\n"), f"{doc.name}: {code[:80]!r}"
+            partitions = [int(n) for n in SHUFFLE.findall(code)]
+            assert partitions and all(1 <= n <= 8 for n in partitions), \
+                f"{doc.name}: shuffle partitions {partitions} in {code[:80]!r}"

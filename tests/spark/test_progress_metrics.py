@@ -76,3 +76,25 @@ def test_observed_counters_equal_output_and_input(spark, tmp_path: Path):
     # the late rows appear in no session: the counts of the emitted sessions add up
     assert sum(r[3] for r in sessions) + late == sum(len(rows) for rows in inputs) \
         - sum(1 for r in inputs[-1] if r[1] + 10 > 295)  # still open at the end
+
+
+def test_make_spark_run_logs_the_counters_by_name():
+    """``json.dumps`` of a progress writes an observation (a PySpark ``Row``) as a bare list;
+    ``make spark-run``'s line names every counter. No SparkSession: a progress as PySpark gives
+    it (``observedMetrics`` holding a ``Row``)."""
+    from pyspark.sql import Row
+
+    from spark_adapter.example import progress_line
+
+    progress = {"batchId": 3, "numInputRows": 7, "durationMs": {"triggerExecution": 1500},
+                "eventTime": {"watermark": "1970-01-01T00:01:35.000Z"},
+                "observedMetrics": {"sessionstore": Row(sessions_emitted=2, late_rows_dropped=1,
+                                                        rows_in=7)}}
+    assert json.loads(json.dumps(progress))["observedMetrics"]["sessionstore"] == [2, 1, 7]
+    assert json.loads(json.dumps(progress_json(progress)))["observedMetrics"]["sessionstore"] \
+        == {"sessions_emitted": 2, "late_rows_dropped": 1, "rows_in": 7}
+    assert progress_line(progress) == (
+        "batch   3:       7 rows in  1.50 s, watermark 1970-01-01T00:01:35.000Z; "
+        "sessions_emitted=2, late_rows_dropped=1, rows_in=7")
+    no_event_time = {**progress, "eventTime": None, "observedMetrics": {}}
+    assert progress_line(no_event_time).endswith("watermark None; ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from sessionstore import (
     StoreCorruptedError,
     aggregations,
 )
+from sessionstore.locking import LockHeldError, holder_pid
 from spark_adapter import (
     SessionStoreProvider,
     SnapshotCorruptedError,
@@ -24,6 +26,7 @@ from spark_adapter import (
     StateLockedError,
 )
 from spark_adapter.provider import seal, unseal
+from tests.lock_holder import held_elsewhere
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -273,6 +276,27 @@ def test_lock_contention_fails_loudly_and_touches_nothing(tmp_path):
     assert run_batch(p, 2, [("k", 12)]) == [(("k", 0, 22), [3, 0, 0, 0, None])]
 
 
+def test_a_partition_locked_through_the_locking_module_is_refused_naming_its_holder(tmp_path):
+    """The provider's lock is ``sessionstore.locking``'s: kills a provider that keeps its own
+    ``flock`` copy (its error named neither the lock file nor the holder's pid)."""
+    p = provider(tmp_path, lock_timeout_ms=50)
+    run_batch(p, 0, [("k", 0)])
+    lock_file = p.local / "provider.lock"
+    with held_elsewhere(lock_file) as child:
+        with pytest.raises(StateLockedError, match="held by another process") as refused:
+            p.load(0)
+        assert isinstance(refused.value, LockHeldError)
+        assert refused.value.path == lock_file and refused.value.holder_pid == child.pid
+        assert f"(process {child.pid}, lock file {lock_file}; waited 50 ms)" \
+            in str(refused.value)
+        assert p.store is None and not p.holds_lock()
+    copy = pickle.loads(pickle.dumps(refused.value))  # as when it crosses to another process
+    assert type(copy) is StateLockedError and str(copy) == str(refused.value)
+    assert (copy.path, copy.holder_pid) == (lock_file, child.pid)
+    assert run_batch(p, 1, [("k", 5)]) == [(("k", 0, 15), [2, 0, 0, 0, None])]
+    assert holder_pid(lock_file) is None  # closed cleanly: the file names no holder
+
+
 def test_a_failing_maintenance_does_not_fail_the_published_batch(tmp_path):
     p = provider(tmp_path, orphan_grace_ms=0, maintenance_every=1)
     run_batch(p, 0, [("k", 0)])
@@ -292,7 +316,7 @@ def test_a_task_that_never_closed_does_not_block_the_next_in_the_same_worker(tmp
     nxt.load(0)
     failed.close()  # a late close of the abandoned provider must not release the next one's lock
     assert nxt.store is not None and nxt._lock_handle is not None
-    assert not nxt._lock_handle.closed
+    assert nxt._lock_handle.held
     held = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(HOLDER), str(tmp_path / "state"),
          str(tmp_path / "local")],
