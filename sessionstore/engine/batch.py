@@ -549,8 +549,12 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
     acc_values = [None if v is None else v[accepted] for v in part_values]
     table.check(acc_values)
     batch_keys = None if uniques_arrow is None else normal_key_array(uniques_arrow)
+    # an int key column's values as they are: the key index takes them without conversion
+    key_ints = (batch_keys.to_numpy(zero_copy_only=False)
+                if isinstance(batch_keys, pa.Array) and pa.types.is_int64(batch_keys.type)
+                and batch_keys.null_count == 0 else None)
     # the open sessions of the batch's keys: a probe of the table's key index and lists
-    kids = table.index.lookup(uniques)
+    kids = table.index.lookup(uniques, key_ints)
     cand, cand_codes = table.probe(kids)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
@@ -592,7 +596,7 @@ def _fast(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arr
                                else late_values[i], int(times[i]))
     clock.seq += m
     table.remove(absorbed)
-    table.insert(uniques, plan.session_codes, kids, new)
+    table.insert(uniques, plan.session_codes, kids, new, key_ints)
     blocks: list[Block] = []
     if engine._updates:
         assert removed is not None

@@ -81,7 +81,7 @@ class KeyIndex:
         self.ints: Int64Array | None = np.zeros(0, dtype=np.int64)
         self._hash_keys = np.zeros(0, dtype=np.int64)
         self._hash_ids = np.zeros(0, dtype=np.int64)
-        self.keys: npt.NDArray[Any] = np.empty(0, dtype=object)  # by key id
+        self.keys: npt.NDArray[Any] = np.empty(0, dtype=object)  # by key id, dicts only
         self.size = 0
 
     @staticmethod
@@ -94,15 +94,17 @@ class KeyIndex:
         except OverflowError:
             return None
 
-    def lookup(self, keys: list[Any]) -> Int64Array:
-        """Each key's id, ``-1`` for keys the index lacks."""
+    def lookup(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+        """Each key's id, ``-1`` for keys the index lacks. ``ints``: the same keys as int64,
+        when the caller has them (an Arrow int column's values): they are not converted."""
         if not keys:
             return _EMPTY
         if self._ids is None:
             out = np.full(len(keys), -1, dtype=np.int64)
             if not len(self._hash_ids):
                 return out
-            ints = self._as_ints(keys)
+            if ints is None:
+                ints = self._as_ints(keys)
             if ints is not None:
                 compiled(tk.int_index_lookup)(self._hash_keys, self._hash_ids, ints, out)
                 return out
@@ -128,27 +130,34 @@ class KeyIndex:
         return np.fromiter((by_type.get(type(key), empty).get(key, -1) for key in keys),
                            dtype=np.int64, count=len(keys))
 
-    def add(self, keys: list[Any]) -> Int64Array:
-        """Give ids to ``keys`` (distinct, and absent from the index); return them."""
+    def add(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+        """Give ids to ``keys`` (distinct, and absent from the index); return them.
+        ``ints``: as in :meth:`lookup`; while the index holds ints only, ``keys`` may then be
+        empty (the ints are the keys)."""
         first = self.size
-        n = len(keys)
+        n = len(keys) if ints is None else len(ints)
         ids = np.arange(first, first + n, dtype=np.int64)
-        self.keys = _grown(self.keys, first + n, None)
-        self.keys[first:first + n] = object_array(keys)  # tuples stay elements
         self.size = first + n
         if self._ids is None:
-            ints = self._as_ints(keys)
+            if ints is None:
+                ints = self._as_ints(keys)
             if ints is not None:
                 assert self.ints is not None
                 self.ints = _grown(self.ints, first + n)
                 self.ints[first:first + n] = ints
                 self._hash(ints, ids)
                 return ids
-            # the first key that is not an int64: the index becomes dicts by type
+            # the first key that is not an int64: the index becomes dicts by type, and the
+            # keys are kept as objects
+            assert self.ints is not None
+            known = self.ints[:first].tolist()
             self.ints = None
             self._hash_keys = self._hash_ids = _EMPTY
             self._ids = {}
-            self._add_to_dicts(self.keys[:first].tolist(), 0)
+            self.keys = object_array(known)
+            self._add_to_dicts(known, 0)
+        self.keys = _grown(self.keys, first + n, None)
+        self.keys[first:first + n] = object_array(keys)  # tuples stay elements
         self._add_to_dicts(keys, first)
         return ids
 
@@ -182,6 +191,11 @@ class KeyIndex:
 
     def keep(self, kids: Int64Array) -> None:
         """Keep only the keys ``kids`` (ascending), renumbered ``0..len(kids)-1``."""
+        if self.ints is not None:
+            ints = self.ints[kids]
+            self.__init__()  # type: ignore[misc]
+            self.add(ints.tolist(), ints)
+            return
         keys = self.keys[kids]
         self.__init__()  # type: ignore[misc]
         self.add(keys.tolist())
@@ -403,15 +417,21 @@ class OpenSessions:
         self.live -= len(slots)
 
     def insert(self, keys: list[Any], key_codes: Int64Array, kids: Int64Array,
-               rows: SessionRows) -> None:
+               rows: SessionRows, key_ints: Int64Array | None = None) -> None:
         """Add the sessions ``rows``; row ``i``'s key is ``keys[key_codes[i]]``, whose id is
         ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in)."""
         n = len(rows)
         if not n:
             return
-        fresh = np.unique(key_codes[kids[key_codes] < 0])
+        used = np.zeros(len(kids), dtype=np.bool_)
+        used[key_codes] = True
+        fresh = np.flatnonzero(used & (kids < 0))  # the codes of keys new to the index
         if len(fresh):
-            kids[fresh] = self.index.add([keys[c] for c in fresh.tolist()])
+            fresh_ints = None if key_ints is None else key_ints[fresh]
+            # an int index takes the ints alone: no Python object per new key
+            fresh_keys = ([] if fresh_ints is not None and self.index.ints is not None
+                          else [keys[c] for c in fresh.tolist()])
+            kids[fresh] = self.index.add(fresh_keys, fresh_ints)
             size = self.index.size
             self.head = _grown(self.head, size, -1)
             self.count = _grown(self.count, size)

@@ -162,18 +162,30 @@ def test_the_int_key_index_equals_a_dict(batches: list[list[int]], probes: list[
     every key added and nothing else; a bool or an out-of-range int is never an int key."""
     index = KeyIndex()
     model: dict[int, int] = {}
-    for batch in batches:
+    for number, batch in enumerate(batches):
         fresh = [key for key in batch if key not in model]
-        ids = index.add(fresh)
+        # the batch path hands an int column's values over as they are; other callers do not
+        ids = index.add(fresh, np.array(fresh, dtype=np.int64) if number % 2 else None)
         model.update(zip(fresh, ids.tolist(), strict=True))
         assert index.ints is not None
     queries = list(model)[:2000] + probes
     expected = [model.get(key, -1) if type(key) is int else -1 for key in queries]
     assert index.lookup(queries).tolist() == expected
-    assert index.lookup([key for key in queries if type(key) is int]).tolist() == \
-        [model.get(key, -1) for key in queries if type(key) is int]
+    ints = [key for key in queries if type(key) is int]
+    assert index.lookup(ints).tolist() == [model.get(key, -1) for key in ints]
+    in_range = [key for key in ints if -(2**63) <= key < 2**63]
+    assert index.lookup(in_range, np.array(in_range, dtype=np.int64)).tolist() == \
+        [model.get(key, -1) for key in in_range]
     if model:  # renumbering keeps a subset, still hashed
         kept = np.arange(0, index.size, 2, dtype=np.int64)
         keys = [key for key, kid in model.items() if kid % 2 == 0]
         index.keep(kept)
         assert index.lookup(keys).tolist() == [model[key] // 2 for key in keys]
+        # the first key of another type turns the index into dicts, keeping every int
+        index.add(["x"])
+        assert index.ints is None
+        assert index.lookup(keys + ["x"]).tolist() == [model[key] // 2 for key in keys] + \
+            [index.size - 1]
+        assert index.column(np.arange(len(keys), dtype=np.int64)).to_pylist() == \
+            [key for key, kid in sorted(model.items(), key=lambda item: item[1])
+             if kid % 2 == 0]
