@@ -406,7 +406,7 @@ class SessionAggregator:
                 column and the row), an output name colliding with a key column. A batch is
                 atomic: nothing changes then.
         """
-        from .batch import process_table
+        from .tables import process_table
 
         if self._runner is not None:
             raise TypeError("process_table does not emit panes: with trigger=, use "
@@ -468,7 +468,7 @@ class SessionAggregator:
         return names, known[1] if known is not None and known[0] == names else None
 
     def _emits_table(self, emits: list[Emit], names: list[str], schema: Any) -> Any:
-        from .batch import emits_as_table
+        from .tables import emits_as_table
 
         return emits_as_table(self, emits, names, schema)
 
