@@ -68,10 +68,9 @@ def run(n: int, order: str, path: str, layout: str) -> dict[str, Any]:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if sum(e.value for e in out) != n:
         raise AssertionError(f"{order} {path} {n}: {sum(e.value for e in out)} events out")
-    assert engine._max_duration is not None
+    recut = engine.recut_counts
     return {"events": n, "order": order, "path": path, "layout": layout, "sessions": len(out),
-            "events_re_cut": engine._max_duration.recut_events,
-            "re_cut_steps": engine._max_duration.recut_steps,
+            "events_re_cut": recut["events"], "re_cut_steps": recut["steps"],
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 

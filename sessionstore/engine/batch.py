@@ -127,7 +127,7 @@ def process_batch(engine: EngineHost, keys: Any, values: Any,
         count_invalid_gaps(engine, gaps)
         return out
     ends = times + cfg.max_gap_ms if gaps is None else times + gaps.gaps  # max_gap: fixed gap
-    if engine._columnar_kinds is not None:
+    if engine.columnar_kinds is not None:
         with collector_paused():
             try:
                 part_values = part_values_of_list(
@@ -147,23 +147,23 @@ def process_batch(engine: EngineHost, keys: Any, values: Any,
             except NotColumnar:
                 pass
             else:
-                names = engine._result_names
+                names = engine.result_names
                 for block, flags in blocks:
                     out.extend(block.emits(names, flags))
                 count_invalid_gaps(engine, gaps)
                 return out
-    engine._leave_table()
+    engine.leave_table()
     if key_list is None:
         key_list = key_column.tolist()
     if value_list is None:
         value_list = value_column.tolist()
-    if engine._max_duration is not None:  # issue 12: the event-by-event plan, exactly
+    if engine.max_duration is not None:  # issue 12: the event-by-event plan, exactly
         _max_duration_batch(engine, key_list, value_list, times, ends, kept, out, codes)
         count_invalid_gaps(engine, gaps)
         return out
-    if engine._runner is not None:
+    if engine.runner is not None:
         _precheck_accumulators(engine, key_list, value_list, times)
-        step = engine._process_one
+        step = engine.process_one
         if gaps is None:
             for key, value, t in zip(key_list, value_list, times.tolist(), strict=True):
                 step(key, value, t, out)
@@ -179,8 +179,8 @@ def process_batch(engine: EngineHost, keys: Any, values: Any,
         _columnar(engine, codes[kept], uniques, [value_list[i] for i in kept.tolist()],
                   times[kept], out, ends[kept])
         count_invalid_gaps(engine, gaps)
-    if engine._forwarded:
-        out.extend(engine._drain_forwarded())
+    if engine.forwarded:
+        out.extend(engine.drain_forwarded())
     return out
 
 
@@ -213,7 +213,7 @@ def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
     in order in one pass and re-cuts only the others event by event; with a write cache
     (whose evictions forward changes in the loop's order) the events go one by one.
     """
-    planner = engine._max_duration
+    planner = engine.max_duration
     assert planner is not None
     _precheck_accumulators(engine, keys, values, times)  # names the row as given
     if kept is not None:
@@ -223,7 +223,7 @@ def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
         times = times[kept]
         ends = ends[kept]
         codes = codes[kept]
-    log: ChangeLog | None = {} if engine._updates and not engine.write_cache else None
+    log: ChangeLog | None = {} if engine.updates and not engine.write_cache else None
     with collector_paused():
         if not engine.write_cache:
             planner.process_many(keys, values, times, ends, codes, out, log)
@@ -235,17 +235,17 @@ def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
     if log is not None:
         planner.emit_log(log, out)
     if engine.write_cache:
-        engine._state.flush()
-    if engine._forwarded:
-        out.extend(engine._drain_forwarded())
+        engine.cache.flush()
+    if engine.forwarded:
+        out.extend(engine.drain_forwarded())
 
 
 def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
               values: list[Any], times: np.ndarray, out: list[Emit], ends: np.ndarray) -> None:
     """The exact batch path; ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
-    clock = engine._times
-    metrics = engine._metrics
+    clock = engine.times
+    metrics = engine.metrics
     n = len(times)
     before = clock.watermarks_before(times)
     late = clock.late_in_batch(before, ends)
@@ -258,7 +258,7 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
     seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
 
     # the open sessions of the batch's keys, as columns
-    state = engine._state
+    state = engine.cache
     floor = int(acc_closed[0]) if m else 0
     open_codes: list[int] = []
     open_starts: list[int] = []
@@ -305,7 +305,7 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
         run_acc = agg.add_run(key, [values[i] for i in rows[a:b]], row_times[a:b],
                               row_seqs[a:b], agg.initial())
         acc = agg.merge(key, acc, run_acc)
-        if engine._check_acc:
+        if engine.check_acc:
             check_encodable(acc, f"the accumulator of session {Session(key, s_starts[k], s_ends[k])}")
         records[k] = SessionRecord(acc)
 
@@ -313,11 +313,11 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
     metrics.records_in += n
     if m < n:
         for i in np.flatnonzero(late).tolist():
-            engine._drop(uniques[codes[i]], values[i], int(times[i]))
+            engine.drop(uniques[codes[i]], values[i], int(times[i]))
     clock.seq += m
     changes: list[tuple[Session, Any, bool]] = []  # (session, value, retraction)
     result = agg.result
-    updates = engine._updates and not engine.write_cache
+    updates = engine.updates and not engine.write_cache
     for j, k in enumerate(open_into):
         if k >= 0 and (open_starts[j], open_ends[j]) != (s_starts[k], s_ends[k]):
             session = Session(uniques[open_codes[j]], open_starts[j], open_ends[j])
@@ -331,7 +331,7 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
         state.put(session, record.to_wire())
         if updates:
             changes.append((session, record.acc, False))
-    if engine._updates:
+    if engine.updates:
         if engine.write_cache:
             state.flush()
         else:
@@ -343,13 +343,13 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
     else:
         import heapq
 
-        heap = engine._close_heap
+        heap = engine.close_heap
         for end in s_ends:
             heapq.heappush(heap, end)
-        if engine._record_close_times:
-            engine._new_close_times.extend(s_ends)
+        if engine.record_close_times:
+            engine.new_close_times.extend(s_ends)
     if m and clock.observe(int(acc_times.max())):
-        engine._on_watermark(out)
+        engine.on_watermark(out)
 
 
 # the accumulator kinds whose records pack_session_records can pack (numeric columns)

@@ -110,7 +110,7 @@ def count_invalid_gaps(engine: EngineHost, gaps: EventGaps | None) -> None:
     """Count the batch's events dropped for an invalid gap (after the batch succeeded)."""
     if gaps is None or not gaps.dropped:
         return
-    metrics = engine._metrics
+    metrics = engine.metrics
     metrics.records_in += gaps.dropped
     metrics.dropped += gaps.dropped
     metrics.dropped_invalid_gap += gaps.dropped

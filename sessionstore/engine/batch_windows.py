@@ -11,8 +11,8 @@ from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..types import Session, SessionStoreProtocol
 from ..windows import BatchWindows
-from .aggregator import ENGINE_METADATA_KEY, USER_METADATA_KEY, check_aggregation, check_store
 from .config import NO_WATERMARK
+from .core import ENGINE_METADATA_KEY, USER_METADATA_KEY, check_aggregation, check_store
 from .emit import Emit, EngineMetrics, make_emit
 from .record import SessionRecord, check_encodable, first_unencodable
 

@@ -2,7 +2,7 @@
 aggregations without a trigger or write cache.
 
 The engine's open sessions live in a columnar
-:class:`~sessionstore.engine.table.OpenSessions` (the engine's ``_open_table``), and a batch
+:class:`~sessionstore.engine.table.OpenSessions` (:meth:`EngineHost.open_table`), and a batch
 costs array operations, one ``remove_many`` and one ``put_many``. Its steps are those of the
 exact batch path (see :mod:`.batch`); only how they are computed differs. A batch it cannot take
 exactly (mixed value types, NaN, an integer sum beyond int64) raises
@@ -71,8 +71,8 @@ def part_values_of_list(engine: EngineHost, values: Any) -> list[Any]:
         TypeError: a value that is not a mapping holding a part's column, naming the row.
     """
     out: list[Any] = []
-    assert engine._columnar_kinds is not None
-    for kind, column in zip(engine._columnar_kinds, engine._columnar_columns, strict=True):
+    assert engine.columnar_kinds is not None
+    for kind, column in zip(engine.columnar_kinds, engine.columnar_columns, strict=True):
         if kind == "count":
             out.append(None)
             continue
@@ -105,8 +105,8 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     the first change (raising :class:`NotColumnar` sends the batch to the exact path).
     ``ends`` is each event's own window end (``t + gap``)."""
     cfg = engine.config
-    clock = engine._times
-    kinds = engine._columnar_kinds
+    clock = engine.times
+    kinds = engine.columnar_kinds
     assert kinds is not None
     n = len(times)
     before = clock.watermarks_before(times)
@@ -117,7 +117,7 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     acc_codes = codes[accepted]
     acc_times = times[accepted]
     seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
-    table = engine._open_table()
+    table = engine.open_table()
     acc_values = [None if v is None else v[accepted] for v in part_values]
     table.check(acc_values)
     batch_keys = None if uniques_arrow is None else normal_key_array(uniques_arrow)
@@ -149,16 +149,16 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     moved_codes = cand_codes[touched][moved]
     removed = (table.rows(absorbed[moved], batch_keys.take(pa.array(moved_codes))
                           if batch_keys is not None else object_array(uniques)[moved_codes])
-               if engine._updates else None)
+               if engine.updates else None)
     removed_starts = cand_starts[touched][moved]
     removed_ends = cand_ends[touched][moved]
-    combined = engine._result_names is not None
+    combined = engine.result_names is not None
     packed = (pack_session_records([part.value for part in new.parts], combined=combined)
               if _store_takes_packed(engine, kinds) else None)
     records: list[Any] = new.wire_records(combined=combined) if packed is None else packed
 
     # apply: from here on nothing can fail on the batch's content
-    metrics = engine._metrics
+    metrics = engine.metrics
     metrics.records_in += n
     if m < n:
         metrics.dropped += n - m
@@ -170,7 +170,7 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     table.remove(absorbed)
     table.insert(uniques, plan.session_codes, kids, new, key_ints)
     blocks: list[Block] = []
-    if engine._updates:
+    if engine.updates:
         assert removed is not None
         changes = removed.concat(new)
         flags = np.concatenate((np.ones(len(removed), dtype=np.bool_),
@@ -178,15 +178,15 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
         order = changes.store_order()
         blocks.append((changes.take(order), flags[order]))
         metrics.emitted += len(changes)
-    elif engine._record_close_times:
-        engine._new_close_times.extend(new.ends_ms.tolist())
+    elif engine.record_close_times:
+        engine.new_close_times.extend(new.ends_ms.tolist())
     # close first (from the table), then write, then let expiry run: the write below is what
     # expires segments, with the cap the close just moved, as the event loop's later puts would
     if m and clock.observe(int(acc_times.max())):
-        closed = engine._advance_table()
+        closed = engine.advance_table()
         if closed is not None and len(closed):
             blocks.append((closed, None))
-    state = engine._state
+    state = engine.cache
     if len(moved_codes):
         # the batch's keys with an index: each distinct key is encoded once, not per session
         state.remove_many(uniques, removed_starts, removed_ends, key_index=moved_codes)

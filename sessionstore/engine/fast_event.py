@@ -1,27 +1,28 @@
-"""The event path's common step, fused into one function: :meth:`SessionAggregator.process`
-for the lean engine (a fixed gap, no trigger, no maximum duration, no write cache).
+"""The event path's common step, fused into one function: the engine's ``process`` for the
+lean engine (a fixed gap, no trigger, no maximum duration, no write cache).
 
-:meth:`~sessionstore.engine.aggregator.SessionAggregator.process` is a chain of calls (the
-checks, ``_process_lean``, the cache's ``sessions_of`` and ``put_merged``, the close index).
-A plain-Python sessionizer does the same work in one loop body; a call, or an attribute read of
-``self``, costs about as much as a dict operation, and each event made a dozen of them. Here
-the whole step is one closure over the objects it touches (the engine, its clock and counters,
-the cache's containers), built once per engine and rebuilt when the engine replaces any of them
-(:meth:`~sessionstore.engine.aggregator.SessionAggregator.abort`).
+:func:`~sessionstore.engine.event.process_event` is a chain of calls (the checks,
+``process_lean``, the cache's ``sessions_of`` and ``put_merged``, the close index). A
+plain-Python sessionizer does the same work in one loop body; a call, or an attribute read of
+an object, costs about as much as a dict operation, and each event made a dozen of them. Here
+the whole step is one closure over the objects it touches (the engine's state, its clock and
+counters, the cache's containers), built once per engine and rebuilt when the engine replaces
+any of them (:func:`~sessionstore.engine.lifecycle.abort`).
 
 It only takes the common case, and takes it exactly as the chain would: an ``int`` or ``str``
 key, an ``int`` time in range, no ``gap_ms``, no columnar table, a key whose view the cache
 holds (or a key it knows the store has nothing for) and an event that joins at most one
 session. Everything else (and every case the chain would handle differently) is handed, before
-anything changes, to the chain itself: the class's ``process`` or ``_process_lean``. The
-property tests in ``tests/engine`` run both against each other and against an independent
-oracle with every cache size, segment size and watermark mode.
+anything changes, to the chain itself: ``process_event`` or ``process_lean``. The property
+tests in ``tests/engine`` run both against each other and against an independent oracle with
+every cache size, segment size and watermark mode.
 
 The fused step reaches into :class:`~sessionstore.store.caching.CachingSessionStore`'s
 containers (``_views``, ``_floors``, ``_dirty``, the end index): it is
 :meth:`~sessionstore.store.caching.CachingSessionStore.sessions_of` and
 :meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` inlined, and must change with
-them.
+them (the one reach into another module's private members that
+``tests/test_private_members.py`` allows).
 """
 
 from __future__ import annotations
@@ -51,19 +52,19 @@ EventStep = Callable[..., list[Emit]]
 
 def bind_event_step(engine: EngineHost) -> EventStep | None:
     """The fused ``process(key, value, timestamp_ms, gap_ms=None)`` of ``engine``, or None when
-    the engine is not one it applies to (then the class's ``process`` does everything)."""
-    if not engine._fixed_lean or engine.write_cache:
+    the engine is not one it applies to (then ``engine.process`` does everything)."""
+    if not engine.fixed_lean or engine.write_cache:
         return None
-    state = engine._state
+    state = engine.cache
     if state.max_sessions == 0:
         return None  # write-through: no view is kept, every event reads the store
     slow = type(engine).process
-    lean = engine._process_lean
-    drop = engine._drop
-    on_watermark = engine._on_watermark
-    times = engine._times
-    metrics = engine._metrics
-    close_heap = engine._close_heap
+    lean = engine.process_lean
+    drop = engine.drop
+    on_watermark = engine.on_watermark
+    times = engine.times
+    metrics = engine.metrics
+    close_heap = engine.close_heap
     heappush = heapq.heappush
     cfg = engine.config
     max_t = cfg.max_timestamp_ms
@@ -72,9 +73,9 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     inclusive = cfg.inclusive_gap
     event_time = cfg.watermark == "event_time"
     ooo = cfg.max_out_of_orderness_ms
-    updates = engine._updates
-    closes_in_cache = engine._closes_in_cache
-    check_acc = engine._check_acc
+    updates = engine.updates
+    closes_in_cache = engine.closes_in_cache
+    check_acc = engine.check_acc
     agg = engine.aggregation
     count = is_count(agg)
     result = agg.result
@@ -100,7 +101,7 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         kind = type(key)
         t = timestamp_ms
         if (kind is not int and kind is not str) or type(t) is not int or gap_ms is not None \
-                or t > max_t or t < INT64_MIN or engine._table is not None:
+                or t > max_t or t < INT64_MIN or engine.table is not None:
             return slow(engine, key, value, timestamp_ms, gap_ms)
         view = views_get(key)
         if view is None and key_bytes_get(key) is None:
@@ -221,8 +222,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         elif not same:
             if not closes_in_cache:
                 heappush(close_heap, end)
-            if engine._record_close_times:
-                engine._new_close_times.append(end)
+            if engine.record_close_times:
+                engine.new_close_times.append(end)
         if event_time:  # TimeKeeper.observe, inlined
             met = times.max_event_time
             if met is None or t > met:

@@ -387,7 +387,7 @@ class MaxDuration:
             return order
         order = sorted(b for b in view if b[1] > closed_before)
         self.recut_steps += len(view)
-        held = self.engine._state.held_keys
+        held = self.engine.cache.held_keys
         if held.get(key) is view:  # not when the cache writes through (a view per call)
             orders = self._orders
             if len(orders) >= len(held) + _ORDERS_SLACK:
@@ -425,16 +425,16 @@ class MaxDuration:
                 emitted (:meth:`emit_log` emits them at the end of the batch).
         """
         engine = self.engine
-        engine._metrics.records_in += 1
-        times = engine._times
+        engine.metrics.records_in += 1
+        times = engine.times
         if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
-            engine._drop(key, value, t)
+            engine.drop(key, value, t)
             return
         closed_before = times.closed_before()
         self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
         times.seq += 1
         if times.observe(t):
-            engine._on_watermark(out)
+            engine.on_watermark(out)
 
     def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
               out: list[Emit], log: ChangeLog | None, seq: int) -> None:
@@ -453,7 +453,7 @@ class MaxDuration:
         inclusive = cfg.inclusive_gap
         agg = engine.aggregation
         event = [t, seq, own_end, value]
-        view = engine._state.sessions_of(key, closed_before)
+        view = engine.cache.sessions_of(key, closed_before)
         bounds = self._open_bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
@@ -564,12 +564,12 @@ class MaxDuration:
                               None if fresh else acc_of(view[(start, end)][0])))
             removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
             recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
-        if engine._check_acc:
+        if engine.check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content (a store failure while the cache
         # writes leaves the key's order dropped: it is read again from the view)
-        state = engine._state
+        state = engine.cache
         order = self._orders.pop(key, None)
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
@@ -578,7 +578,7 @@ class MaxDuration:
         self._reindex(bounds, removed, added, recut)
         if order is not None:
             self._orders[key] = order
-        if engine._updates:
+        if engine.updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
             result = agg.result
@@ -602,14 +602,14 @@ class MaxDuration:
                 out.append(make_emit(Session(key, b[0], b[1]), result(old_acc), retraction=True))
             for start, end, acc, *_ in added:
                 out.append(make_emit(Session(key, start, end), result(acc)))
-            engine._metrics.emitted += len(removed) + len(added)
+            engine.metrics.emitted += len(removed) + len(added)
             return
-        heap = engine._close_heap
+        heap = engine.close_heap
         for _, end, _, _, _, fresh, _ in added:
             if fresh:
                 heapq.heappush(heap, end)
-                if engine._record_close_times:
-                    engine._new_close_times.append(end)
+                if engine.record_close_times:
+                    engine.new_close_times.append(end)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
@@ -631,7 +631,7 @@ class MaxDuration:
         arrival order. Closing runs once, after every write, as in the columnar batch path.
         """
         engine = self.engine
-        clock = engine._times
+        clock = engine.times
         md = self.max_duration_ms
         n = len(times)
         if n == 0:
@@ -676,11 +676,11 @@ class MaxDuration:
             else:
                 plans.append((keys[row], plan))
         # apply: the late events, the keys that need re-cutting, then the in-order keys
-        metrics = engine._metrics
+        metrics = engine.metrics
         metrics.records_in += n
         if m < n:
             for i in np.flatnonzero(late).tolist():
-                engine._drop(keys[i], values[i], time_list[i])
+                engine.drop(keys[i], values[i], time_list[i])
         fallback.sort()
         step = self._step
         acc_rows = accepted.tolist()
@@ -691,7 +691,7 @@ class MaxDuration:
         for key, plan in plans:
             self._apply_in_order(key, plan, log)
         if m and clock.observe(int(acc_times.max())):
-            engine._on_watermark(out)
+            engine.on_watermark(out)
 
     def _order_free(self, values: list[Any]) -> bool:
         """Whether the accumulators of these values do not depend on the order of the adds:
@@ -743,7 +743,7 @@ class MaxDuration:
         incremental = self._incremental
         # the first arrival's "closed before" (it grows with arrival: the smallest)
         cb0 = min(closed_before[row] for row in rows) if disordered else closed_before[rows[0]]
-        view = engine._state.sessions_of(key, cb0)
+        view = engine.cache.sessions_of(key, cb0)
         cur: list[Any] | None = None
         open_events: list[Any] = []
         if view:
@@ -795,7 +795,7 @@ class MaxDuration:
         for session in done:
             if not incremental:
                 session[4] = _fold(agg, key, session[3])
-            if engine._check_acc:
+            if engine.check_acc:
                 check_encodable(session[4],
                                 f"the accumulator of {Session(key, session[0], session[1])}")
         return [done, fresh]
@@ -883,7 +883,7 @@ class MaxDuration:
     def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:
         """Write (and log or index for closing) what :meth:`_in_order` computed."""
         engine = self.engine
-        state = engine._state
+        state = engine.cache
         done, fresh = plan
         self._orders.pop(key, None)  # read again from the view at the key's next step
         for start, end, max_end, events, acc, old, old_acc, _ in done:
@@ -894,13 +894,13 @@ class MaxDuration:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
             if log is not None:
                 log[Session(key, start, end)] = [old_acc if old == (start, end) else None, acc]
-        if engine._updates:
+        if engine.updates:
             return
-        heap = engine._close_heap
+        heap = engine.close_heap
         for end in fresh:
             heapq.heappush(heap, end)
-        if engine._record_close_times:
-            engine._new_close_times.extend(fresh)
+        if engine.record_close_times:
+            engine.new_close_times.extend(fresh)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:
@@ -911,7 +911,7 @@ class MaxDuration:
             events = [*events[:pos], event, *events[pos:]]
             return _fold(agg, key, events), events
         acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
-        if self.engine._check_acc:  # the accumulator check may still refuse: copy
+        if self.engine.check_acc:  # the accumulator check may still refuse: copy
             return acc, [*events[:pos], event, *events[pos:]]
         # in place (O(1) at the end): only the record this step replaces holds the list, and
         # nothing after this can fail on the event (the store copies what it writes)
@@ -934,5 +934,5 @@ class MaxDuration:
             else:
                 continue
             emitted += 1
-        self.engine._metrics.emitted += emitted
+        self.engine.metrics.emitted += emitted
 

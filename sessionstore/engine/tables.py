@@ -81,12 +81,12 @@ def process_table(engine: EngineHost, table: Any, *, key: str | list[str], time:
         raise ValueError(
             f"{time}[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64")
     codes, uniques, uniques_arrow = _table_keys(table, key_names)
-    names = engine._result_names or [engine.aggregation.name]
+    names = engine.result_names or [engine.aggregation.name]
     for name in names:
         if name in key_names or name in (SESSION_START, SESSION_END, RETRACTION):
             raise ValueError(f"the output column {name!r} of the aggregation collides with a "
                              f"key or session column; rename it in combine()")
-    kinds = engine._columnar_kinds
+    kinds = engine.columnar_kinds
     if kinds is not None and not (cfg.dynamic and gaps is None):  # a gap callable: per row
         part_values, types = _table_part_values(engine, table, value)
         if part_values is not None:
@@ -162,11 +162,11 @@ def _table_part_values(engine: EngineHost, table: pa.Table, value: str | None
         ValueError: a part reads values but neither it nor ``value=`` names a column; a null.
         TypeError: a value msgpack cannot store, naming the column and the row.
     """
-    assert engine._columnar_kinds is not None
+    assert engine.columnar_kinds is not None
     out: list[Any] = []
     types: list[Any] = []
     fast = True
-    for kind, column in zip(engine._columnar_kinds, engine._columnar_columns, strict=True):
+    for kind, column in zip(engine.columnar_kinds, engine.columnar_columns, strict=True):
         if kind == "count":
             out.append(None)
             types.append(pa.int64())
@@ -253,18 +253,18 @@ def _output_table(engine: EngineHost, key_arrays: list[pa.Array], names: list[st
                   starts: Any, ends: Any, flags: Any, results: list[pa.Array]) -> pa.Table:
     arrays = [*key_arrays, pa.array(starts, type=pa.int64()), pa.array(ends, type=pa.int64())]
     fields = [*names, SESSION_START, SESSION_END]
-    if engine._updates:
+    if engine.updates:
         arrays.append(pa.array(flags, type=pa.bool_()))
         fields.append(RETRACTION)
     arrays += results
-    fields += engine._result_names or [engine.aggregation.name]
+    fields += engine.result_names or [engine.aggregation.name]
     return pa.Table.from_arrays(arrays, names=fields)
 
 
 def _blocks_to_table(engine: EngineHost, blocks: list[Block], names: list[str],
                      table: pa.Table, types: list[Any]) -> pa.Table:
-    assert engine._columnar_kinds is not None
-    kinds = engine._columnar_kinds
+    assert engine.columnar_kinds is not None
+    kinds = engine.columnar_kinds
     if not blocks:
         empty = SessionRows.empty(kinds)
         blocks = [(empty, None)]
@@ -314,7 +314,7 @@ def emits_as_table(engine: EngineHost, emits: list[Emit], names: list[str],
 def _emits_to_table(engine: EngineHost, emits: list[Emit], names: list[str],
                     table: pa.Table, types: list[Any] | None = None) -> pa.Table:
     keys = [e.session.key for e in emits]
-    labels = engine._result_names
+    labels = engine.result_names
     if labels is None:
         results = [pa.array([e.value for e in emits])]
     else:

@@ -92,7 +92,7 @@ def test_time_keeper_rule():
     windows = SessionWindows(GAP, grace_ms=GRACE)
     engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
                                windows, aggregations.count())
-    keeper: TimeKeeper = engine._times
+    keeper: TimeKeeper = engine._core.times
     keeper.observe(FIRST)
     assert keeper.is_late(LATE + GAP) and not keeper.is_late(ON_TIME + GAP)
     mask = keeper.late_in_batch(np.array([FIRST, FIRST]), np.array([LATE + GAP, ON_TIME + GAP]))

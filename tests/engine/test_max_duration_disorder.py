@@ -45,13 +45,20 @@ def engine_for(gap: int, max_duration: int, lateness: int, aggregation=None,
 
 
 def recut(engine: SessionAggregator) -> int:
-    assert engine._max_duration is not None
-    return engine._max_duration.recut_events
+    return engine.recut_counts["events"]
 
 
 def steps(engine: SessionAggregator) -> int:
-    assert engine._max_duration is not None
-    return engine._max_duration.recut_steps
+    return engine.recut_counts["steps"]
+
+
+def test_recut_counts_start_at_zero_and_exist_only_with_a_maximum_duration() -> None:
+    engine = engine_for(100, 1_000, 0)
+    assert engine.recut_counts == {"events": 0, "steps": 0}
+    windows = SessionWindows(100)
+    plain = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms), windows,
+                              aggregations.count())
+    assert plain.recut_counts == {}
 
 
 @pytest.mark.parametrize("layout", ["one session", "sessions apart"])

@@ -134,14 +134,14 @@ def test_batches_the_fast_path_cannot_take_exactly_take_the_exact_path(values):
     agg = aggregations.combine({"sum": aggregations.sum_of(), "min": aggregations.min_of()})
     (loop, _), (batch, e) = _loop_and_batch(agg, ["a", "a", "b", "a"], values, [0, 1, 2, 3])
     assert repr(batch) == repr(loop)  # repr: nan == nan is False
-    assert e._table is None  # the exact path ran
+    assert e._core.table is None  # the exact path ran
 
 
 def test_the_fast_path_runs_for_the_built_ins_and_writes_every_session():
     agg = aggregations.combine({"n": aggregations.count(), "last": aggregations.last_of()})
     (loop, _), (batch, e) = _loop_and_batch(agg, ["a", "a", "b", "a"], [1, 2, 3, 4],
                                             [0, 30, 2, 5], EmitStrategy.ON_WINDOW_UPDATE)
-    assert e._table is not None
+    assert e._core.table is not None
     assert [(s.start, s.end, v) for s, v in e.sessions("a")] == [
         (0, 10, {"n": 1, "last": 1}), (30, 40, {"n": 1, "last": 2})]
     assert e.metrics["dropped-records"] == 2  # t=2 and t=5 arrive after W=30: late

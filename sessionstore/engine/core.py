@@ -1,0 +1,741 @@
+"""The engine's state: one object every path of :class:`~sessionstore.engine.SessionAggregator`
+is handed (the façade holds it and delegates to it).
+
+:class:`EngineCore` validates the options, decides once what they imply, and holds the state:
+the store layers (the caching store over the metered store over the user's), the clock and
+cursors (:class:`~sessionstore.engine.time.TimeKeeper`), the trigger state, the close index, the
+columnar table of the fast batch path, the counters. Every attribute is public and documented
+here; the paths read and write them (they are typed against
+:class:`~sessionstore.engine.host.EngineHost`).
+
+Its steps (the event path, closing, the lifecycle) are its methods.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from .. import keyschema
+from ..aggregations import Aggregation, Combined, is_count
+from ..serde import MsgpackSerde
+from ..store.caching import CachingSessionStore, ClosedRow
+from ..store.metered import MeteredSessionStore
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
+from ..timeutil import timestamp_ms as to_timestamp_ms
+from ..triggers import AccumulationMode, AfterWatermark, PaneTiming, system_clock
+from ..types import Session, SessionStoreProtocol
+from ..windows import SessionWindows
+from .columnar import SessionRows, columnar_parts
+from .config import EngineConfig, expiry_cap_ms
+from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
+from .max_duration import MaxDuration
+from .merge import END_START, join_range, merge_event
+from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
+from .table import OpenSessions, unique_keys
+from .time import TimeKeeper
+from .triggers import TriggerRunner
+
+_new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
+_new_emit = functools.partial(tuple.__new__, Emit)
+_MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
+_MSGPACK_INT_MAX = (1 << 64) - 1
+#: The key of the engine's cursors in the store's commit metadata.
+ENGINE_METADATA_KEY = "sessionstore.engine"
+#: The key of the user's ``metadata`` (of :meth:`SessionAggregator.commit`) in it.
+USER_METADATA_KEY = "user"
+
+
+def check_aggregation(aggregation: Any) -> None:
+    """Raises TypeError unless ``aggregation`` is one of :mod:`sessionstore.aggregations`."""
+    if not isinstance(aggregation, Aggregation):
+        raise TypeError(
+            f"aggregation must be a sessionstore.aggregations object, "
+            f"got {type(aggregation).__name__}"
+        )
+
+
+def check_store(store: Any) -> None:
+    """Raises TypeError unless ``store`` is a writable session store."""
+    for name in ("put", "remove", "find_sessions_to_merge", "find_sessions", "commit",
+                 "cap_expiry_time"):
+        if not callable(getattr(store, name, None)):
+            raise TypeError(
+                f"store must be a writable session store (with {name}()), "
+                f"got {type(store).__name__}"
+            )
+
+
+class EngineCore:
+    """The state of one engine, and its steps. Arguments and errors: those of
+    :class:`~sessionstore.engine.SessionAggregator`."""
+
+    def __init__(
+        self,
+        store: SessionStoreProtocol,
+        windows: SessionWindows,
+        aggregation: Aggregation,
+        *,
+        emit: EmitStrategy | None,
+        watermark: str,
+        max_out_of_orderness_ms: Any,
+        on_late: Callable[[Any, Any, int], None] | None,
+        trigger: AfterWatermark | None,
+        accumulation: AccumulationMode | None,
+        clock: Callable[[], int] | None,
+        write_cache: bool,
+        cache_max_sessions: int,
+    ) -> None:
+        check_store(store)
+        if not isinstance(windows, SessionWindows):
+            raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
+        check_aggregation(aggregation)
+        if emit is not None and not isinstance(emit, EmitStrategy):
+            raise TypeError(f"emit must be an EmitStrategy, got {emit!r}")
+        if trigger is not None and not isinstance(trigger, AfterWatermark):
+            raise TypeError(f"trigger must be AfterWatermark(...), got {type(trigger).__name__}")
+        if trigger is not None and emit is not None:
+            raise ValueError("pass either emit= or trigger=, not both")
+        if accumulation is not None and not isinstance(accumulation, AccumulationMode):
+            raise TypeError(f"accumulation must be an AccumulationMode, got {accumulation!r}")
+        if accumulation is not None and trigger is None:
+            raise ValueError("accumulation= needs a trigger=")
+        self.config = EngineConfig.build(
+            windows, watermark=watermark, max_out_of_orderness_ms=max_out_of_orderness_ms,
+            cache_max_sessions=cache_max_sessions, store_retention_ms=store.retention_ms)
+        if on_late is not None and not callable(on_late):
+            raise TypeError(f"on_late must be callable, got {type(on_late).__name__}")
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be callable, got {type(clock).__name__}")
+        if not isinstance(write_cache, bool):
+            raise TypeError(f"write_cache must be a bool, got {write_cache!r}")
+        if write_cache and (trigger is not None or emit is EmitStrategy.ON_WINDOW_CLOSE):
+            raise ValueError("write_cache applies to emit=ON_WINDOW_UPDATE only")
+
+        # -- the options, as given and validated
+        self.store = store
+        self.windows = windows
+        self.aggregation = aggregation
+        self.trigger = trigger
+        #: None with a trigger
+        self.emit_strategy = (
+            None if trigger is not None else (emit or EmitStrategy.ON_WINDOW_UPDATE)
+        )
+        self.accumulation = accumulation or AccumulationMode.DISCARDING
+        self.on_late = on_late
+        self.clock: Callable[[], int] = clock or system_clock
+        self.write_cache = write_cache
+
+        # -- what the options imply, decided once
+        #: ON_WINDOW_UPDATE: each change is emitted (or forwarded by the write cache)
+        self.updates = self.emit_strategy is EmitStrategy.ON_WINDOW_UPDATE
+        #: ON_WINDOW_CLOSE or a trigger: closing needs the close index
+        self.tracks_close = not self.updates
+        #: each new accumulator is checked to be storable
+        self.check_acc = not aggregation.acc_always_encodable
+        #: the lean event path: no trigger and no maximum duration, so a stored record is only
+        #: its accumulator (no SessionRecord objects)
+        self.lean = trigger is None and windows.max_duration_ms is None
+        #: the aggregation is count(): the lean paths fold it without calls
+        self.is_count = is_count(aggregation)
+        #: the lean path with a fixed gap: the event path's common case
+        self.fixed_lean = self.lean and not self.config.dynamic
+        # copies of config values the event path reads per event (one attribute read less)
+        self.max_timestamp_ms = self.config.max_timestamp_ms
+        self.max_gap_ms = self.config.max_gap_ms
+        self.grace_ms = self.config.grace_ms
+        self.inclusive_gap = self.config.inclusive_gap
+        self.event_time = self.config.watermark == "event_time"
+        self.max_out_of_orderness_ms = self.config.max_out_of_orderness_ms
+        #: emit-on-close from the cache's memory (CachingSessionStore.take_closed) instead of
+        #: writing closed sessions and reading them back: the cache indexes ends, and the close
+        #: heap is only fed by the other paths. The emitted values are what the store would
+        #: return, so this needs the store's default msgpack serde (tuples come back as lists).
+        self.closes_in_cache = (
+            self.lean and self.tracks_close and self.config.cache_max_sessions > 0
+            and type(getattr(store, "value_serde", None)) is MsgpackSerde
+        )
+        parts = (None if trigger is not None or write_cache
+                 or windows.max_duration_ms is not None else columnar_parts(aggregation))
+        #: the accumulator kinds of the fast batch path (None: it does not apply)
+        self.columnar_kinds = None if parts is None else [kind for kind, _ in parts]
+        #: the column each of them reads (None: the event value)
+        self.columnar_columns = [] if parts is None else [column for _, column in parts]
+        #: the output names of a combined aggregation (None: one output)
+        self.result_names = aggregation.names if isinstance(aggregation, Combined) else None
+
+        # -- the state
+        self.metrics = EngineMetrics()
+        #: the user's store, timed
+        self.metered = MeteredSessionStore(store)
+        #: what the write cache delivered and the next call returns
+        self.forwarded: list[Emit] = []
+        #: the write-back cache over the metered store: every path reads and writes it
+        self.cache = CachingSessionStore(
+            self.metered, self.config.cache_max_sessions,
+            forward=self.forward if write_cache else None,
+            index_ends=self.closes_in_cache,
+        )
+        #: the keys the cache holds (a mapping)
+        self.held_keys = self.cache.held_keys
+        #: the watermark, close cursor and arrival counter
+        self.times = TimeKeeper(self.config)
+        #: the trigger's state and firings (None without a trigger)
+        self.runner = (
+            None if trigger is None else TriggerRunner(
+                trigger, self.accumulation, self.clock, aggregation, self.times,
+                self.metrics, self.put_record)
+        )
+        #: the open sessions as columns, while the fast batch path runs (None otherwise); the
+        #: store holds everything it holds after every batch, so it can be dropped at any time
+        self.table: OpenSessions | None = None
+        #: the key names and output schema of the last process_table call: the columns of
+        #: advance_watermark_table and flush_table
+        self.table_columns: tuple[list[str], Any] | None = None
+        #: issue 12: with max_duration_ms every event takes the re-cutting step of
+        #: sessionstore/engine/max_duration.py (which refuses triggers)
+        self.max_duration = (None if windows.max_duration_ms is None
+                             else MaxDuration(self, windows.max_duration_ms))
+        self.reset_indexes()
+        self.restore()
+
+    # -- the close index ----------------------------------------------------------------------
+
+    def reset_indexes(self) -> None:
+        """Empty the in-memory indexes (rebuilt from the store on start: they only save store
+        queries)."""
+        #: the ends of the open sessions, when the other paths than the cache's end index
+        #: close them (ON_WINDOW_CLOSE, triggers)
+        self.close_heap: list[int] = []
+        #: the heap holds every open session (not yet after a restart)
+        self.close_heap_complete = True
+        #: sessions ending up to here may be missing from the heap
+        self.unindexed_until = INT64_MIN
+        #: the close times of changed sessions, kept once drain_close_times() is used
+        self.new_close_times: list[int] = []
+        self.record_close_times: bool = getattr(self, "record_close_times", False)
+        if self.runner is not None:
+            self.runner.on_time_heap.clear()
+            self.runner.timers.clear()
+
+    def drain_close_times(self) -> list[int]:
+        """The close times (``end + grace``) of sessions changed since the last call; from the
+        first call on, they are recorded."""
+        self.record_close_times = True
+        grace = self.config.grace_ms
+        times = [end + grace for end in self.new_close_times]
+        self.new_close_times = []
+        return times
+
+    # -- records and the write cache ----------------------------------------------------------
+
+    def put_record(self, session: Session, record: SessionRecord) -> None:
+        """Store ``record`` as ``session``'s."""
+        self.cache.put(session, record.to_wire())
+
+    def get_record(self, session: Session) -> SessionRecord | None:
+        """The stored record of ``session`` (None: not stored)."""
+        raw = self.cache.fetch_session(*session)
+        return None if raw is None else SessionRecord.from_wire(raw)
+
+    def forward(self, session: Session, new: Any, old: Any) -> None:
+        """The write cache delivers a change (Kafka's putAndMaybeForward)."""
+        result = self.aggregation.result
+        if new is None:
+            self.forwarded.append(
+                make_emit(session, result(SessionRecord.from_wire(old).acc), retraction=True))
+        else:
+            self.forwarded.append(make_emit(session, result(SessionRecord.from_wire(new).acc)))
+
+    def drain_forwarded(self) -> list[Emit]:
+        """What the write cache delivered since the last call (counted as emitted)."""
+        out = self.forwarded
+        self.forwarded = []
+        self.metrics.emitted += len(out)
+        return out
+
+    def flush(self) -> list[Emit]:
+        """Deliver the write cache (``write_cache=True``); [] otherwise."""
+        if not self.write_cache:
+            return []
+        self.cache.flush()
+        return self.drain_forwarded()
+
+    # -- the event path --------------------------------------------------------------------
+
+    def process(self, key: Any, value: Any, timestamp_ms: Any,
+                      gap_ms: Any = None) -> list[Emit]:
+        """Add one event; return what it emits. See :meth:`SessionAggregator.process` for the
+        contract (the checks, and what raises)."""
+        if self.fixed_lean and type(timestamp_ms) is int and gap_ms is None \
+                and INT64_MIN <= timestamp_ms <= self.max_timestamp_ms and self.table is None:
+            # the common case, checked as below: a fixed gap, an int time in range
+            kind = type(key)
+            if not ((kind is str or kind is int) and key in self.held_keys):
+                keyschema.encode_key(key)  # a key the cache holds passed this already
+            vkind = type(value)
+            if not (value is None or vkind is float or vkind is bool
+                    or (vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)):
+                check_encodable(value, "value")  # the scalars above always encode
+            emits: list[Emit] = []
+            self.process_lean(key, value, timestamp_ms, emits, None)
+            if self.forwarded:
+                emits.extend(self.drain_forwarded())
+            return emits
+        cfg = self.config
+        t = timestamp_ms if type(timestamp_ms) is int else None
+        gap: int | None = None  # the event's own gap; None with a fixed gap
+        if not cfg.dynamic:
+            if gap_ms is not None:
+                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows have a fixed gap "
+                                 f"({cfg.gap_ms} ms); pass gap_ms only with "
+                                 f"SessionWindows(None, max_gap_ms=...)")
+            if t is None or not INT64_MIN <= t <= cfg.max_timestamp_ms:
+                t = self.check_timestamp(timestamp_ms)
+        else:
+            if t is None or not INT64_MIN <= t <= INT64_MAX:
+                t = to_timestamp_ms(timestamp_ms, "timestamp_ms")
+        keyschema.encode_key(key)
+        check_encodable(value, "value")
+        if cfg.dynamic:  # after the key and value checks: a gap callable sees valid events
+            gap = self.event_gap(key, value, t, gap_ms)
+        if self.table is not None:
+            self.leave_table()
+        out: list[Emit] = []
+        if gap is None and cfg.dynamic:  # an invalid gap: dropped, as Spark filters it
+            # (dropped here, not as late: it does not call on_late nor move the watermark)
+            self.metrics.records_in += 1
+            self.metrics.dropped += 1
+            self.metrics.dropped_invalid_gap += 1
+            return out
+        self.process_one(key, value, t, out, gap)
+        if self.forwarded:
+            out.extend(self.drain_forwarded())
+        return out
+
+    def check_timestamp(self, value: Any) -> int:
+        """``value`` as an event time in ms.
+
+        Raises:
+            TypeError / ValueError: not a time; ``t + gap + grace`` overflows int64.
+        """
+        t = to_timestamp_ms(value, "timestamp_ms")
+        if t > self.config.max_timestamp_ms:
+            raise ValueError(f"timestamp_ms {t} + gap_ms + grace_ms overflows int64")
+        return t
+
+    def event_gap(self, key: Any, value: Any, t: int, gap_ms: Any) -> int | None:
+        """The dynamic gap of one event (None: invalid, the event is dropped).
+
+        Raises:
+            ValueError / TypeError: naming the argument (a missing or unexpected ``gap_ms``, a
+                gap that is not a duration, above ``max_gap_ms``, or overflowing int64).
+        """
+        fn = self.windows.gap_fn
+        if fn is not None:
+            if gap_ms is not None:
+                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows compute each "
+                                 f"event's gap with their gap callable; pass one or the other")
+            raw, name = fn(key, value, t), "the gap callable's result"
+        else:
+            if gap_ms is None:
+                raise ValueError("gap_ms is required: the windows take each event's gap with "
+                                 "the event (SessionWindows(None, ...))")
+            raw, name = gap_ms, "gap_ms"
+        if raw is None:
+            return None
+        gap = raw if type(raw) is int else duration_ms(raw, name)
+        if gap <= 0:
+            return None
+        cfg = self.config
+        if gap > cfg.max_gap_ms:
+            raise ValueError(f"{name} = {gap} exceeds max_gap_ms = {cfg.max_gap_ms} "
+                             f"(event at timestamp_ms {t})")
+        if t > INT64_MAX - gap - cfg.grace_ms:
+            raise ValueError(f"timestamp_ms {t} + {name} {gap} + grace_ms overflows int64")
+        return gap
+
+    def drop(self, key: Any, value: Any, t: int) -> None:
+        """Count a late event as dropped and hand it to ``on_late``."""
+        self.metrics.dropped += 1
+        if self.on_late is not None:
+            self.on_late(key, value, t)
+
+    def process_one(self, key: Any, value: Any, t: int, out: list[Emit],
+                    gap: int | None = None) -> None:
+        """One validated event; ``gap`` is its own gap (None: the fixed gap)."""
+        if self.lean:
+            self.process_lean(key, value, t, out, gap)
+            return
+        if self.max_duration is not None:  # issue 12: maximum session duration
+            self.max_duration.process(
+                key, value, t, t + (self.config.max_gap_ms if gap is None else gap), out)
+            return
+        self.metrics.records_in += 1
+        times = self.times
+        cfg = self.config
+        own_end = t + (cfg.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
+        if times.is_late(own_end):
+            self.drop(key, value, t)
+            return
+        closed_before = times.closed_before()
+        view = self.cache.sessions_of(key, closed_before)
+        start, end, joined = merge_event(view.keys(), t, own_end, closed_before,
+                                         cfg.inclusive_gap)
+        new = Session(key, start, end)
+        records = [SessionRecord.from_wire(view[b][0]) for b in joined]
+        same = len(joined) == 1 and joined[0] == (start, end)
+        agg = self.aggregation
+        seq = times.seq + 1
+        runner = self.runner
+        if runner is not None and same:
+            record = runner.on_element(records[0], agg.add(key, value, t, seq, records[0].acc))
+        else:
+            acc = agg.initial()
+            for rec in records:
+                acc = agg.merge(key, acc, rec.acc)
+            acc = agg.add(key, value, t, seq, acc)
+            record = (SessionRecord(acc) if runner is None
+                      else runner.on_merge(records, acc, end))
+        if self.check_acc:
+            check_encodable(record.acc, f"the accumulator of {new}")
+        times.seq = seq
+        state = self.cache
+        for b in joined:
+            if b != (start, end):
+                state.remove(Session(key, b[0], b[1]))
+        state.put(new, record.to_wire())
+        if self.updates:
+            if not self.write_cache:
+                result = agg.result
+                for b, rec in zip(joined, records, strict=True):
+                    if b != (start, end):
+                        out.append(make_emit(Session(key, b[0], b[1]), result(rec.acc),
+                                             retraction=True))
+                out.append(make_emit(new, result(record.acc)))
+                self.metrics.emitted += len(joined) + 1 - same
+        else:
+            if not same:
+                heapq.heappush(self.close_heap, end)
+                if self.record_close_times:
+                    self.new_close_times.append(end)
+            if runner is not None:
+                runner.after_update(new, record,
+                                    records[0].pt_target_ms if same else None, same, out)
+        if times.observe(t):
+            self.on_watermark(out)
+
+    def process_lean(self, key: Any, value: Any, t: int, out: list[Emit],
+                     gap: int | None) -> None:
+        """:func:`process_one` without a trigger or maximum duration: the same steps, with
+        the accumulator stored as the plain record ``[acc, 0, 0, 0, None]`` and the one-session
+        merge (most events) inlined. The outcome is that of :func:`merge_event` and
+        ``initial / merge / add`` in the same order, so any aggregation may take it."""
+        self.metrics.records_in += 1
+        times = self.times
+        own_end = t + (self.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
+        w = times.watermark
+        grace = self.grace_ms
+        if w >= own_end + grace:  # TimeKeeper.is_late, inlined (the hot path)
+            self.drop(key, value, t)
+            return
+        closed_before = times.closed_before()
+        state = self.cache
+        view = state.sessions_of(key, closed_before)
+        if view:
+            floor, latest_start = join_range(t, own_end, closed_before, self.inclusive_gap)
+            joined: Any = []  # a loop: a comprehension is a call, and views hold 1-2 sessions
+            for b in view:
+                if b[1] >= floor and b[0] <= latest_start:
+                    joined.append(b)
+        else:
+            joined = ()
+        seq = times.seq + 1
+        start, end = t, own_end
+        accs: Any = ()
+        if not joined:
+            if self.is_count:
+                acc: Any = 1
+            else:
+                agg = self.aggregation
+                acc = agg.add(key, value, t, seq, agg.initial())
+        else:
+            if len(joined) > 1:
+                joined.sort(key=END_START)
+            accs = []
+            for b in joined:
+                s, e = b
+                if s < start:
+                    start = s
+                if e > end:
+                    end = e
+                accs.append(acc_of(view[b][0]))
+            if self.is_count:
+                acc = sum(accs) + 1
+            else:
+                agg = self.aggregation
+                acc = agg.initial()
+                for old in accs:
+                    acc = agg.merge(key, acc, old)
+                acc = agg.add(key, value, t, seq, acc)
+        if self.check_acc:
+            check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
+        times.seq = seq
+        same = len(joined) == 1 and joined[0] == (start, end)
+        # plain tuples: msgpack stores the record tuple as the record list, and the garbage
+        # collector stops tracking both (a list, or a Session, would stay tracked while cached)
+        state.put_merged(key, view, joined, (key, start, end), plain_record(acc))
+        if self.updates:
+            if not self.write_cache:
+                new = _new_session((key, start, end))
+                result = self.aggregation.result
+                for b, old in zip(joined, accs, strict=True):
+                    if b != (start, end):
+                        out.append(make_emit(Session(key, b[0], b[1]), result(old),
+                                             retraction=True))
+                out.append(make_emit(new, result(acc)))
+                self.metrics.emitted += len(joined) + 1 - same
+        elif not same:
+            if not self.closes_in_cache:
+                heapq.heappush(self.close_heap, end)
+            if self.record_close_times:
+                self.new_close_times.append(end)
+        if self.event_time:  # TimeKeeper.observe, inlined
+            met = times.max_event_time
+            if met is None or t > met:
+                times.max_event_time = t
+            ooo = self.max_out_of_orderness_ms
+            if t - ooo > times.watermark:
+                times.watermark = t - ooo
+                self.on_watermark(out)
+
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def advance_watermark(self, to_ms: Any) -> list[Emit]:
+        """Move W forward to ``to_ms`` (never back) and return what that completes or closes.
+
+        Raises:
+            ValueError / TypeError: ``to_ms`` is not an int64 time.
+        """
+        to = check_int64(to_ms, "to_ms")
+        out: list[Emit] = []
+        if self.times.advance_to(to):
+            self.on_watermark(out)
+        if self.forwarded:
+            out.extend(self.drain_forwarded())
+        return out
+
+    def on_watermark(self, out: list[Emit]) -> None:
+        """W moved: close (and emit) what ends at or before ``W - grace``, move the close cursor
+        and the expiry cap, and fire the ON_TIME panes that are due."""
+        times = self.times
+        w = times.watermark
+        close_upto = w - self.config.grace_ms
+        if close_upto > times.last_close:
+            if self.table is not None:
+                closed = self.advance_table()
+                if closed is not None:
+                    out.extend(closed.emits(self.result_names))
+            elif not self.tracks_close:
+                times.last_close = close_upto
+            elif (self.close_heap and self.close_heap[0] <= close_upto) \
+                    or not self.close_heap_complete or self.cache.has_ends_upto(close_upto):
+                self.close_up_to(close_upto, out)
+            else:
+                times.last_close = close_upto
+            if not self.close_heap_complete and times.last_close >= self.unindexed_until:
+                self.close_heap_complete = True  # every session from before the restart closed
+            self.cap_expiry()
+        if self.runner is not None:
+            self.fire_on_time(w, out)
+
+    def close_up_to(self, upto: int, out: list[Emit]) -> None:
+        """Emit every session with ``last_close < end <= upto`` as closed, in end order."""
+        heap = self.close_heap
+        while heap and heap[0] <= upto:
+            heapq.heappop(heap)
+        times = self.times
+        grace = self.config.grace_ms
+        result = self.aggregation.result
+        metrics = self.metrics
+        runner = self.runner
+        if self.closes_in_cache:
+            taken = self.cache.take_closed_rows(times.last_close + 1, upto)
+            if taken is not None:
+                self.emit_taken(taken, out)
+                times.last_close = upto
+                return
+        rows = list(self.cache.find_sessions(times.last_close + 1, upto))
+        if runner is None:
+            # the records are decoded (and checked) one by one, the metrics counted once
+            w = times.watermark
+            latencies = []
+            for session, raw in rows:
+                out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
+                latencies.append(max(0, w - (session.end + grace)))
+            metrics.emitted += len(rows)
+            metrics.record_finals(latencies)
+        else:
+            for session, raw in rows:
+                runner.fire_closing(session, SessionRecord.from_wire(raw), out)
+        times.last_close = upto
+
+    def emit_taken(self, taken: list[ClosedRow], out: list[Emit]) -> None:
+        """Emit the closed sessions the cache handed from memory (its rows ``(end, key bytes,
+        start, (key, start, end), value, changed)``), with the values a read from the store
+        would give (:func:`~sessionstore.self.record.as_stored`)."""
+        if not taken:
+            return
+        result = self.aggregation.result
+        w_grace = self.times.watermark - self.config.grace_ms
+        append = out.append
+        new_emit = _new_emit
+        new_session = _new_session
+        count = self.is_count
+        for row in taken:
+            acc = acc_of(row[4])
+            if count and type(acc) is int:  # count's result is its accumulator
+                append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
+            else:
+                if type(acc) is not int:
+                    acc = as_stored(acc)
+                append(new_emit((new_session(row[3]), result(acc), None, False, row[0] - 1)))
+        # the rows are in end order; each latency is max(0, W - grace - end)
+        n = len(taken)
+        if taken[-1][0] <= w_grace:  # every latency >= 0 (always, when closing up to W - grace)
+            total = n * w_grace - sum([row[0] for row in taken])
+            top = w_grace - taken[0][0]
+        else:
+            latencies = [w_grace - row[0] for row in taken]
+            total = sum([latency for latency in latencies if latency > 0])
+            top = max(0, latencies[0])
+        metrics = self.metrics
+        metrics.emitted += n
+        metrics.record_final_sum(n, total, top, [row[0] for row in taken], w_grace)
+
+    def fire_on_time(self, w: int, out: list[Emit]) -> None:
+        """With a trigger: fire the ON_TIME pane of each session still EARLY whose end W passed."""
+        times = self.times
+        runner = self.runner
+        assert runner is not None
+        low = max(times.last_on_time, times.last_close) + 1
+        if w < low:
+            return
+        if runner.on_time_due(w):
+            for session, raw in list(self.cache.find_sessions(low, w)):
+                record = SessionRecord.from_wire(raw)
+                if record.phase is Phase.EARLY:
+                    runner.fire(session, record, PaneTiming.ON_TIME, False, out)
+        times.last_on_time = w
+
+
+    # -- lifecycle and the table handover ---------------------------------------------------
+
+    def restore(self) -> None:
+        """Take the cursors of the store's last commit, cap expiry, and index what closing needs
+        (with a trigger: every open session's close time and pane state)."""
+        committed = self.store.committed_metadata
+        state = committed.get(ENGINE_METADATA_KEY) if isinstance(committed, dict) else None
+        if state is not None:
+            self.times.restore(state)
+        self.cap_expiry()
+        if not self.tracks_close or state is None:
+            return
+        if self.runner is None:
+            # ON_WINDOW_CLOSE needs no scan: until the heap knows every open session again,
+            # each watermark advance asks the store (one range query) instead of the heap
+            self.close_heap_complete = False
+            observed = self.store.observed_stream_time
+            self.unindexed_until = INT64_MIN if observed is None else observed
+            return
+        last_close = self.times.last_close
+        start = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+        for session, raw in self.cache.find_sessions(start, INT64_MAX):
+            heapq.heappush(self.close_heap, session.end)
+            self.runner.index(session, SessionRecord.from_wire(raw))
+
+    def cap_expiry(self) -> None:
+        """Keep the store from expiring what the engine has not emitted (the invariant)."""
+        self.cache.cap_expiry_time(expiry_cap_ms(self.times.last_close,
+                                                   self.store.retention_ms))
+
+    def commit(self, metadata: Any) -> int:
+        """Commit the store with the engine's cursors and ``metadata``; return the new version.
+        See :meth:`SessionAggregator.commit` for the contract."""
+        check_encodable(metadata, "metadata")
+        if self.write_cache and self.cache.dirty_count:
+            raise ValueError("flush() the write cache and deliver its emits before commit()")
+        engine_state = self.times.to_state()
+        return self.cache.commit({ENGINE_METADATA_KEY: engine_state, USER_METADATA_KEY: metadata})
+
+    def abort(self) -> None:
+        """Discard everything since the last commit: state, cursors and the write cache. The
+        engine's clock object is replaced, so a step that holds it must be bound again."""
+        self.table = None
+        self.cache.abort()
+        self.forwarded.clear()
+        self.times = TimeKeeper(self.config)
+        if self.runner is not None:
+            self.runner.times = self.times
+        self.reset_indexes()
+        self.restore()
+
+    def committed_metadata(self) -> Any:
+        """The ``metadata`` of the last commit (None before any)."""
+        committed = self.store.committed_metadata
+        if isinstance(committed, dict):
+            return committed.get(USER_METADATA_KEY)
+        return None
+
+    def open_table(self) -> OpenSessions:
+        """The open sessions' table, loaded from the store on first use.
+
+        Raises:
+            NotColumnar: stored accumulators the fast path cannot hold exactly.
+        """
+        if self.table is None:
+            assert self.columnar_kinds is not None
+            last_close = self.times.last_close
+            low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+            rows = [(session, acc_of(raw))
+                    for session, raw in self.cache.find_sessions(low, INT64_MAX)]
+            loaded = SessionRows.from_rows(self.columnar_kinds, rows,
+                                           combined=self.result_names is not None)
+            table = OpenSessions(self.columnar_kinds)
+            keys, codes = unique_keys([session.key for session, _ in rows])
+            table.insert(keys, codes, table.index.lookup(keys), loaded)
+            self.cache.evict()  # the table now answers for these keys; no view may go stale
+            self.table = table
+        return self.table
+
+    def leave_table(self) -> None:
+        """Hand the open sessions back to the event path (the store already holds them)."""
+        table = self.table
+        if table is None:
+            return
+        self.table = None
+        if self.tracks_close:
+            self.close_heap.extend(table.live_ends().tolist())
+            heapq.heapify(self.close_heap)
+            self.close_heap_complete = True  # the table held every session not yet closed
+
+    def advance_table(self) -> SessionRows | None:
+        """Close (and, with ON_WINDOW_CLOSE, return for emission, in store order) the table's
+        sessions up to ``W - grace``; forget them; move the close cursor and the expiry cap."""
+        table = self.table
+        assert table is not None
+        times = self.times
+        upto = times.watermark - self.config.grace_ms
+        if upto <= times.last_close:
+            return None
+        closed = table.close_upto(upto, rows=self.tracks_close)
+        if closed is not None and len(closed):
+            closed = closed.take(closed.store_order())
+            self.metrics.emitted += len(closed)
+            self.metrics.record_finals(times.watermark - (closed.ends_ms + self.config.grace_ms))
+        times.last_close = upto
+        self.cap_expiry()
+        return closed
