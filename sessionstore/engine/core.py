@@ -8,7 +8,9 @@ columnar table of the fast batch path, the counters. Every attribute is public a
 here; the paths read and write them (they are typed against
 :class:`~sessionstore.engine.host.EngineHost`).
 
-Its steps (the event path, closing, the lifecycle) are its methods.
+Its steps are the paths' own functions, taken as methods (``process = event.process_event``):
+a call through the core is a call of that function, with no layer in between (the event path
+calls them per event). Closing and the lifecycle are still methods here.
 """
 
 from __future__ import annotations
@@ -18,30 +20,26 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from .. import keyschema
 from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
 from ..store.metered import MeteredSessionStore
-from ..timeutil import INT64_MAX, INT64_MIN, check_int64, duration_ms
-from ..timeutil import timestamp_ms as to_timestamp_ms
+from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..triggers import AccumulationMode, AfterWatermark, PaneTiming, system_clock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
+from . import event
 from .columnar import SessionRows, columnar_parts
 from .config import EngineConfig, expiry_cap_ms
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .max_duration import MaxDuration
-from .merge import END_START, join_range, merge_event
-from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
+from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable
 from .table import OpenSessions, unique_keys
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 _new_emit = functools.partial(tuple.__new__, Emit)
-_MSGPACK_INT_MIN = -(1 << 63)  # msgpack stores ints in [-2**63, 2**64 - 1]
-_MSGPACK_INT_MAX = (1 << 64) - 1
 #: The key of the engine's cursors in the store's commit metadata.
 ENGINE_METADATA_KEY = "sessionstore.engine"
 #: The key of the user's ``metadata`` (of :meth:`SessionAggregator.commit`) in it.
@@ -201,6 +199,13 @@ class EngineCore:
         self.reset_indexes()
         self.restore()
 
+    # -- the steps (the paths' functions, as methods) -----------------------------------------
+
+    process = event.process_event
+    process_one = event.process_one
+    process_lean = event.process_lean
+    drop = event.drop
+
     # -- the close index ----------------------------------------------------------------------
 
     def reset_indexes(self) -> None:
@@ -262,255 +267,6 @@ class EngineCore:
             return []
         self.cache.flush()
         return self.drain_forwarded()
-
-    # -- the event path --------------------------------------------------------------------
-
-    def process(self, key: Any, value: Any, timestamp_ms: Any,
-                      gap_ms: Any = None) -> list[Emit]:
-        """Add one event; return what it emits. See :meth:`SessionAggregator.process` for the
-        contract (the checks, and what raises)."""
-        if self.fixed_lean and type(timestamp_ms) is int and gap_ms is None \
-                and INT64_MIN <= timestamp_ms <= self.max_timestamp_ms and self.table is None:
-            # the common case, checked as below: a fixed gap, an int time in range
-            kind = type(key)
-            if not ((kind is str or kind is int) and key in self.held_keys):
-                keyschema.encode_key(key)  # a key the cache holds passed this already
-            vkind = type(value)
-            if not (value is None or vkind is float or vkind is bool
-                    or (vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)):
-                check_encodable(value, "value")  # the scalars above always encode
-            emits: list[Emit] = []
-            self.process_lean(key, value, timestamp_ms, emits, None)
-            if self.forwarded:
-                emits.extend(self.drain_forwarded())
-            return emits
-        cfg = self.config
-        t = timestamp_ms if type(timestamp_ms) is int else None
-        gap: int | None = None  # the event's own gap; None with a fixed gap
-        if not cfg.dynamic:
-            if gap_ms is not None:
-                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows have a fixed gap "
-                                 f"({cfg.gap_ms} ms); pass gap_ms only with "
-                                 f"SessionWindows(None, max_gap_ms=...)")
-            if t is None or not INT64_MIN <= t <= cfg.max_timestamp_ms:
-                t = self.check_timestamp(timestamp_ms)
-        else:
-            if t is None or not INT64_MIN <= t <= INT64_MAX:
-                t = to_timestamp_ms(timestamp_ms, "timestamp_ms")
-        keyschema.encode_key(key)
-        check_encodable(value, "value")
-        if cfg.dynamic:  # after the key and value checks: a gap callable sees valid events
-            gap = self.event_gap(key, value, t, gap_ms)
-        if self.table is not None:
-            self.leave_table()
-        out: list[Emit] = []
-        if gap is None and cfg.dynamic:  # an invalid gap: dropped, as Spark filters it
-            # (dropped here, not as late: it does not call on_late nor move the watermark)
-            self.metrics.records_in += 1
-            self.metrics.dropped += 1
-            self.metrics.dropped_invalid_gap += 1
-            return out
-        self.process_one(key, value, t, out, gap)
-        if self.forwarded:
-            out.extend(self.drain_forwarded())
-        return out
-
-    def check_timestamp(self, value: Any) -> int:
-        """``value`` as an event time in ms.
-
-        Raises:
-            TypeError / ValueError: not a time; ``t + gap + grace`` overflows int64.
-        """
-        t = to_timestamp_ms(value, "timestamp_ms")
-        if t > self.config.max_timestamp_ms:
-            raise ValueError(f"timestamp_ms {t} + gap_ms + grace_ms overflows int64")
-        return t
-
-    def event_gap(self, key: Any, value: Any, t: int, gap_ms: Any) -> int | None:
-        """The dynamic gap of one event (None: invalid, the event is dropped).
-
-        Raises:
-            ValueError / TypeError: naming the argument (a missing or unexpected ``gap_ms``, a
-                gap that is not a duration, above ``max_gap_ms``, or overflowing int64).
-        """
-        fn = self.windows.gap_fn
-        if fn is not None:
-            if gap_ms is not None:
-                raise ValueError(f"gap_ms={gap_ms!r} given, but the windows compute each "
-                                 f"event's gap with their gap callable; pass one or the other")
-            raw, name = fn(key, value, t), "the gap callable's result"
-        else:
-            if gap_ms is None:
-                raise ValueError("gap_ms is required: the windows take each event's gap with "
-                                 "the event (SessionWindows(None, ...))")
-            raw, name = gap_ms, "gap_ms"
-        if raw is None:
-            return None
-        gap = raw if type(raw) is int else duration_ms(raw, name)
-        if gap <= 0:
-            return None
-        cfg = self.config
-        if gap > cfg.max_gap_ms:
-            raise ValueError(f"{name} = {gap} exceeds max_gap_ms = {cfg.max_gap_ms} "
-                             f"(event at timestamp_ms {t})")
-        if t > INT64_MAX - gap - cfg.grace_ms:
-            raise ValueError(f"timestamp_ms {t} + {name} {gap} + grace_ms overflows int64")
-        return gap
-
-    def drop(self, key: Any, value: Any, t: int) -> None:
-        """Count a late event as dropped and hand it to ``on_late``."""
-        self.metrics.dropped += 1
-        if self.on_late is not None:
-            self.on_late(key, value, t)
-
-    def process_one(self, key: Any, value: Any, t: int, out: list[Emit],
-                    gap: int | None = None) -> None:
-        """One validated event; ``gap`` is its own gap (None: the fixed gap)."""
-        if self.lean:
-            self.process_lean(key, value, t, out, gap)
-            return
-        if self.max_duration is not None:  # issue 12: maximum session duration
-            self.max_duration.process(
-                key, value, t, t + (self.config.max_gap_ms if gap is None else gap), out)
-            return
-        self.metrics.records_in += 1
-        times = self.times
-        cfg = self.config
-        own_end = t + (cfg.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
-        if times.is_late(own_end):
-            self.drop(key, value, t)
-            return
-        closed_before = times.closed_before()
-        view = self.cache.sessions_of(key, closed_before)
-        start, end, joined = merge_event(view.keys(), t, own_end, closed_before,
-                                         cfg.inclusive_gap)
-        new = Session(key, start, end)
-        records = [SessionRecord.from_wire(view[b][0]) for b in joined]
-        same = len(joined) == 1 and joined[0] == (start, end)
-        agg = self.aggregation
-        seq = times.seq + 1
-        runner = self.runner
-        if runner is not None and same:
-            record = runner.on_element(records[0], agg.add(key, value, t, seq, records[0].acc))
-        else:
-            acc = agg.initial()
-            for rec in records:
-                acc = agg.merge(key, acc, rec.acc)
-            acc = agg.add(key, value, t, seq, acc)
-            record = (SessionRecord(acc) if runner is None
-                      else runner.on_merge(records, acc, end))
-        if self.check_acc:
-            check_encodable(record.acc, f"the accumulator of {new}")
-        times.seq = seq
-        state = self.cache
-        for b in joined:
-            if b != (start, end):
-                state.remove(Session(key, b[0], b[1]))
-        state.put(new, record.to_wire())
-        if self.updates:
-            if not self.write_cache:
-                result = agg.result
-                for b, rec in zip(joined, records, strict=True):
-                    if b != (start, end):
-                        out.append(make_emit(Session(key, b[0], b[1]), result(rec.acc),
-                                             retraction=True))
-                out.append(make_emit(new, result(record.acc)))
-                self.metrics.emitted += len(joined) + 1 - same
-        else:
-            if not same:
-                heapq.heappush(self.close_heap, end)
-                if self.record_close_times:
-                    self.new_close_times.append(end)
-            if runner is not None:
-                runner.after_update(new, record,
-                                    records[0].pt_target_ms if same else None, same, out)
-        if times.observe(t):
-            self.on_watermark(out)
-
-    def process_lean(self, key: Any, value: Any, t: int, out: list[Emit],
-                     gap: int | None) -> None:
-        """:func:`process_one` without a trigger or maximum duration: the same steps, with
-        the accumulator stored as the plain record ``[acc, 0, 0, 0, None]`` and the one-session
-        merge (most events) inlined. The outcome is that of :func:`merge_event` and
-        ``initial / merge / add`` in the same order, so any aggregation may take it."""
-        self.metrics.records_in += 1
-        times = self.times
-        own_end = t + (self.max_gap_ms if gap is None else gap)  # max_gap_ms: the fixed gap
-        w = times.watermark
-        grace = self.grace_ms
-        if w >= own_end + grace:  # TimeKeeper.is_late, inlined (the hot path)
-            self.drop(key, value, t)
-            return
-        closed_before = times.closed_before()
-        state = self.cache
-        view = state.sessions_of(key, closed_before)
-        if view:
-            floor, latest_start = join_range(t, own_end, closed_before, self.inclusive_gap)
-            joined: Any = []  # a loop: a comprehension is a call, and views hold 1-2 sessions
-            for b in view:
-                if b[1] >= floor and b[0] <= latest_start:
-                    joined.append(b)
-        else:
-            joined = ()
-        seq = times.seq + 1
-        start, end = t, own_end
-        accs: Any = ()
-        if not joined:
-            if self.is_count:
-                acc: Any = 1
-            else:
-                agg = self.aggregation
-                acc = agg.add(key, value, t, seq, agg.initial())
-        else:
-            if len(joined) > 1:
-                joined.sort(key=END_START)
-            accs = []
-            for b in joined:
-                s, e = b
-                if s < start:
-                    start = s
-                if e > end:
-                    end = e
-                accs.append(acc_of(view[b][0]))
-            if self.is_count:
-                acc = sum(accs) + 1
-            else:
-                agg = self.aggregation
-                acc = agg.initial()
-                for old in accs:
-                    acc = agg.merge(key, acc, old)
-                acc = agg.add(key, value, t, seq, acc)
-        if self.check_acc:
-            check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
-        times.seq = seq
-        same = len(joined) == 1 and joined[0] == (start, end)
-        # plain tuples: msgpack stores the record tuple as the record list, and the garbage
-        # collector stops tracking both (a list, or a Session, would stay tracked while cached)
-        state.put_merged(key, view, joined, (key, start, end), plain_record(acc))
-        if self.updates:
-            if not self.write_cache:
-                new = _new_session((key, start, end))
-                result = self.aggregation.result
-                for b, old in zip(joined, accs, strict=True):
-                    if b != (start, end):
-                        out.append(make_emit(Session(key, b[0], b[1]), result(old),
-                                             retraction=True))
-                out.append(make_emit(new, result(acc)))
-                self.metrics.emitted += len(joined) + 1 - same
-        elif not same:
-            if not self.closes_in_cache:
-                heapq.heappush(self.close_heap, end)
-            if self.record_close_times:
-                self.new_close_times.append(end)
-        if self.event_time:  # TimeKeeper.observe, inlined
-            met = times.max_event_time
-            if met is None or t > met:
-                times.max_event_time = t
-            ooo = self.max_out_of_orderness_ms
-            if t - ooo > times.watermark:
-                times.watermark = t - ooo
-                self.on_watermark(out)
-
 
     # -- closing ---------------------------------------------------------------------------
 

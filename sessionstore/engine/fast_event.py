@@ -36,6 +36,7 @@ from ..store.caching import TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
+from .event import process_event
 from .merge import join_range
 from .record import acc_of, check_encodable, plain_record
 
@@ -58,7 +59,7 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     state = engine.cache
     if state.max_sessions == 0:
         return None  # write-through: no view is kept, every event reads the store
-    slow = type(engine).process
+    slow = process_event
     lean = engine.process_lean
     drop = engine.drop
     on_watermark = engine.on_watermark
