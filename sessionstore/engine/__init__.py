@@ -3,10 +3,11 @@
 See :mod:`sessionstore.engine.aggregator` for how the modules fit together.
 """
 
-from .aggregator import ENGINE_METADATA_KEY, USER_METADATA_KEY, SessionAggregator
+from .aggregator import SessionAggregator
 from .batch_windows import BatchAggregator
 from .config import DEFAULT_CACHE_MAX_SESSIONS, EngineConfig, required_retention_ms
 from .emit import Emit, EmitStrategy
+from .lifecycle import ENGINE_METADATA_KEY, USER_METADATA_KEY
 
 __all__ = [
     "DEFAULT_CACHE_MAX_SESSIONS",

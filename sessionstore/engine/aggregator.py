@@ -27,11 +27,12 @@ from ..store.metered import HistogramReading
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
-from . import batch, tables
+from . import batch, lifecycle, tables
 from .config import DEFAULT_CACHE_MAX_SESSIONS
-from .core import ENGINE_METADATA_KEY, USER_METADATA_KEY, EngineCore
+from .core import EngineCore
 from .emit import Emit, EmitStrategy
 from .fast_event import bind_event_step
+from .lifecycle import ENGINE_METADATA_KEY, USER_METADATA_KEY
 from .record import SessionRecord
 
 __all__ = ["ENGINE_METADATA_KEY", "USER_METADATA_KEY", "SessionAggregator"]
@@ -293,17 +294,17 @@ class SessionAggregator:
             TypeError: ``metadata`` is not msgpack-serialisable (nothing changes).
             ValueError: the write cache holds updates that :meth:`flush` has not returned.
         """
-        return self._core.commit(metadata)
+        return lifecycle.commit(self._core, metadata)
 
     def abort(self) -> None:
         """Discard everything since the last commit: state, cursors and the write cache."""
-        self._core.abort()
+        lifecycle.abort(self._core)
         self._bind_event_step()
 
     @property
     def committed_metadata(self) -> Any:
         """The ``metadata`` of the last :meth:`commit`."""
-        return self._core.committed_metadata()
+        return lifecycle.committed_metadata(self._core)
 
     def sessions(self, key: Any) -> list[tuple[Session, Any]]:
         """The stored sessions of ``key`` with their current results (interactive query)."""

@@ -12,8 +12,9 @@ from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..types import Session, SessionStoreProtocol
 from ..windows import BatchWindows
 from .config import NO_WATERMARK
-from .core import ENGINE_METADATA_KEY, USER_METADATA_KEY, check_aggregation, check_store
+from .core import check_aggregation, check_store
 from .emit import Emit, EngineMetrics, make_emit
+from .lifecycle import ENGINE_METADATA_KEY, USER_METADATA_KEY
 from .record import SessionRecord, check_encodable, first_unencodable
 
 

@@ -10,7 +10,7 @@ here; the paths read and write them (they are typed against
 
 Its steps are the paths' own functions, taken as methods (``process = event.process_event``):
 a call through the core is a call of that function, with no layer in between (the event path
-calls them per event). Closing and the lifecycle are still methods here.
+calls them per event). Closing is still a method here.
 """
 
 from __future__ import annotations
@@ -24,26 +24,22 @@ from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
 from ..store.caching import CachingSessionStore, ClosedRow
 from ..store.metered import MeteredSessionStore
-from ..timeutil import INT64_MAX, INT64_MIN, check_int64
+from ..timeutil import INT64_MIN, check_int64
 from ..triggers import AccumulationMode, AfterWatermark, PaneTiming, system_clock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
-from . import event
-from .columnar import SessionRows, columnar_parts
-from .config import EngineConfig, expiry_cap_ms
+from . import event, lifecycle
+from .columnar import columnar_parts
+from .config import EngineConfig
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .max_duration import MaxDuration
-from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable
-from .table import OpenSessions, unique_keys
+from .record import Phase, SessionRecord, acc_of, as_stored
+from .table import OpenSessions
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 _new_emit = functools.partial(tuple.__new__, Emit)
-#: The key of the engine's cursors in the store's commit metadata.
-ENGINE_METADATA_KEY = "sessionstore.engine"
-#: The key of the user's ``metadata`` (of :meth:`SessionAggregator.commit`) in it.
-USER_METADATA_KEY = "user"
 
 
 def check_aggregation(aggregation: Any) -> None:
@@ -205,6 +201,11 @@ class EngineCore:
     process_one = event.process_one
     process_lean = event.process_lean
     drop = event.drop
+    restore = lifecycle.restore
+    cap_expiry = lifecycle.cap_expiry
+    open_table = lifecycle.open_table
+    leave_table = lifecycle.leave_table
+    advance_table = lifecycle.advance_table
 
     # -- the close index ----------------------------------------------------------------------
 
@@ -389,109 +390,3 @@ class EngineCore:
 
 
     # -- lifecycle and the table handover ---------------------------------------------------
-
-    def restore(self) -> None:
-        """Take the cursors of the store's last commit, cap expiry, and index what closing needs
-        (with a trigger: every open session's close time and pane state)."""
-        committed = self.store.committed_metadata
-        state = committed.get(ENGINE_METADATA_KEY) if isinstance(committed, dict) else None
-        if state is not None:
-            self.times.restore(state)
-        self.cap_expiry()
-        if not self.tracks_close or state is None:
-            return
-        if self.runner is None:
-            # ON_WINDOW_CLOSE needs no scan: until the heap knows every open session again,
-            # each watermark advance asks the store (one range query) instead of the heap
-            self.close_heap_complete = False
-            observed = self.store.observed_stream_time
-            self.unindexed_until = INT64_MIN if observed is None else observed
-            return
-        last_close = self.times.last_close
-        start = last_close + 1 if last_close < INT64_MAX else INT64_MAX
-        for session, raw in self.cache.find_sessions(start, INT64_MAX):
-            heapq.heappush(self.close_heap, session.end)
-            self.runner.index(session, SessionRecord.from_wire(raw))
-
-    def cap_expiry(self) -> None:
-        """Keep the store from expiring what the engine has not emitted (the invariant)."""
-        self.cache.cap_expiry_time(expiry_cap_ms(self.times.last_close,
-                                                   self.store.retention_ms))
-
-    def commit(self, metadata: Any) -> int:
-        """Commit the store with the engine's cursors and ``metadata``; return the new version.
-        See :meth:`SessionAggregator.commit` for the contract."""
-        check_encodable(metadata, "metadata")
-        if self.write_cache and self.cache.dirty_count:
-            raise ValueError("flush() the write cache and deliver its emits before commit()")
-        engine_state = self.times.to_state()
-        return self.cache.commit({ENGINE_METADATA_KEY: engine_state, USER_METADATA_KEY: metadata})
-
-    def abort(self) -> None:
-        """Discard everything since the last commit: state, cursors and the write cache. The
-        engine's clock object is replaced, so a step that holds it must be bound again."""
-        self.table = None
-        self.cache.abort()
-        self.forwarded.clear()
-        self.times = TimeKeeper(self.config)
-        if self.runner is not None:
-            self.runner.times = self.times
-        self.reset_indexes()
-        self.restore()
-
-    def committed_metadata(self) -> Any:
-        """The ``metadata`` of the last commit (None before any)."""
-        committed = self.store.committed_metadata
-        if isinstance(committed, dict):
-            return committed.get(USER_METADATA_KEY)
-        return None
-
-    def open_table(self) -> OpenSessions:
-        """The open sessions' table, loaded from the store on first use.
-
-        Raises:
-            NotColumnar: stored accumulators the fast path cannot hold exactly.
-        """
-        if self.table is None:
-            assert self.columnar_kinds is not None
-            last_close = self.times.last_close
-            low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
-            rows = [(session, acc_of(raw))
-                    for session, raw in self.cache.find_sessions(low, INT64_MAX)]
-            loaded = SessionRows.from_rows(self.columnar_kinds, rows,
-                                           combined=self.result_names is not None)
-            table = OpenSessions(self.columnar_kinds)
-            keys, codes = unique_keys([session.key for session, _ in rows])
-            table.insert(keys, codes, table.index.lookup(keys), loaded)
-            self.cache.evict()  # the table now answers for these keys; no view may go stale
-            self.table = table
-        return self.table
-
-    def leave_table(self) -> None:
-        """Hand the open sessions back to the event path (the store already holds them)."""
-        table = self.table
-        if table is None:
-            return
-        self.table = None
-        if self.tracks_close:
-            self.close_heap.extend(table.live_ends().tolist())
-            heapq.heapify(self.close_heap)
-            self.close_heap_complete = True  # the table held every session not yet closed
-
-    def advance_table(self) -> SessionRows | None:
-        """Close (and, with ON_WINDOW_CLOSE, return for emission, in store order) the table's
-        sessions up to ``W - grace``; forget them; move the close cursor and the expiry cap."""
-        table = self.table
-        assert table is not None
-        times = self.times
-        upto = times.watermark - self.config.grace_ms
-        if upto <= times.last_close:
-            return None
-        closed = table.close_upto(upto, rows=self.tracks_close)
-        if closed is not None and len(closed):
-            closed = closed.take(closed.store_order())
-            self.metrics.emitted += len(closed)
-            self.metrics.record_finals(times.watermark - (closed.ends_ms + self.config.grace_ms))
-        times.last_close = upto
-        self.cap_expiry()
-        return closed
