@@ -27,7 +27,7 @@ from ..store.metered import HistogramReading
 from ..triggers import AccumulationMode, AfterWatermark, ManualClock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
-from . import batch, lifecycle, tables
+from . import batch, closing, lifecycle, tables
 from .config import DEFAULT_CACHE_MAX_SESSIONS
 from .core import EngineCore
 from .emit import Emit, EmitStrategy
@@ -262,7 +262,7 @@ class SessionAggregator:
 
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""
-        return self._core.advance_watermark(to_ms)
+        return closing.advance_watermark(self._core, to_ms)
 
     def advance_processing_time(self, to_ms: Any) -> list[Emit]:
         """Set the :class:`ManualClock` to ``to_ms`` and fire what is due."""

@@ -8,38 +8,33 @@ columnar table of the fast batch path, the counters. Every attribute is public a
 here; the paths read and write them (they are typed against
 :class:`~sessionstore.engine.host.EngineHost`).
 
-Its steps are the paths' own functions, taken as methods (``process = event.process_event``):
-a call through the core is a call of that function, with no layer in between (the event path
-calls them per event). Closing is still a method here.
+Its steps are the paths' own functions, taken as methods (``on_watermark =
+closing.on_watermark``): a call through the core is a call of that function, with no layer in
+between (the event path calls them per event).
 """
 
 from __future__ import annotations
 
-import functools
-import heapq
 from collections.abc import Callable
 from typing import Any
 
 from ..aggregations import Aggregation, Combined, is_count
 from ..serde import MsgpackSerde
-from ..store.caching import CachingSessionStore, ClosedRow
+from ..store.caching import CachingSessionStore
 from ..store.metered import MeteredSessionStore
-from ..timeutil import INT64_MIN, check_int64
-from ..triggers import AccumulationMode, AfterWatermark, PaneTiming, system_clock
+from ..timeutil import INT64_MIN
+from ..triggers import AccumulationMode, AfterWatermark, system_clock
 from ..types import Session, SessionStoreProtocol
 from ..windows import SessionWindows
-from . import event, lifecycle
+from . import closing, event, lifecycle
 from .columnar import columnar_parts
 from .config import EngineConfig
 from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .max_duration import MaxDuration
-from .record import Phase, SessionRecord, acc_of, as_stored
+from .record import SessionRecord
 from .table import OpenSessions
 from .time import TimeKeeper
 from .triggers import TriggerRunner
-
-_new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
-_new_emit = functools.partial(tuple.__new__, Emit)
 
 
 def check_aggregation(aggregation: Any) -> None:
@@ -201,6 +196,7 @@ class EngineCore:
     process_one = event.process_one
     process_lean = event.process_lean
     drop = event.drop
+    on_watermark = closing.on_watermark
     restore = lifecycle.restore
     cap_expiry = lifecycle.cap_expiry
     open_table = lifecycle.open_table
@@ -268,125 +264,3 @@ class EngineCore:
             return []
         self.cache.flush()
         return self.drain_forwarded()
-
-    # -- closing ---------------------------------------------------------------------------
-
-    def advance_watermark(self, to_ms: Any) -> list[Emit]:
-        """Move W forward to ``to_ms`` (never back) and return what that completes or closes.
-
-        Raises:
-            ValueError / TypeError: ``to_ms`` is not an int64 time.
-        """
-        to = check_int64(to_ms, "to_ms")
-        out: list[Emit] = []
-        if self.times.advance_to(to):
-            self.on_watermark(out)
-        if self.forwarded:
-            out.extend(self.drain_forwarded())
-        return out
-
-    def on_watermark(self, out: list[Emit]) -> None:
-        """W moved: close (and emit) what ends at or before ``W - grace``, move the close cursor
-        and the expiry cap, and fire the ON_TIME panes that are due."""
-        times = self.times
-        w = times.watermark
-        close_upto = w - self.config.grace_ms
-        if close_upto > times.last_close:
-            if self.table is not None:
-                closed = self.advance_table()
-                if closed is not None:
-                    out.extend(closed.emits(self.result_names))
-            elif not self.tracks_close:
-                times.last_close = close_upto
-            elif (self.close_heap and self.close_heap[0] <= close_upto) \
-                    or not self.close_heap_complete or self.cache.has_ends_upto(close_upto):
-                self.close_up_to(close_upto, out)
-            else:
-                times.last_close = close_upto
-            if not self.close_heap_complete and times.last_close >= self.unindexed_until:
-                self.close_heap_complete = True  # every session from before the restart closed
-            self.cap_expiry()
-        if self.runner is not None:
-            self.fire_on_time(w, out)
-
-    def close_up_to(self, upto: int, out: list[Emit]) -> None:
-        """Emit every session with ``last_close < end <= upto`` as closed, in end order."""
-        heap = self.close_heap
-        while heap and heap[0] <= upto:
-            heapq.heappop(heap)
-        times = self.times
-        grace = self.config.grace_ms
-        result = self.aggregation.result
-        metrics = self.metrics
-        runner = self.runner
-        if self.closes_in_cache:
-            taken = self.cache.take_closed_rows(times.last_close + 1, upto)
-            if taken is not None:
-                self.emit_taken(taken, out)
-                times.last_close = upto
-                return
-        rows = list(self.cache.find_sessions(times.last_close + 1, upto))
-        if runner is None:
-            # the records are decoded (and checked) one by one, the metrics counted once
-            w = times.watermark
-            latencies = []
-            for session, raw in rows:
-                out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
-                latencies.append(max(0, w - (session.end + grace)))
-            metrics.emitted += len(rows)
-            metrics.record_finals(latencies)
-        else:
-            for session, raw in rows:
-                runner.fire_closing(session, SessionRecord.from_wire(raw), out)
-        times.last_close = upto
-
-    def emit_taken(self, taken: list[ClosedRow], out: list[Emit]) -> None:
-        """Emit the closed sessions the cache handed from memory (its rows ``(end, key bytes,
-        start, (key, start, end), value, changed)``), with the values a read from the store
-        would give (:func:`~sessionstore.self.record.as_stored`)."""
-        if not taken:
-            return
-        result = self.aggregation.result
-        w_grace = self.times.watermark - self.config.grace_ms
-        append = out.append
-        new_emit = _new_emit
-        new_session = _new_session
-        count = self.is_count
-        for row in taken:
-            acc = acc_of(row[4])
-            if count and type(acc) is int:  # count's result is its accumulator
-                append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
-            else:
-                if type(acc) is not int:
-                    acc = as_stored(acc)
-                append(new_emit((new_session(row[3]), result(acc), None, False, row[0] - 1)))
-        # the rows are in end order; each latency is max(0, W - grace - end)
-        n = len(taken)
-        if taken[-1][0] <= w_grace:  # every latency >= 0 (always, when closing up to W - grace)
-            total = n * w_grace - sum([row[0] for row in taken])
-            top = w_grace - taken[0][0]
-        else:
-            latencies = [w_grace - row[0] for row in taken]
-            total = sum([latency for latency in latencies if latency > 0])
-            top = max(0, latencies[0])
-        metrics = self.metrics
-        metrics.emitted += n
-        metrics.record_final_sum(n, total, top, [row[0] for row in taken], w_grace)
-
-    def fire_on_time(self, w: int, out: list[Emit]) -> None:
-        """With a trigger: fire the ON_TIME pane of each session still EARLY whose end W passed."""
-        times = self.times
-        runner = self.runner
-        assert runner is not None
-        low = max(times.last_on_time, times.last_close) + 1
-        if w < low:
-            return
-        if runner.on_time_due(w):
-            for session, raw in list(self.cache.find_sessions(low, w)):
-                record = SessionRecord.from_wire(raw)
-                if record.phase is Phase.EARLY:
-                    runner.fire(session, record, PaneTiming.ON_TIME, False, out)
-        times.last_on_time = w
-
-
-    # -- lifecycle and the table handover ---------------------------------------------------
