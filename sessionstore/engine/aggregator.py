@@ -200,14 +200,8 @@ class SessionAggregator:
                 column and the row), an output name colliding with a key column. A batch is
                 atomic: nothing changes then.
         """
-        core = self._core
-        if core.runner is not None:
-            raise TypeError("process_table does not emit panes: with trigger=, use "
-                            "process_batch")
-        out = tables.process_table(core, table, key=key, time=time, value=value, gap=gap)
-        # the columns of advance_watermark_table and flush_table
-        core.table_columns = ([key] if isinstance(key, str) else list(key), out.schema)
-        return out
+        return tables.process_table(self._core, table, key=key, time=time, value=value,
+                                    gap=gap)
 
     def advance_watermark_table(self, to_ms: Any, *, key: str | list[str] | None = None
                                 ) -> Any:
@@ -230,8 +224,7 @@ class SessionAggregator:
             TypeError: a trigger is configured (its panes do not fit these columns), or
                 ``to_ms`` is not an integer time.
         """
-        names, schema = self._table_shape(key)
-        return tables.emits_as_table(self._core, self.advance_watermark(to_ms), names, schema)
+        return tables.advance_watermark_table(self._core, to_ms, key)
 
     def flush_table(self, *, key: str | list[str] | None = None) -> Any:
         """:meth:`flush` (the write cache's updates and retractions), in
@@ -241,24 +234,7 @@ class SessionAggregator:
             ValueError: no ``key`` and no earlier :meth:`process_table` call.
             TypeError: a trigger is configured.
         """
-        names, schema = self._table_shape(key)
-        return tables.emits_as_table(self._core, self.flush(), names, schema)
-
-    def _table_shape(self, key: str | list[str] | None) -> tuple[list[str], Any]:
-        if self._core.runner is not None:
-            raise TypeError("the table methods do not emit panes: with trigger=, use "
-                            "advance_watermark and flush")
-        known = self._core.table_columns
-        if key is None:
-            if known is None:
-                raise ValueError("key= is required before the first process_table call: the "
-                                 "table's key column names come from it")
-            return known[0], known[1]
-        names = [key] if isinstance(key, str) else list(key)
-        if not names or not all(isinstance(n, str) for n in names):
-            raise TypeError(f"key must be a column name or a non-empty list of names, "
-                            f"got {key!r}")
-        return names, known[1] if known is not None and known[0] == names else None
+        return tables.flush_table(self._core, key)
 
     def advance_watermark(self, to_ms: Any) -> list[Emit]:
         """Move W forward to ``to_ms`` (never back) and emit what that completes or closes."""

@@ -1,5 +1,6 @@
 """The table-shaped API of :class:`~sessionstore.engine.SessionAggregator`: events in as
-Arrow columns, emits out as Arrow columns (:func:`process_table`, :func:`emits_as_table`).
+Arrow columns, emits out as Arrow columns (:func:`process_table`, and the watermark and flush
+in the same columns).
 
 The built-in aggregations take the fast columnar step (:func:`.fast_batch.fast_batch`) and
 build no Python object per session; everything else goes through :func:`.batch.process_batch`
@@ -17,6 +18,7 @@ import pyarrow as pa
 from .. import batch as columns
 from .batch import process_batch
 from .batch_gaps import count_invalid_gaps, event_gaps
+from .closing import advance_watermark
 from .columnar import NUMERIC_KINDS, NotColumnar, SessionRows, columnar_parts, numeric_column
 from .emit import Emit
 from .fast_batch import Block, collector_paused, fast_batch
@@ -34,10 +36,61 @@ RETRACTION = "retracted"
 
 def process_table(engine: EngineHost, table: Any, *, key: str | list[str], time: str,
                   value: str | None = None, gap: str | None = None) -> pa.Table:
-    """Add a batch of events given as an Arrow table; return what it emits as an Arrow table.
+    """Add a batch of events given as an Arrow table; return what it emits as an Arrow table,
+    and remember its key names and output schema for :func:`table_shape`.
 
     See :meth:`SessionAggregator.process_table` for the contract.
     """
+    if engine.runner is not None:
+        raise TypeError("process_table does not emit panes: with trigger=, use "
+                        "process_batch")
+    out = _process_table(engine, table, key=key, time=time, value=value, gap=gap)
+    engine.table_columns = ([key] if isinstance(key, str) else list(key), out.schema)
+    return out
+
+
+def advance_watermark_table(engine: EngineHost, to_ms: Any,
+                            key: str | list[str] | None) -> pa.Table:
+    """:func:`~.closing.advance_watermark` in :func:`process_table`'s columns (see
+    :meth:`SessionAggregator.advance_watermark_table` for the contract)."""
+    names, schema = table_shape(engine, key)
+    return emits_as_table(engine, advance_watermark(engine, to_ms), names, schema)
+
+
+def flush_table(engine: EngineHost, key: str | list[str] | None) -> pa.Table:
+    """The write cache's flush in :func:`process_table`'s columns (see
+    :meth:`SessionAggregator.flush_table` for the contract)."""
+    names, schema = table_shape(engine, key)
+    return emits_as_table(engine, engine.flush(), names, schema)
+
+
+def table_shape(engine: EngineHost, key: str | list[str] | None
+                ) -> tuple[list[str], pa.Schema | None]:
+    """The key names and output schema of a table method: ``key``'s names (with the schema of
+    the last :func:`process_table` call when it had the same names), or the last call's.
+
+    Raises:
+        TypeError: a trigger is configured; a ``key`` that is not a name or list of names.
+        ValueError: no ``key`` and no earlier :func:`process_table` call.
+    """
+    if engine.runner is not None:
+        raise TypeError("the table methods do not emit panes: with trigger=, use "
+                        "advance_watermark and flush")
+    known = engine.table_columns
+    if key is None:
+        if known is None:
+            raise ValueError("key= is required before the first process_table call: the "
+                             "table's key column names come from it")
+        return known[0], known[1]
+    names = [key] if isinstance(key, str) else list(key)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"key must be a column name or a non-empty list of names, "
+                        f"got {key!r}")
+    return names, known[1] if known is not None and known[0] == names else None
+
+
+def _process_table(engine: EngineHost, table: Any, *, key: str | list[str], time: str,
+                   value: str | None = None, gap: str | None = None) -> pa.Table:
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     if not isinstance(table, pa.Table):
