@@ -12,6 +12,8 @@ over the batch's rows. Each is plain Python that numba compiles on first use
 
 from __future__ import annotations
 
+from typing import Any
+
 from .arrays import Int64Array
 
 
@@ -109,3 +111,97 @@ def int_index_insert(table_keys: Int64Array, table_ids: Int64Array, keys: Int64A
             at = (at + 1) & mask
         table_keys[at] = key
         table_ids[at] = ids[i]
+
+
+# -- the key index over encoded keys (EncodedKeyIndex) -----------------------------------------
+#
+# Keys as their encodings (keyschema.encode_key) in an arena, ``arena[first[id]:stop[id]]``;
+# a table of ids (``-1``: an empty cell; size a power of two, at most half full), probed
+# linearly from a 32-bit FNV-1a hash of the bytes; ``hashes[id]`` keeps each key's hash, so a
+# probe compares bytes only when the hashes agree.
+
+
+def bytes_hashes(data: Any, first: Int64Array, stop: Int64Array, out: Int64Array) -> None:
+    """``out[i]``: the 32-bit FNV-1a hash of ``data[first[i]:stop[i]]``."""
+    for i in range(len(first)):
+        h = 2166136261
+        for j in range(first[i], stop[i]):
+            h = ((h ^ int(data[j])) * 16777619) & 0xFFFFFFFF
+        out[i] = h
+
+
+def bytes_index_find(table: Int64Array, arena: Any, arena_first: Int64Array,
+                     arena_stop: Int64Array, arena_hashes: Int64Array, data: Any,
+                     first: Int64Array, stop: Int64Array, hashes: Int64Array,
+                     out: Int64Array) -> None:
+    """``out[i]``: the id of the key ``data[first[i]:stop[i]]`` (hash ``hashes[i]``), or -1."""
+    mask = len(table) - 1
+    for i in range(len(first)):
+        h = hashes[i]
+        at = h & mask
+        while True:
+            kid = table[at]
+            if kid < 0:
+                out[i] = -1
+                break
+            if arena_hashes[kid] == h and arena_stop[kid] - arena_first[kid] == stop[i] - first[i]:
+                same = True
+                for k in range(stop[i] - first[i]):
+                    if arena[arena_first[kid] + k] != data[first[i] + k]:
+                        same = False
+                        break
+                if same:
+                    out[i] = kid
+                    break
+            at = (at + 1) & mask
+
+
+def bytes_index_insert(table: Int64Array, arena_hashes: Int64Array, ids: Int64Array) -> None:
+    """Add the ids ``ids`` (of keys absent from the table, which has room) by their hashes."""
+    mask = len(table) - 1
+    for i in range(len(ids)):
+        at = arena_hashes[ids[i]] & mask
+        while table[at] >= 0:
+            at = (at + 1) & mask
+        table[at] = ids[i]
+
+
+def bytes_distinct(table: Int64Array, data: Any, first: Int64Array, stop: Int64Array,
+                   hashes: Int64Array, codes: Int64Array, distinct: Int64Array) -> int:
+    """Index the distinct byte strings ``data[first[i]:stop[i]]`` into the empty ``table``
+    (ids in first-seen order, each the position in ``distinct`` of its first row): write each
+    row's id to ``codes`` and each id's first row to ``distinct``; return how many. The ids'
+    hashes are ``hashes[distinct]``."""
+    mask = len(table) - 1
+    found = 0
+    for i in range(len(first)):
+        h = hashes[i]
+        at = h & mask
+        while True:
+            kid = table[at]
+            if kid < 0:
+                table[at] = found
+                distinct[found] = i
+                codes[i] = found
+                found += 1
+                break
+            r = distinct[kid]
+            if hashes[r] == h and stop[r] - first[r] == stop[i] - first[i]:
+                same = True
+                for k in range(stop[i] - first[i]):
+                    if data[first[r] + k] != data[first[i] + k]:
+                        same = False
+                        break
+                if same:
+                    codes[i] = kid
+                    break
+            at = (at + 1) & mask
+    return found
+
+
+def gather_bytes(data: Any, first: Int64Array, stop: Int64Array, out: Any, at: int) -> None:
+    """Copy ``data[first[i]:stop[i]]`` one after another into ``out`` from ``at`` on."""
+    for i in range(len(first)):
+        for j in range(first[i], stop[i]):
+            out[at] = data[j]
+            at += 1

@@ -41,7 +41,7 @@ from .fast_event import bind_event_step
 from .max_duration import MaxDuration
 from .merge import END_START, join_range, merge_event
 from .record import Phase, SessionRecord, acc_of, as_stored, check_encodable, plain_record
-from .table import OpenSessions, unique_keys
+from .table import OpenSessions, load_open_sessions
 from .time import TimeKeeper
 from .triggers import TriggerRunner
 
@@ -793,15 +793,9 @@ class SessionAggregator:
             assert self._columnar_kinds is not None
             last_close = self._times.last_close
             low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
-            rows = [(session, acc_of(raw))
-                    for session, raw in self._state.find_sessions(low, INT64_MAX)]
-            loaded = SessionRows.from_rows(self._columnar_kinds, rows,
-                                           combined=self._result_names is not None)
-            table = OpenSessions(self._columnar_kinds)
-            keys, codes = unique_keys([session.key for session, _ in rows])
-            table.insert(keys, codes, table.index.lookup(keys), loaded)
+            self._table = load_open_sessions(self._state, low, self._columnar_kinds,
+                                             combined=self._result_names is not None)
             self._state.evict()  # the table now answers for these keys; no view may go stale
-            self._table = table
         return self._table
 
     def _leave_table(self) -> None:
