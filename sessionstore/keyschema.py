@@ -497,10 +497,28 @@ def split_key_first_records(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np
     firsts, stops = offsets[:-1], offsets[1:]
     if n and ((stops - firsts < _KEY_FIRST_MIN).any() or (data[firsts] != KEY_FIRST[0]).any()):
         return None
-    times = data[(stops - 16)[:, None] + np.arange(16)].view(">u8")
-    ends = (times[:, 0].astype(np.uint64) ^ np.uint64(_SIGN)).view(np.int64)
-    starts = (times[:, 1].astype(np.uint64) ^ np.uint64(_SIGN)).view(np.int64)
-    return firsts + 1, stops - 16, ends.reshape(n), starts.reshape(n)
+    from .kernels import compiled  # numba, on first use only
+
+    ends = np.empty(n, dtype=np.int64)
+    starts = np.empty(n, dtype=np.int64)
+    compiled(record_times_kernel)(data, stops - 16, ends, starts)
+    return firsts + 1, stops - 16, ends, starts
+
+
+def record_times_kernel(data: Any, at: Any, ends: Any, starts: Any) -> None:
+    """Decode the two sign-flipped big-endian times at each of ``at`` (end, then start).
+    (Compiled; the sign-extended first byte keeps every step inside int64.)"""
+    for i in range(len(at)):
+        for half in range(2):
+            p = at[i] + 8 * half
+            top = int(data[p]) ^ 0x80  # the flipped sign bit, back
+            value = top - 256 if top >= 0x80 else top
+            for k in range(1, 8):
+                value = value * 256 + int(data[p + k])
+            if half == 0:
+                ends[i] = value
+            else:
+                starts[i] = value
 
 
 def int_keys_kernel(data: Any, first: Any, stop: Any, rows: Any, out: Any) -> bool:

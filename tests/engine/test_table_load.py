@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, SessionStore
-from sessionstore.engine.columnar import NotColumnar
+from sessionstore.engine.columnar import NotColumnar, PartColumns, SessionRows
 from sessionstore.engine.record import plain_record
 from sessionstore.engine.table import (
     OpenSessions,
@@ -130,7 +130,8 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         if op in ("put", "bulk"):
             rows = []
             for _ in range(draw(st.integers(1, 8)) if op == "bulk" else 1):
-                start = draw(st.integers(-30, 60))
+                start = draw(st.one_of(st.integers(-30, 60), st.sampled_from(
+                    [INT64_MIN, INT64_MIN + 255, -257, -1, 255, 256, INT64_MAX - 12])))
                 end = start + draw(st.integers(0, 12))
                 accs = [draw(s) for s in acc_strategies]
                 rows.append((draw(st.sampled_from(keys)), start, end, accs))
@@ -357,5 +358,92 @@ def test_float_counts_read_as_the_row_read_reads_them(tmp_path: Path, backend: s
                                                ["count"], combined=False))
         assert outcome(lambda: load_open_sessions(store, INT64_MIN, ["count"],
                                                   combined=False)) == rows
+    finally:
+        store.close()
+
+
+# -- the loaded table afterwards: batches on a key index over encodings -------------------------
+
+LATER_KEYS = ["a", "b", "é", "x" * 40, b"a", 7, (1, "a"), "new", ""]
+table_step = st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.tuples(st.sampled_from(range(len(LATER_KEYS))),
+                                                    st.integers(0, 50), st.integers(0, 9),
+                                                    st.integers(1, 5)), max_size=6)),
+    st.tuples(st.just("remove"), st.lists(st.sampled_from(range(len(LATER_KEYS))), max_size=4),
+              st.integers(0, 2**32)),
+    st.tuples(st.just("close"), st.integers(-10, 80)),
+)
+
+
+def _apply(table: OpenSessions, op: tuple[Any, ...]) -> Any:
+    """One batch step, as the batch path takes it; returns what it hands out."""
+    if op[0] == "insert":
+        used = sorted({k for k, *_ in op[1]})
+        keys = [LATER_KEYS[k] for k in used]
+        position = {k: i for i, k in enumerate(used)}
+        rows = SessionRows(None, np.array([s for _, s, _, _ in op[1]], dtype=np.int64),
+                           np.array([s + n for _, s, n, _ in op[1]], dtype=np.int64),
+                           [PartColumns("count", np.array([c for *_, c in op[1]],
+                                                          dtype=np.int64))])
+        table.insert(keys, np.array([position[k] for k, *_ in op[1]], dtype=np.int64),
+                     table.index.lookup(keys), rows)
+        return None
+    if op[0] == "remove":
+        keys = [LATER_KEYS[k] for k in sorted(set(op[1]))]
+        slots, _ = table.probe(table.index.lookup(keys))
+        rows = table.rows(slots)
+        # the same sessions in both tables: chosen by their content, not their slots
+        order = np.lexsort((rows.ends_ms, rows.starts_ms,
+                            np.array([repr(_tag(k)) for k in rows.key_list()])))
+        rng = np.random.default_rng(op[2])
+        chosen = slots[order][rng.random(len(slots)) < 0.5]
+        table.remove(chosen)
+        return None
+    closed = table.close_upto(op[1], rows=True)
+    return None if closed is None else Counter(zip(map(_tag, closed.key_list()),
+                                                   closed.starts_ms.tolist(),
+                                                   closed.ends_ms.tolist(), strict=True))
+
+
+@settings(max_examples=80)
+@given(stored_keys=st.lists(st.one_of(STR_KEYS, st.sampled_from(["a", "b", "é"])), min_size=1,
+                            max_size=8, unique=True),
+       binary=st.booleans(), steps=st.lists(table_step, max_size=15),
+       key_slack=st.sampled_from([0, 3, 65_536]))
+def test_a_bulk_loaded_table_takes_batches_as_the_row_loaded_one(
+        stored_keys: list[Any], binary: bool, steps: list[Any], key_slack: int) -> None:
+    keys = [k.encode() for k in stored_keys] if binary else stored_keys
+    store = InMemorySessionStore(retention_ms=10_000)
+    try:
+        store.put_many(keys * 2, [0] * len(keys) + [30] * len(keys),
+                       [5] * len(keys) + [33] * len(keys), [plain_record(2)] * (2 * len(keys)))
+        bulk = table_from_columns(store.find_sessions_columns(INT64_MIN), ["count"], False)
+        assert bulk is not None and type(bulk.index).__name__ == "EncodedKeyIndex"
+        rows = table_from_rows(store.find_sessions(INT64_MIN, INT64_MAX), ["count"],
+                               combined=False)
+        for table in (bulk, rows):
+            table.KEY_SLACK = key_slack
+        for op in steps:
+            assert _apply(bulk, op) == _apply(rows, op)
+            assert contents(bulk) == contents(rows)
+            for asked in (LATER_KEYS, keys):
+                found = [table.rows(table.probe(table.index.lookup(asked))[0])
+                         for table in (bulk, rows)]
+                assert [Counter(zip(map(_tag, r.key_list()), r.starts_ms.tolist(), strict=True))
+                        for r in found] == [Counter(zip(map(_tag, found[1].key_list()),
+                                                        found[1].starts_ms.tolist(),
+                                                        strict=True))] * 2
+    finally:
+        store.close()
+
+
+def test_an_encoded_key_index_refuses_a_key_the_store_cannot_hold() -> None:
+    store = InMemorySessionStore(retention_ms=10_000)
+    try:
+        store.put_many(["a"], [0], [1], [plain_record(1)])
+        table = table_from_columns(store.find_sessions_columns(INT64_MIN), ["count"], False)
+        assert table is not None
+        with pytest.raises(NotColumnar, match="cannot hold"):
+            table.index.lookup([1.5])
     finally:
         store.close()
