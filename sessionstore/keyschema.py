@@ -524,13 +524,11 @@ def record_times_kernel(data: Any, at: Any, ends: Any, starts: Any) -> None:
 def int_keys_kernel(data: Any, first: Any, stop: Any, rows: Any, out: Any) -> bool:
     """Decode the encoded keys of ``rows`` as ints into ``out``; False unless every one is an
     int key exactly as :func:`encode_key` writes it (length prefix, msgpack's smallest int
-    format, nothing after it). (Compiled.)"""
+    format, nothing after it); the length prefixes are checked already
+    (:func:`classify_key_rows`). (Compiled.)"""
     for i in range(len(rows)):
         a = first[rows[i]]
         size = stop[rows[i]] - a
-        if size < 5 or (int(data[a]) << 24 | int(data[a + 1]) << 16 | int(data[a + 2]) << 8
-                        | int(data[a + 3])) != size - 4:
-            return False  # the length prefix must say the rest of the encoding's length
         head = int(data[a + 4])
         p = a + 5
         signed = head >= 0xD0
@@ -571,14 +569,11 @@ def text_keys_kernel(data: Any, first: Any, stop: Any, rows: Any, binary: bool,
                      payload_first: Any, payload_stop: Any) -> bool:
     """Locate the payloads of the encoded keys of ``rows`` (str keys, or bytes keys when
     ``binary``); False unless every one is such a key exactly as :func:`encode_key` writes it
-    (msgpack's smallest header for its length). The UTF-8 of str keys is not checked here.
-    (Compiled.)"""
+    (msgpack's smallest header for its length). The length prefixes are checked already
+    (:func:`classify_key_rows`), the UTF-8 of str keys is not checked here. (Compiled.)"""
     for i in range(len(rows)):
         a = first[rows[i]]
         size = stop[rows[i]] - a
-        if size < 5 or (int(data[a]) << 24 | int(data[a + 1]) << 16 | int(data[a + 2]) << 8
-                        | int(data[a + 3])) != size - 4:
-            return False  # the length prefix must say the rest of the encoding's length
         head = int(data[a + 4])
         p = a + 5
         if not binary and 0xA0 <= head <= 0xBF:
@@ -663,8 +658,17 @@ def classify_key_rows(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
     if not n:
         return "int", np.zeros(0, dtype=np.int64)
     rows = np.arange(n, dtype=np.int64)
-    head = int(data[first[0] + 4]) if stop[0] - first[0] > 4 else -1
-    if head <= 0x7F or head >= 0xE0 or 0xCC <= head <= 0xD3:
+    sizes = stop - first
+    head = -1  # a prefix that does not say the rest of the encoding's length: key by key
+    if (sizes >= 5).all():
+        said = np.zeros(n, dtype=np.int64)
+        for k in range(4):
+            said = said * 256 + data[first + k]
+        if (said == sizes - 4).all():
+            head = int(data[first[0] + 4])
+    if head < 0:
+        pass
+    elif head <= 0x7F or head >= 0xE0 or 0xCC <= head <= 0xD3:
         ints = np.empty(n, dtype=np.int64)
         if compiled(int_keys_kernel)(data, first, stop, rows, ints):
             return "int", ints
