@@ -131,10 +131,13 @@ def bytes_hashes(data: Any, first: Int64Array, stop: Int64Array, out: Int64Array
 
 
 def bytes_index_find(table: Int64Array, arena: Any, arena_first: Int64Array,
-                     arena_stop: Int64Array, arena_hashes: Int64Array, data: Any,
-                     first: Int64Array, stop: Int64Array, hashes: Int64Array,
-                     out: Int64Array) -> None:
-    """``out[i]``: the id of the key ``data[first[i]:stop[i]]`` (hash ``hashes[i]``), or -1."""
+                     arena_stop: Int64Array, arena_hashes: Int64Array, size: int, data: Any,
+                     first: Int64Array, stop: Int64Array, hashes: Int64Array, out: Int64Array,
+                     add: bool) -> int:
+    """``out[i]``: the id of the key ``data[first[i]:stop[i]]`` (hash ``hashes[i]``) among
+    the ``size`` ids of the table, or -1. With ``add`` (``arena`` must then be ``data``, and
+    the id arrays have room), a key not found is added as the next id, pointing at its row's
+    bytes: how a cold start finds the distinct keys of its rows. Returns the new size."""
     mask = len(table) - 1
     for i in range(len(first)):
         h = hashes[i]
@@ -142,7 +145,14 @@ def bytes_index_find(table: Int64Array, arena: Any, arena_first: Int64Array,
         while True:
             kid = table[at]
             if kid < 0:
-                out[i] = -1
+                if add:
+                    table[at] = size
+                    arena_first[size] = first[i]
+                    arena_stop[size] = stop[i]
+                    arena_hashes[size] = h
+                    kid = size
+                    size += 1
+                out[i] = kid
                 break
             if arena_hashes[kid] == h and arena_stop[kid] - arena_first[kid] == stop[i] - first[i]:
                 same = True
@@ -154,6 +164,7 @@ def bytes_index_find(table: Int64Array, arena: Any, arena_first: Int64Array,
                     out[i] = kid
                     break
             at = (at + 1) & mask
+    return size
 
 
 def bytes_index_insert(table: Int64Array, arena_hashes: Int64Array, ids: Int64Array) -> None:
@@ -164,39 +175,6 @@ def bytes_index_insert(table: Int64Array, arena_hashes: Int64Array, ids: Int64Ar
         while table[at] >= 0:
             at = (at + 1) & mask
         table[at] = ids[i]
-
-
-def bytes_distinct(table: Int64Array, data: Any, first: Int64Array, stop: Int64Array,
-                   hashes: Int64Array, codes: Int64Array, distinct: Int64Array) -> int:
-    """Index the distinct byte strings ``data[first[i]:stop[i]]`` into the empty ``table``
-    (ids in first-seen order, each the position in ``distinct`` of its first row): write each
-    row's id to ``codes`` and each id's first row to ``distinct``; return how many. The ids'
-    hashes are ``hashes[distinct]``."""
-    mask = len(table) - 1
-    found = 0
-    for i in range(len(first)):
-        h = hashes[i]
-        at = h & mask
-        while True:
-            kid = table[at]
-            if kid < 0:
-                table[at] = found
-                distinct[found] = i
-                codes[i] = found
-                found += 1
-                break
-            r = distinct[kid]
-            if hashes[r] == h and stop[r] - first[r] == stop[i] - first[i]:
-                same = True
-                for k in range(stop[i] - first[i]):
-                    if data[first[r] + k] != data[first[i] + k]:
-                        same = False
-                        break
-                if same:
-                    codes[i] = kid
-                    break
-            at = (at + 1) & mask
-    return found
 
 
 def gather_bytes(data: Any, first: Int64Array, stop: Int64Array, out: Any, at: int) -> None:

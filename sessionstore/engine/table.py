@@ -304,7 +304,8 @@ class EncodedKeyIndex:
         data, first, stop, hashes = self._encode(keys)
         out = np.empty(len(keys), dtype=np.int64)
         compiled(tk.bytes_index_find)(self._table, self._arena, self._first, self._stop,
-                                      self._hashes, data, first, stop, hashes, out)
+                                      self._hashes, self.size, data, first, stop, hashes, out,
+                                      False)
         return out
 
     def add(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
@@ -779,10 +780,13 @@ def table_from_columns(stored: Any, kinds: list[str], combined: bool) -> OpenSes
         capacity *= 2
     ids = np.full(capacity, -1, dtype=np.int64)
     codes = np.empty(n, dtype=np.int64)
-    distinct = np.empty(n, dtype=np.int64)
-    found = compiled(tk.bytes_distinct)(ids, data, first, stop, hashes, codes, distinct)
-    rows = distinct[:found]
-    classified = keyschema.classify_key_rows(data, first[rows], stop[rows])
+    key_first = np.empty(n, dtype=np.int64)
+    key_stop = np.empty(n, dtype=np.int64)
+    key_hashes = np.empty(n, dtype=np.int64)
+    found = compiled(tk.bytes_index_find)(ids, data, key_first, key_stop, key_hashes, 0, data,
+                                          first, stop, hashes, codes, True)
+    key_first, key_stop, key_hashes = key_first[:found], key_stop[:found], key_hashes[:found]
+    classified = keyschema.classify_key_rows(data, key_first, key_stop)
     if classified is None:
         return None
     kind, decoded = classified
@@ -798,8 +802,7 @@ def table_from_columns(stored: Any, kinds: list[str], combined: bool) -> OpenSes
     table.reserve(_headroom(n))
     loaded = SessionRows(None, stored.starts_ms, stored.ends_ms, parts)
     if kind in ("str", "bytes"):
-        table.index = EncodedKeyIndex.gathered(data, first[rows], stop[rows], hashes[rows], ids,
-                                               kind)
+        table.index = EncodedKeyIndex.gathered(data, key_first, key_stop, key_hashes, ids, kind)
         table.insert([], codes, np.arange(found, dtype=np.int64), loaded)
     elif kind == "int":
         table.insert([], codes, np.full(found, -1, dtype=np.int64), loaded, decoded)
