@@ -218,13 +218,13 @@ def check_same_table(scenario: dict[str, Any], backend: str, root: Path) -> None
         cache.close()
 
 
-@settings(max_examples=120)
+@settings(max_examples=250)
 @given(scenarios())
 def test_bulk_read_gives_the_row_reads_table_in_memory(scenario: dict[str, Any]) -> None:
     check_same_table(scenario, "memory", Path("unused"))
 
 
-@settings(max_examples=60)
+@settings(max_examples=120)
 @given(scenarios())
 def test_bulk_read_gives_the_row_reads_table_on_rocksdb(tmp_path_factory: pytest.TempPathFactory,
                                                         scenario: dict[str, Any]) -> None:
@@ -405,7 +405,7 @@ def _apply(table: OpenSessions, op: tuple[Any, ...]) -> Any:
                                                    closed.ends_ms.tolist(), strict=True))
 
 
-@settings(max_examples=80)
+@settings(max_examples=150)
 @given(stored_keys=st.lists(st.one_of(STR_KEYS, st.sampled_from(["a", "b", "é"])), min_size=1,
                             max_size=8, unique=True),
        binary=st.booleans(), steps=st.lists(table_step, max_size=15),
