@@ -711,7 +711,7 @@ def load_open_sessions(state: Any, low_ms: int, kinds: list[str], *, combined: b
         StoreCorruptedError, ValueError, ...: a damaged store, as ``find_sessions`` raises.
     """
     read = getattr(state, "find_sessions_columns", None)
-    if read is not None:
+    if read is not None and _bulk_kinds(kinds):
         with _small_pages():
             stored = read(low_ms)
             table = None if stored is None else table_from_columns(stored, kinds, combined)
@@ -757,11 +757,16 @@ def table_from_rows(rows: Any, kinds: list[str], *, combined: bool) -> OpenSessi
     return table
 
 
+def _bulk_kinds(kinds: list[str]) -> bool:
+    """Whether the bulk read decodes these parts' records (the numbers packing.py packs);
+    other kinds (first, last, collect) are read row by row, and not read twice."""
+    return all(kind == "count" or kind in NUMERIC_KINDS for kind in kinds)
+
+
 def table_from_columns(stored: Any, kinds: list[str], combined: bool) -> OpenSessions | None:
     """The table of :class:`~sessionstore.store.base.StoredSessions`, or None when a record or
     a key is not of the layouts decoded here (the caller reads row by row)."""
-    if not stored.msgpack_values or not all(kind == "count" or kind in NUMERIC_KINDS
-                                            for kind in kinds):
+    if not stored.msgpack_values or not _bulk_kinds(kinds):
         return None
     if not len(stored):
         return OpenSessions(kinds)

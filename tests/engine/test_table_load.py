@@ -447,3 +447,30 @@ def test_an_encoded_key_index_refuses_a_key_the_store_cannot_hold() -> None:
             table.index.lookup([1.5])
     finally:
         store.close()
+
+
+class _RowsOnly:
+    """A store whose bulk read must not be called."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def find_sessions_columns(self, earliest_end_ms: int) -> Any:
+        raise AssertionError("read in bulk, then again row by row")
+
+    def find_sessions(self, earliest_end_ms: int, latest_end_ms: int) -> Any:
+        return self.store.find_sessions(earliest_end_ms, latest_end_ms)
+
+
+@pytest.mark.parametrize("kinds", [["first"], ["last"], ["collect"], ["count", "first"]])
+def test_kinds_the_bulk_read_does_not_decode_are_read_once(kinds: list[str]) -> None:
+    store = InMemorySessionStore(retention_ms=10_000)
+    try:
+        item = [0, 0, "x"]
+        acc = {"first": item, "last": item, "collect": [item], "count": 1}
+        record = [acc[k] for k in kinds] if len(kinds) > 1 else acc[kinds[0]]
+        store.put_many(["a"], [0], [1], [plain_record(record)])
+        table = load_open_sessions(_RowsOnly(store), INT64_MIN, kinds, combined=len(kinds) > 1)
+        assert len(table) == 1
+    finally:
+        store.close()
