@@ -470,3 +470,256 @@ def decode_index_block(data: bytes, min_end_ms: int, max_end_ms: int) -> IndexBl
         if (prefixes != lengths - 4).any():
             raise ValueError("index block with a key whose length prefix is wrong")
     return IndexBlock(ends, starts, rows.astype(np.int64), blob, offsets)
+
+
+# -- bulk decoding: every open session read back at once (a cold start) ----------------------
+#
+# A cold start reads every key-first record of the open segments. The records are concatenated
+# into one buffer and cut here with numpy and compiled loops (built with
+# :func:`sessionstore.kernels.compiled` on first use), so that no session becomes a Python
+# object: only each distinct key does, once. Anything that does not decode as the encoders
+# above would have written it gives None, and the caller reads row by row (which names the
+# damage exactly as a plain read does).
+
+_KEY_FIRST_MIN = 1 + 4 + 1 + 16  # tag, length prefix, one msgpack byte, end and start
+
+
+def split_key_first_records(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]
+                            ) -> tuple[npt.NDArray[np.int64], ...] | None:
+    """Cut concatenated key-first records (record ``i`` is ``data[offsets[i]:offsets[i + 1]]``)
+    into ``(key_first, key_stop, ends_ms, starts_ms)``: record ``i``'s encoded key is
+    ``data[key_first[i]:key_stop[i]]``.
+
+    Returns None when a record is not a key-first record long enough to hold a key and two
+    times.
+    """
+    n = len(offsets) - 1
+    firsts, stops = offsets[:-1], offsets[1:]
+    if n and ((stops - firsts < _KEY_FIRST_MIN).any() or (data[firsts] != KEY_FIRST[0]).any()):
+        return None
+    from .kernels import compiled  # numba, on first use only
+
+    ends = np.empty(n, dtype=np.int64)
+    starts = np.empty(n, dtype=np.int64)
+    compiled(record_times_kernel)(data, stops - 16, ends, starts)
+    return firsts + 1, stops - 16, ends, starts
+
+
+def record_times_kernel(data: Any, at: Any, ends: Any, starts: Any) -> None:
+    """Decode the two sign-flipped big-endian times at each of ``at`` (end, then start).
+    (Compiled; the sign-extended first byte keeps every step inside int64.)"""
+    for i in range(len(at)):
+        for half in range(2):
+            p = at[i] + 8 * half
+            top = int(data[p]) ^ 0x80  # the flipped sign bit, back
+            value = top - 256 if top >= 0x80 else top
+            for k in range(1, 8):
+                value = value * 256 + int(data[p + k])
+            if half == 0:
+                ends[i] = value
+            else:
+                starts[i] = value
+
+
+def int_keys_kernel(data: Any, first: Any, stop: Any, rows: Any, out: Any) -> bool:
+    """Decode the encoded keys of ``rows`` as ints into ``out``; False unless every one is an
+    int key exactly as :func:`encode_key` writes it (length prefix, msgpack's smallest int
+    format, nothing after it); the length prefixes are checked already
+    (:func:`classify_key_rows`). (Compiled.)"""
+    for i in range(len(rows)):
+        a = first[rows[i]]
+        size = stop[rows[i]] - a
+        head = int(data[a + 4])
+        p = a + 5
+        signed = head >= 0xD0
+        if head <= 0x7F or head >= 0xE0:
+            width = 0
+            value = head if head <= 0x7F else head - 256
+        elif 0xCC <= head <= 0xD3:  # uint8 .. uint64, int8 .. int64
+            width = 1 << ((head - 0xCC) & 3)
+            if size != 5 + width:
+                return False
+            first_byte = int(data[p])
+            if not signed and width == 8 and first_byte >= 0x80:
+                return False  # beyond int64: no key
+            value = first_byte - 256 if signed and first_byte >= 0x80 else first_byte
+            for k in range(1, width):  # sign-extended from the first byte: stays in int64
+                value = value * 256 + int(data[p + k])
+        else:
+            return False
+        if size != 5 + width:
+            return False
+        # msgpack's smallest format for the value, as the encoder chooses it
+        if value >= 0:
+            smallest = 0 if value <= 0x7F else 1 if value <= 0xFF else 2 \
+                if value <= 0xFFFF else 4 if value <= 0xFFFFFFFF else 8
+            canonical = head <= 0x7F if smallest == 0 else not signed and width == smallest
+        else:
+            smallest = 0 if value >= -32 else 1 if value >= -0x80 else 2 \
+                if value >= -0x8000 else 4 if value >= -0x80000000 else 8
+            canonical = head >= 0xE0 if smallest == 0 else \
+                signed and head < 0xE0 and width == smallest
+        if not canonical:
+            return False
+        out[i] = value
+    return True
+
+
+def text_keys_kernel(data: Any, first: Any, stop: Any, rows: Any, binary: bool,
+                     payload_first: Any, payload_stop: Any) -> bool:
+    """Locate the payloads of the encoded keys of ``rows`` (str keys, or bytes keys when
+    ``binary``); False unless every one is such a key exactly as :func:`encode_key` writes it
+    (msgpack's smallest header for its length). The length prefixes are checked already
+    (:func:`classify_key_rows`), the UTF-8 of str keys is not checked here. (Compiled.)"""
+    for i in range(len(rows)):
+        a = first[rows[i]]
+        size = stop[rows[i]] - a
+        head = int(data[a + 4])
+        p = a + 5
+        if not binary and 0xA0 <= head <= 0xBF:
+            length = head & 0x1F
+            low = 0
+        elif (not binary and 0xD9 <= head <= 0xDB) or (binary and 0xC4 <= head <= 0xC6):
+            width = 1 << (head - (0xC4 if binary else 0xD9))
+            if size < 5 + width:
+                return False
+            length = 0
+            for k in range(width):
+                length = length * 256 + int(data[p + k])
+            p += width
+            # the smallest header for the length (str8 only from 32 bytes on; bin8 from 0)
+            low = (0 if binary else 32) if width == 1 else 256 if width == 2 else 65536
+        else:
+            return False
+        if length < low or p + length != a + size:
+            return False
+        payload_first[i] = p
+        payload_stop[i] = p + length
+    return True
+
+
+def utf8_rows_kernel(data: Any, first: Any, stop: Any) -> bool:
+    """Whether every ``data[first[i]:stop[i]]`` is valid UTF-8 as Python's strict decoder
+    (and so msgpack's) takes it: no overlong forms, no surrogates, nothing above U+10FFFF.
+    (Compiled.)"""
+    for row in range(len(first)):
+        i = first[row]
+        end = stop[row]
+        while i < end:
+            b = int(data[i])
+            if b < 0x80:
+                i += 1
+                continue
+            low, high = 0x80, 0xBF  # the range of the second byte
+            if 0xC2 <= b <= 0xDF:
+                more = 1
+            elif 0xE0 <= b <= 0xEF:
+                more = 2
+                if b == 0xE0:
+                    low = 0xA0
+                elif b == 0xED:
+                    high = 0x9F
+            elif 0xF0 <= b <= 0xF4:
+                more = 3
+                if b == 0xF0:
+                    low = 0x90
+                elif b == 0xF4:
+                    high = 0x8F
+            else:
+                return False
+            if i + more >= end:  # the sequence runs past the key
+                return False
+            second = int(data[i + 1])
+            if second < low or second > high:
+                return False
+            for k in range(2, more + 1):
+                c = int(data[i + k])
+                if c < 0x80 or c > 0xBF:
+                    return False
+            i += more + 1
+    return True
+
+
+def classify_key_rows(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
+                      stop: npt.NDArray[np.int64]) -> tuple[str, Any] | None:
+    """What the encoded keys ``data[first[i]:stop[i]]`` (distinct encodings) are.
+
+    Returns:
+        ``("int", values)`` (int64) when they are all int keys; ``("str", None)`` or
+        ``("bytes", None)`` when they are all str (valid UTF-8) or all bytes keys; otherwise
+        ``("other", keys)``, the keys decoded one by one. Every encoding must be exactly what
+        :func:`encode_key` writes (so that distinct encodings are distinct keys); None when one
+        is not (a damaged or foreign store: the caller reads row by row, which names the
+        damage).
+    """
+    from .kernels import compiled  # numba, on first use only
+
+    n = len(first)
+    if not n:
+        return "int", np.zeros(0, dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
+    sizes = stop - first
+    head = -1  # a prefix that does not say the rest of the encoding's length: key by key
+    if (sizes >= 5).all():
+        said = np.zeros(n, dtype=np.int64)
+        for k in range(4):
+            said = said * 256 + data[first + k]
+        if (said == sizes - 4).all():
+            head = int(data[first[0] + 4])
+    if head < 0:
+        pass
+    elif head <= 0x7F or head >= 0xE0 or 0xCC <= head <= 0xD3:
+        ints = np.empty(n, dtype=np.int64)
+        if compiled(int_keys_kernel)(data, first, stop, rows, ints):
+            return "int", ints
+    elif 0xA0 <= head <= 0xBF or 0xD9 <= head <= 0xDB or 0xC4 <= head <= 0xC6:
+        binary = 0xC4 <= head <= 0xC6
+        pfirst = np.empty(n, dtype=np.int64)
+        pstop = np.empty(n, dtype=np.int64)
+        if compiled(text_keys_kernel)(data, first, stop, rows, binary, pfirst, pstop) and (
+                binary or compiled(utf8_rows_kernel)(data, pfirst, pstop)):
+            return ("bytes" if binary else "str"), None
+    # tuples, mixed types, or keys the kernels refused: key by key, each checked to encode
+    # back to its own bytes
+    keys = []
+    try:
+        for a, b in zip(first.tolist(), stop.tolist(), strict=True):
+            encoded = data[a:b].tobytes()
+            key = decode_key(encoded)
+            if encode_key(key) != encoded:
+                return None
+            keys.append(key)
+    except Exception:  # noqa: BLE001 - any failure: the caller's row-by-row read reports it
+        return None
+    return "other", keys
+
+
+def text_key_column(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
+                    stop: npt.NDArray[np.int64], binary: bool) -> Any:
+    """The str (or, ``binary``, bytes) keys encoded at ``data[first[i]:stop[i]]`` (checked by
+    :func:`classify_key_rows`) as an Arrow string (binary) array."""
+    from .kernels import compiled
+
+    n = len(first)
+    pfirst = np.empty(n, dtype=np.int64)
+    pstop = np.empty(n, dtype=np.int64)
+    ok = compiled(text_keys_kernel)(data, first, stop, np.arange(n, dtype=np.int64), binary,
+                                    pfirst, pstop)
+    assert ok, "text_key_column of keys that are not all str (bytes)"
+    return _text_column(data, pfirst, pstop, binary)
+
+
+def _text_column(data: npt.NDArray[np.uint8], pfirst: npt.NDArray[np.int64],
+                 pstop: npt.NDArray[np.int64], binary: bool) -> Any:
+    """The payloads as an Arrow string (binary) array."""
+    import pyarrow as pa
+
+    lengths = pstop - pfirst
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    gathered = data[np.arange(offsets[-1], dtype=np.int64)
+                    + np.repeat(pfirst - offsets[:-1], lengths)]
+    array = pa.Array.from_buffers(pa.large_binary() if binary else pa.large_string(),
+                                  len(lengths), [None, pa.py_buffer(offsets),
+                                                 pa.py_buffer(gathered)])
+    return array.cast(pa.binary() if binary else pa.string())

@@ -126,3 +126,107 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
             return PackedValues(cut)
         out[rows] = cut
     return PackedValues(out.tolist())
+
+
+# -- unpacking: the inverse of pack_session_records, for a cold start ------------------------
+
+# the format codes of record_layout_kernel: _INT_FORMATS' order, then _FLOAT (a float64)
+_UNSIGNED_WIDTHS = {2: 1, 3: 2, 4: 4, 5: 8}  # uint8 .. uint64
+_SIGNED_WIDTHS = {6: 1, 7: 2, 8: 4, 9: 8}  # int8 .. int64
+
+
+def record_layout_kernel(data: Any, first: Any, stop: Any, n_parts: int, combined: bool,
+                         at: Any, formats: Any) -> int:
+    """Parse the msgpack records ``data[first[i]:stop[i]]`` as :func:`pack_session_records`
+    writes them (``[acc, 0, 0, 0, None]``, ``acc`` a number or, ``combined``, a list of
+    ``n_parts`` numbers, each an int of any msgpack int format or a float64): per row and part,
+    write where the number's payload starts to ``at`` and its format code to ``formats``
+    (``_INT_FORMATS``' order; ``_FLOAT`` for a float64). Return -1, or the first row that is
+    not such a record. (Compiled.)"""
+    for i in range(len(first)):
+        p = first[i]
+        end = stop[i]
+        if end - p < 1 + n_parts + 4 or int(data[p]) != 0x95:
+            return i
+        p += 1
+        if combined:
+            if int(data[p]) != 0x90 + n_parts:
+                return i
+            p += 1
+        for part in range(n_parts):
+            if p >= end:
+                return i
+            head = int(data[p])
+            if head <= 0x7F:
+                code, width = 0, 0
+            elif head >= 0xE0:
+                code, width = 1, 0
+            elif 0xCC <= head <= 0xCF:  # uint8 .. uint64
+                code, width = 2 + head - 0xCC, 1 << (head - 0xCC)
+            elif 0xD0 <= head <= 0xD3:  # int8 .. int64
+                code, width = 6 + head - 0xD0, 1 << (head - 0xD0)
+            elif head == 0xCB:
+                code, width = 10, 8
+            else:
+                return i
+            if width:
+                p += 1
+            at[i, part] = p
+            formats[i, part] = code
+            p += max(width, 1)
+        if end - p != 4 or int(data[p]) != 0 or int(data[p + 1]) != 0 \
+                or int(data[p + 2]) != 0 or int(data[p + 3]) != 0xC0:
+            return i
+    return -1
+
+
+def unpack_session_records(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
+                           stop: npt.NDArray[np.int64], n_parts: int, *, combined: bool
+                           ) -> list[npt.NDArray[Any]] | None:
+    """The accumulator columns of records :func:`pack_session_records` (or msgpack, for the
+    same Python record) wrote: record ``i`` is ``data[first[i]:stop[i]]``.
+
+    Returns:
+        One column per part: int64 where every row's number is an int, float64 where every
+        one is a float; or None when a record is not of that layout, a part mixes ints and
+        floats, or an int lies beyond int64 (the caller decodes those records one by one).
+    """
+    from .kernels import compiled  # numba, on first use only
+
+    if n_parts < 1 or n_parts > 15 or (not combined and n_parts != 1):
+        return None
+    n = len(first)
+    at = np.zeros((n, n_parts), dtype=np.int64)
+    formats = np.zeros((n, n_parts), dtype=np.int8)
+    if compiled(record_layout_kernel)(data, first, stop, n_parts, combined, at, formats) >= 0:
+        return None
+    columns: list[npt.NDArray[Any]] = []
+    for part in range(n_parts):
+        where, code = at[:, part], formats[:, part]
+        floats = code == _FLOAT
+        if floats.all():
+            columns.append(_gather(data, where, 8).view(">f8").astype(np.float64).reshape(n))
+            continue
+        if floats.any():
+            return None
+        column = np.empty(n, dtype=np.int64)
+        for fmt in np.unique(code).tolist():
+            rows = np.flatnonzero(code == fmt)
+            if fmt in (0, 1):  # fixints: the header byte is the value
+                column[rows] = data[where[rows]].astype(np.int64) - (256 if fmt == 1 else 0)
+                continue
+            width = _UNSIGNED_WIDTHS.get(fmt) or _SIGNED_WIDTHS[fmt]
+            kind = "u" if fmt in _UNSIGNED_WIDTHS else "i"
+            values = _gather(data, where[rows], width).view(f">{kind}{width}").reshape(len(rows))
+            if kind == "u" and width == 8 and (values >= np.uint64(1 << 63)).any():
+                return None  # beyond int64
+            column[rows] = values.astype(np.int64)
+        columns.append(column)
+    return columns
+
+
+def _gather(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], width: int
+            ) -> npt.NDArray[np.uint8]:
+    """The ``width`` bytes at each of ``at``, one row each."""
+    rows: npt.NDArray[np.uint8] = data[at[:, None] + np.arange(width, dtype=np.int64)]
+    return rows

@@ -12,6 +12,8 @@ over the batch's rows. Each is plain Python that numba compiles on first use
 
 from __future__ import annotations
 
+from typing import Any
+
 from .arrays import Int64Array
 
 
@@ -109,3 +111,75 @@ def int_index_insert(table_keys: Int64Array, table_ids: Int64Array, keys: Int64A
             at = (at + 1) & mask
         table_keys[at] = key
         table_ids[at] = ids[i]
+
+
+# -- the key index over encoded keys (EncodedKeyIndex) -----------------------------------------
+#
+# Keys as their encodings (keyschema.encode_key) in an arena, ``arena[first[id]:stop[id]]``;
+# a table of ids (``-1``: an empty cell; size a power of two, at most half full), probed
+# linearly from a 32-bit FNV-1a hash of the bytes; ``hashes[id]`` keeps each key's hash, so a
+# probe compares bytes only when the hashes agree.
+
+
+def bytes_hashes(data: Any, first: Int64Array, stop: Int64Array, out: Int64Array) -> None:
+    """``out[i]``: the 32-bit FNV-1a hash of ``data[first[i]:stop[i]]``."""
+    for i in range(len(first)):
+        h = 2166136261
+        for j in range(first[i], stop[i]):
+            h = ((h ^ int(data[j])) * 16777619) & 0xFFFFFFFF
+        out[i] = h
+
+
+def bytes_index_find(table: Int64Array, arena: Any, arena_first: Int64Array,
+                     arena_stop: Int64Array, arena_hashes: Int64Array, size: int, data: Any,
+                     first: Int64Array, stop: Int64Array, hashes: Int64Array, out: Int64Array,
+                     add: bool) -> int:
+    """``out[i]``: the id of the key ``data[first[i]:stop[i]]`` (hash ``hashes[i]``) among
+    the ``size`` ids of the table, or -1. With ``add`` (``arena`` must then be ``data``, and
+    the id arrays have room), a key not found is added as the next id, pointing at its row's
+    bytes: how a cold start finds the distinct keys of its rows. Returns the new size."""
+    mask = len(table) - 1
+    for i in range(len(first)):
+        h = hashes[i]
+        at = h & mask
+        while True:
+            kid = table[at]
+            if kid < 0:
+                if add:
+                    table[at] = size
+                    arena_first[size] = first[i]
+                    arena_stop[size] = stop[i]
+                    arena_hashes[size] = h
+                    kid = size
+                    size += 1
+                out[i] = kid
+                break
+            if arena_hashes[kid] == h and arena_stop[kid] - arena_first[kid] == stop[i] - first[i]:
+                same = True
+                for k in range(stop[i] - first[i]):
+                    if arena[arena_first[kid] + k] != data[first[i] + k]:
+                        same = False
+                        break
+                if same:
+                    out[i] = kid
+                    break
+            at = (at + 1) & mask
+    return size
+
+
+def bytes_index_insert(table: Int64Array, arena_hashes: Int64Array, ids: Int64Array) -> None:
+    """Add the ids ``ids`` (of keys absent from the table, which has room) by their hashes."""
+    mask = len(table) - 1
+    for i in range(len(ids)):
+        at = arena_hashes[ids[i]] & mask
+        while table[at] >= 0:
+            at = (at + 1) & mask
+        table[at] = ids[i]
+
+
+def gather_bytes(data: Any, first: Int64Array, stop: Int64Array, out: Any, at: int) -> None:
+    """Copy ``data[first[i]:stop[i]]`` one after another into ``out`` from ``at`` on."""
+    for i in range(len(first)):
+        for j in range(first[i], stop[i]):
+            out[at] = data[j]
+            at += 1

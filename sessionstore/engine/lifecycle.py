@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ..timeutil import INT64_MAX, INT64_MIN
 from .columnar import SessionRows
 from .config import expiry_cap_ms
-from .record import SessionRecord, acc_of, check_encodable
-from .table import OpenSessions, unique_keys
+from .record import SessionRecord, check_encodable
+from .table import OpenSessions, load_open_sessions
 from .time import TimeKeeper
 
 if TYPE_CHECKING:
@@ -103,15 +103,9 @@ def open_table(self: EngineHost) -> OpenSessions:
         assert self.columnar_kinds is not None
         last_close = self.times.last_close
         low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
-        rows = [(session, acc_of(raw))
-                for session, raw in self.cache.find_sessions(low, INT64_MAX)]
-        loaded = SessionRows.from_rows(self.columnar_kinds, rows,
-                                       combined=self.result_names is not None)
-        table = OpenSessions(self.columnar_kinds)
-        keys, codes = unique_keys([session.key for session, _ in rows])
-        table.insert(keys, codes, table.index.lookup(keys), loaded)
+        self.table = load_open_sessions(self.cache, low, self.columnar_kinds,
+                                        combined=self.result_names is not None)
         self.cache.evict()  # the table now answers for these keys; no view may go stale
-        self.table = table
     return self.table
 
 

@@ -157,6 +157,38 @@ class BulkSessions(NamedTuple):
     values: list[bytes]
 
 
+class StoredSessions(NamedTuple):
+    """Sessions read in bulk (:meth:`SegmentedSessionStore.find_sessions_columns`), in no
+    particular order, each once.
+
+    Session ``i`` is ``(key, starts_ms[i], ends_ms[i])``, where ``key``'s encoding
+    (:func:`keyschema.encode_key`) is ``key_bytes[key_first[i]:key_stop[i]]`` and its stored
+    value, serialised by the store's serde, is ``value_bytes[value_first[i]:value_stop[i]]``.
+    ``msgpack_values``: that serde is :class:`~sessionstore.serde.MsgpackSerde`.
+    """
+
+    key_bytes: npt.NDArray[np.uint8]
+    key_first: npt.NDArray[np.int64]
+    key_stop: npt.NDArray[np.int64]
+    starts_ms: npt.NDArray[np.int64]
+    ends_ms: npt.NDArray[np.int64]
+    value_bytes: npt.NDArray[np.uint8]
+    value_first: npt.NDArray[np.int64]
+    value_stop: npt.NDArray[np.int64]
+    msgpack_values: bool
+
+    def __len__(self) -> int:
+        return len(self.starts_ms)
+
+
+def byte_rows(pieces: list[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """``pieces`` joined into one buffer, and the ``len(pieces) + 1`` offsets of the pieces."""
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)),
+              out=offsets[1:])
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets
+
+
 def check_sessions_many(
     keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None
 ) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
@@ -608,6 +640,40 @@ class SegmentedSessionStore(ABC):
         decode = keyschema.decode_key
         for end, encoded, start, data in self._scan_time(earliest, latest, backward):
             yield Session(decode(encoded), start, end), loads(data)
+
+    def find_sessions_columns(self, earliest_end_ms: int) -> StoredSessions | None:
+        """``find_sessions(earliest_end_ms, INT64_MAX)`` as columns: every live session ending
+        at or after ``earliest_end_ms`` (and :attr:`read_floor_ms`), read at once, in no
+        particular order, the values still serialised (a cold start reading every open session
+        back: no Python object per session on a backend that can avoid it).
+
+        Returns:
+            The sessions, or None when the backend cannot read its records in bulk (a damaged
+            record: the caller reads them with :meth:`find_sessions`, which names the damage).
+
+        Raises:
+            StoreCorruptedError: as :meth:`find_sessions`.
+        """
+        self._check_open()
+        earliest = self._floor(check_int64(earliest_end_ms, "earliest_end_ms"))
+        if earliest > INT64_MAX:
+            return self._stored_from_rows([])
+        return self._read_columns(earliest)
+
+    def _stored_from_rows(self, rows: list[tuple[int, bytes, int, bytes]]) -> StoredSessions:
+        """:class:`StoredSessions` of ``(end, encoded_key, start, data)`` rows."""
+        keys, key_offsets = byte_rows([row[1] for row in rows])
+        values, value_offsets = byte_rows([row[3] for row in rows])
+        return StoredSessions(
+            keys, key_offsets[:-1], key_offsets[1:],
+            np.fromiter((row[2] for row in rows), dtype=np.int64, count=len(rows)),
+            np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
+            values, value_offsets[:-1], value_offsets[1:], type(self._serde) is MsgpackSerde)
+
+    def _read_columns(self, earliest: int) -> StoredSessions | None:
+        """:meth:`find_sessions_columns` from ``earliest`` (the floor applied); here from the
+        time-first scan, row by row: backends override it to read in bulk."""
+        return self._stored_from_rows(list(self._scan_time(earliest, INT64_MAX)))
 
     # -- versions ---------------------------------------------------------------------------
 

@@ -639,6 +639,16 @@ class CachingSessionStore:
         self.flush(latest_end_ms)
         return iter(self.wrapped.find_sessions(earliest_end_ms, latest_end_ms))
 
+    def find_sessions_columns(self, earliest_end_ms: int) -> Any:
+        """Writes every change first, then reads the wrapped store's
+        ``find_sessions_columns`` (None when it has none: the caller uses
+        :meth:`find_sessions`)."""
+        read = getattr(self.wrapped, "find_sessions_columns", None)
+        if read is None:
+            return None
+        self.flush()
+        return read(earliest_end_ms)
+
     # -- versions and pass-through ----------------------------------------------------------
 
     def commit(self, metadata: Any = None) -> int:

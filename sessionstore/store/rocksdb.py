@@ -41,8 +41,9 @@ from ..arrays import sort_order
 from ..errors import StoreCorruptedError, StoreLockedError
 from ..fsutil import fsync_dir
 from ..locking import FileLock, LockHeldError, holder_description
+from ..serde import MsgpackSerde
 from ..types import ValueSerde
-from .base import BulkSessions, CommittedState, SegmentedSessionStore
+from .base import BulkSessions, CommittedState, SegmentedSessionStore, StoredSessions, byte_rows
 from .checkpoint import (
     CHECKPOINTS_DIR,
     DELETING_PREFIX,
@@ -80,6 +81,8 @@ _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
 # sorts after the (end, start) of any key-first record: the start of a backward key scan
 _HIGH_TIMES = b"\xff" * 16
+# just above every key-first record: where a pass over them stops
+_KEY_FIRST_END = bytes([keyschema.KEY_FIRST[0] + 1])
 _SETITEM: Callable[[Any, bytes, bytes], None] = operator.setitem
 
 
@@ -233,6 +236,59 @@ def _segment_by_time(cf: Any, backward: bool) -> list[tuple[int, bytes, int, byt
     del it
     rows.sort(reverse=backward)  # (end, key, start) is unique: values are never compared
     return rows
+
+
+def read_key_first_columns(cfs: dict[int, Any], interval: int, earliest_end: int, where: Path,
+                           msgpack_values: bool) -> StoredSessions | None:
+    """Every session ending at or after ``earliest_end``, from one pass over the key-first
+    records of each segment that may hold one (the sessions a segment holds: a removed session
+    has none), cut into columns without a Python object per session beyond the bytes RocksDB
+    hands over. In segment order, then key-first order within a segment.
+
+    Returns:
+        The sessions; None when a record is not a key-first record (a damaged store: the caller
+        reads row by row, which names the damage).
+
+    Raises:
+        StoreCorruptedError: RocksDB met a damaged block or a missing file (see
+            :func:`scan_key`).
+    """
+    first = earliest_end // interval
+    held = cfs.copy()  # a reader thread may scan while the owner drops expired segments
+    records: list[bytes] = []
+    values: list[bytes] = []
+    add_record, add_value = records.append, values.append
+    try:
+        for segment in sorted(s for s in held if s >= first):
+            options = rocksdict.ReadOptions()
+            options.set_iterate_upper_bound(_KEY_FIRST_END)
+            it = held[segment].iter(options)
+            it.seek(keyschema.KEY_FIRST)
+            valid, key, value, step = it.valid, it.key, it.value, it.next
+            while valid():
+                add_record(key())
+                add_value(value())
+                step()
+            it.status()  # a read error ends the iteration as the end does
+            del valid, key, value, step, it
+    except Exception as exc:  # noqa: BLE001 - only RocksDB's errors are translated
+        _raise_corruption(exc, where)
+    data, offsets = byte_rows(records)
+    del records
+    split = keyschema.split_key_first_records(data, offsets)
+    if split is None:
+        return None
+    key_first, key_stop, ends, starts = split
+    value_bytes, value_offsets = byte_rows(values)
+    del values
+    value_first, value_stop = value_offsets[:-1], value_offsets[1:]
+    if len(ends) and ends.min() < earliest_end:  # the first segment's earlier sessions
+        keep = np.flatnonzero(ends >= earliest_end)
+        key_first, key_stop, ends, starts, value_first, value_stop = (
+            key_first[keep], key_stop[keep], ends[keep], starts[keep], value_first[keep],
+            value_stop[keep])
+    return StoredSessions(data, key_first, key_stop, starts, ends, value_bytes, value_first,
+                          value_stop, msgpack_values)
 
 
 def _time_rows(cf: Any, earliest_end: int, latest_end: int, backward: bool = False
@@ -806,6 +862,10 @@ class SessionStore(SegmentedSessionStore):
     ) -> Iterator[tuple[int, bytes, int, bytes]]:
         return scan_time(self._cfs, self._interval, earliest_end, latest_end, self._live_path,
                          backward, self._blocks)
+
+    def _read_columns(self, earliest: int) -> StoredSessions | None:
+        return read_key_first_columns(self._cfs, self._interval, earliest, self._live_path,
+                                      type(self._serde) is MsgpackSerde)
 
     def _drop_segments_below(self, segment: int) -> int:
         doomed = [s for s in self._cfs if s < segment]

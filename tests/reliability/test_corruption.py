@@ -222,6 +222,7 @@ def test_a_scan_over_a_damaged_block_raises_instead_of_ending_early(tmp_path):
             lambda: list(store.fetch("k2500")),
             lambda: list(store.find_sessions_to_merge("k4000", 0, 10**6)),
             lambda: store.fetch_session("k1234", 1234, 1244),
+            lambda: store.find_sessions_columns(-(2**63)),  # the engine's bulk read
         ]
         for call in calls:
             with pytest.raises(StoreCorruptedError) as info:
