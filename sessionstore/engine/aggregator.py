@@ -499,6 +499,8 @@ class SessionAggregator:
     def flush(self) -> list[Emit]:
         """Deliver the write cache (``write_cache=True``): one update per changed session and
         a retraction for each delivered session since removed; [] otherwise."""
+        if self._max_duration is not None:
+            self._max_duration.write_all([])  # sessions written lazily (ON_WINDOW_CLOSE)
         if not self.write_cache:
             return []
         self._state.flush()
@@ -515,6 +517,8 @@ class SessionAggregator:
             ValueError: the write cache holds updates that :meth:`flush` has not returned.
         """
         check_encodable(metadata, "metadata")
+        if self._max_duration is not None:
+            self._max_duration.write_all([])  # a commit holds every session
         if self.write_cache and self._state.dirty_count:
             raise ValueError("flush() the write cache and deliver its emits before commit()")
         engine_state = self._times.to_state()
@@ -524,6 +528,8 @@ class SessionAggregator:
         """Discard everything since the last commit: state, cursors and the write cache."""
         self._table = None
         self._state.abort()
+        if self._max_duration is not None:
+            self._max_duration.forget()
         self._forwarded.clear()
         self._times = TimeKeeper(self.config)
         if self._runner is not None:
@@ -543,6 +549,8 @@ class SessionAggregator:
     def sessions(self, key: Any) -> list[tuple[Session, Any]]:
         """The stored sessions of ``key`` with their current results (interactive query)."""
         result = self.aggregation.result
+        if self._max_duration is not None:
+            self._max_duration.write_key(key)
         return [(s, result(SessionRecord.from_wire(raw).acc))
                 for s, raw in self._state.fetch(key)]
 
@@ -764,6 +772,8 @@ class SessionAggregator:
         w = times.watermark
         close_upto = w - self.config.grace_ms
         if close_upto > times.last_close:
+            if self._max_duration is not None:  # sessions written lazily that may close
+                self._max_duration.write_upto(close_upto, out)
             if self._table is not None:
                 closed = self._advance_table()
                 if closed is not None:

@@ -83,6 +83,7 @@ import numpy as np
 from .. import keyschema
 from ..aggregations import Aggregation, is_count
 from ..gap_boundary import reaches
+from ..timeutil import INT64_MAX
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
 from .emit import Emit, make_emit
@@ -94,8 +95,17 @@ if TYPE_CHECKING:
 _FIRST = operator.itemgetter(0)
 _SEQ = operator.itemgetter(1)
 _VALUE = operator.itemgetter(3)
+_TIME_SEQ = operator.itemgetter(0, 1)
+
+
+def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
+    return int(stored[0][0])
+
+
 # how many keys' open-session orders MaxDuration keeps beyond the keys the cache holds
 _ORDERS_SLACK = 1024
+# how many events MaxDuration holds unwritten (over all keys) before it writes them all
+HELD_EVENTS_LIMIT = 1 << 20
 
 Cut = tuple[int, int, int, int]
 """``(start, end, max_end, stop)`` of one session of a cut: its events are
@@ -330,6 +340,28 @@ def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
     return record_with_events(acc, events, max_end)
 
 
+class _Lazy:
+    """A key whose open sessions are written lazily: the open sessions stored when it became
+    lazy (``stored``: ``[(bounds, record)]`` in order; they stay as stored until the key is
+    written), the events that came since (``events``, ``[t, seq, own_end, value]`` in arrival
+    order), a lower bound of the end of every session the key's open events can form
+    (``bound``: the smallest own-window end over them, or ``floor``, the "closed before" when
+    it became lazy, + 1, if that is later: no step creates a session closed on creation, so
+    every session of the key ends after it) and, with sums, the sum of the
+    magnitudes of their int values (no partial sum of a fold can leave int64 while it is at
+    most ``INT64_MAX``)."""
+
+    __slots__ = ("stored", "events", "bound", "floor", "magnitude")
+
+    def __init__(self, stored: list[tuple[tuple[int, int], Any]], bound: int, floor: int,
+                 magnitude: int) -> None:
+        self.stored = stored
+        self.events: list[list[Any]] = []
+        self.floor = floor
+        self.bound = bound if bound > floor else floor
+        self.magnitude = magnitude
+
+
 class MaxDuration:
     """The event step of an engine whose windows have ``max_duration_ms``.
 
@@ -365,6 +397,24 @@ class MaxDuration:
         # key -> (the cache's view of it, the bounds of its open sessions in order), kept
         # while the cache holds that same view (see _open_bounds)
         self._orders: dict[Any, tuple[Any, list[tuple[int, int]]]] = {}
+        # lazy writing (see "Lazy writes" in the module docstring): with ON_WINDOW_CLOSE on
+        # every path, with ON_WINDOW_UPDATE inside a batch (process_many); only for built-in
+        # accumulators: their adds cannot fail on ints and floats whose sums stay in int64,
+        # and their accumulators of encodable values encode (the engine checks each value);
+        # any other must fail at the event that breaks it
+        parts = columnar_parts(engine.aggregation) or []
+        self._lazy = not engine._updates
+        self._lazy_ok = self._incremental
+        # (is a sum, column) of the parts whose adds look at the value's number
+        self._numeric = [(kind == "sum", column) for kind, column in parts
+                         if kind in NUMERIC_KINDS]
+        # the adds of the other built-ins (count, first, last, collect) give the fold in
+        # (time, arrival) order whatever order they come in
+        self._order_free_adds = not self._numeric
+        self._pending: dict[Any, _Lazy] = {}
+        self._due: list[tuple[int, int, Any, _Lazy]] = []  # (bound, tie, key, entry), a heap
+        self._tie = 0
+        self._held = 0  # events held in self._pending
 
     def _open_bounds(self, key: Any, view: Any, closed_before: int) -> list[tuple[int, int]]:
         """The bounds of ``key``'s open sessions (ending after ``closed_before``) in ``view``
@@ -431,15 +481,18 @@ class MaxDuration:
             engine._drop(key, value, t)
             return
         closed_before = times.closed_before()
-        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
+        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1,
+                   self._lazy)
         times.seq += 1
         if times.observe(t):
             engine._on_watermark(out)
 
     def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
-              out: list[Emit], log: ChangeLog | None, seq: int) -> None:
+              out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool) -> None:
         """Re-cut the key's open sessions with the new event (arrival number ``seq``) and
-        apply the difference (the caller advances the engine's arrival counter).
+        apply the difference (the caller advances the engine's arrival counter); with
+        ``lazy``, hold the event instead (:meth:`_hold`) unless it comes after every open
+        event of its key.
 
         No session this creates is closed on creation. The first re-cut session starts at an
         open session's first event (it keeps all that session's events, so it ends no earlier,
@@ -453,9 +506,18 @@ class MaxDuration:
         inclusive = cfg.inclusive_gap
         agg = engine.aggregation
         event = [t, seq, own_end, value]
+        if self._pending and key in self._pending:
+            held = self._pending[key]
+            if lazy and held.bound > closed_before and self._hold(key, held, event, out, log):
+                return
+            self._write_held(key, out, log)  # the key may close: write it, then step
         view = engine._state.sessions_of(key, closed_before)
         bounds = self._open_bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
+        if lazy and self._lazy_ok and bounds and (
+                j != len(bounds) - 1 or t < _payload(view[bounds[j]][0], key, bounds[j])[0][-1][0]
+        ) and self._become_lazy(key, view, bounds, event, closed_before, out, log):
+            return  # held: before the last open event of its key
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
         # a session changed in place)
@@ -569,19 +631,32 @@ class MaxDuration:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content (a store failure while the cache
         # writes leaves the key's order dropped: it is read again from the view)
-        state = engine._state
         order = self._orders.pop(key, None)
+        self._write(key, removed, added)
+        self._reindex(bounds, removed, added, recut)
+        if order is not None:
+            self._orders[key] = order
+        self._publish(key, removed, added, out, log)
+
+    def _write(self, key: Any, removed: list[tuple[tuple[int, int], Any]],
+               added: list[tuple[int, int, Any, list[Any], int, bool, Any]]) -> None:
+        """Write a key's changed open sessions to the store."""
+        state = self.engine._state
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
         for start, end, acc, events, max_end, *_ in added:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
-        self._reindex(bounds, removed, added, recut)
-        if order is not None:
-            self._orders[key] = order
+
+    def _publish(self, key: Any, removed: list[tuple[tuple[int, int], Any]],
+                 added: list[tuple[int, int, Any, list[Any], int, bool, Any]],
+                 out: list[Emit], log: ChangeLog | None) -> None:
+        """Emit (``ON_WINDOW_UPDATE``), log (a batch's ``ON_WINDOW_UPDATE``) or index for
+        closing (``ON_WINDOW_CLOSE``) the changes :meth:`_write` wrote."""
+        engine = self.engine
         if engine._updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
-            result = agg.result
+            result = engine.aggregation.result
             if log is not None:
                 for b, old_acc in removed:
                     session = Session(key, b[0], b[1])
@@ -610,6 +685,177 @@ class MaxDuration:
                 heapq.heappush(heap, end)
                 if engine._record_close_times:
                     engine._new_close_times.append(end)
+
+    # -- lazy writes ----------------------------------------------------------------------------
+
+    def _magnitude(self, value: Any) -> int | None:
+        """The sum of the magnitudes of ``value``'s int numbers that sums add; None when a
+        number the aggregation looks at is not an int or a float (or is missing): the event
+        then takes the exact step, whose add fails at that event if it must."""
+        total = 0
+        for is_sum, column in self._numeric:
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return None
+            kind = type(number)
+            if kind is int:
+                if is_sum:
+                    total += number if number >= 0 else -number
+            elif kind is not float:
+                return None
+        return total
+
+    def _become_lazy(self, key: Any, view: Any, bounds: list[tuple[int, int]],
+                     event: list[Any], closed_before: int, out: list[Emit],
+                     log: ChangeLog | None) -> bool:
+        """Start holding ``key``'s events, ``event`` first; False (nothing changed) when an
+        open or the new value is one whose adds could fail (see :meth:`_magnitude`).
+
+        The bound is the smallest own-window end over the key's open events: every session
+        of any cut of them starts at one of them and ends at or after its own-window end
+        (``[s, min(max_end, s + max_duration))`` with ``max_end >= s + gap``). With a fixed
+        gap that is the first open event's; with a gap per event, every event is read."""
+        md = self.max_duration_ms
+        magnitude = self._magnitude(event[3])
+        if magnitude is None:
+            return False
+        stored = [(b, view[b][0]) for b in bounds]
+        self.recut_steps += len(stored)
+        first = _payload(stored[0][1], key, bounds[0])[0][0]
+        bound = own_window_end(first[0], first[2], md)
+        if self._numeric or not self._fixed_gap:
+            for b, raw in stored:
+                for e in _payload(raw, key, b)[0]:
+                    if self._numeric:
+                        more = self._magnitude(e[3])
+                        if more is None:
+                            return False
+                        magnitude += more
+                    if not self._fixed_gap:
+                        end = own_window_end(e[0], e[2], md)
+                        if end < bound:
+                            bound = end
+                self.recut_steps += len(_payload(raw, key, b)[0])
+        if magnitude > INT64_MAX:
+            return False
+        held = _Lazy(stored, bound, closed_before + 1, magnitude)
+        self._pending[key] = held
+        self._push_due(key, held)
+        return self._hold(key, held, event, out, log)
+
+    def _push_due(self, key: Any, held: _Lazy) -> None:
+        self._tie += 1
+        heapq.heappush(self._due, (held.bound, self._tie, key, held))
+
+    def _hold(self, key: Any, held: _Lazy, event: list[Any], out: list[Emit],
+              log: ChangeLog | None) -> bool:
+        """Hold ``event`` (not late; its key's bound is after its "closed before") for
+        ``key``; False (nothing changed) when its value is one whose adds could fail or its
+        sums could leave int64."""
+        magnitude = self._magnitude(event[3])
+        if magnitude is None or held.magnitude + magnitude > INT64_MAX:
+            return False
+        held.magnitude += magnitude
+        held.events.append(event)
+        end = own_window_end(event[0], event[2], self.max_duration_ms)
+        if end < held.floor:
+            end = held.floor
+        if end < held.bound:
+            held.bound = end
+            self._push_due(key, held)
+        self._held += 1
+        if self._held > HELD_EVENTS_LIMIT:
+            self.write_all(out, log)
+        return True
+
+    def write_upto(self, upto: int, out: list[Emit]) -> None:
+        """Write every held key whose bound is at or before ``upto`` (the engine calls this
+        before it closes the sessions ending up to ``upto``)."""
+        due = self._due
+        pending = self._pending
+        while due and due[0][0] <= upto:
+            _, _, key, held = heapq.heappop(due)
+            if pending.get(key) is held:
+                self._write_held(key, out, None)
+
+    def write_all(self, out: list[Emit], log: ChangeLog | None = None) -> None:
+        """Write every held key (before a commit, a flush, at the end of a batch with
+        ``ON_WINDOW_UPDATE``, or when too many events are held)."""
+        for key in list(self._pending):
+            self._write_held(key, out, log)
+        self._due.clear()  # every entry is stale
+
+    def write_key(self, key: Any) -> None:
+        """Write ``key`` if it is held (before its sessions are read)."""
+        if key in self._pending:
+            self._write_held(key, [], None)
+
+    def forget(self) -> None:
+        """Drop every held event (an abort)."""
+        self._pending.clear()
+        self._due.clear()
+        self._held = 0
+        self._orders.clear()
+
+    def _write_held(self, key: Any, out: list[Emit], log: ChangeLog | None) -> None:
+        """Cut a held key's open events (its stored open sessions and its held events) by the
+        rule and write the difference to the stored sessions, as one re-cut.
+
+        The sessions before the one the earliest held event falls into cannot change (the
+        cut is a left-to-right scan); from there on, every open event is cut again (in
+        (time, arrival) order). A session of a cut holds exactly the open events in
+        ``[start, end)``, so one with stored bounds and no held event is the stored one.
+        Every other session gets its accumulator folded from its events in (time, arrival)
+        order. If that fails, nothing is written and the key stays held."""
+        held = self._pending[key]
+        engine = self.engine
+        agg = engine.aggregation
+        md = self.max_duration_ms
+        stored = held.stored
+        news = sorted(held.events, key=_TIME_SEQ)
+        first = max(bisect.bisect_right(stored, news[0][0], key=_start_of) - 1, 0)
+        last = max(bisect.bisect_right(stored, news[-1][0], key=_start_of) - 1, first)
+        gathered: list[Any] = []
+        for b, raw in stored[first:last + 1]:
+            gathered += _payload(raw, key, b)[0]
+        gathered += news
+        gathered.sort(key=_TIME_SEQ)  # two sorted runs: one merge
+
+        def events_of(i: int) -> list[Any]:
+            b, raw = stored[last + 1 + i]
+            return _payload(raw, key, b)[0]
+
+        cuts, used = cut_until_unchanged(gathered, len(stored) - last - 1, events_of, md,
+                                         engine.config.inclusive_gap)
+        self.recut_steps += len(gathered) + last + 1 + used - first
+        old = dict(stored[first:last + 1 + used])
+        new_times = list(map(_FIRST, news))
+        removed: list[tuple[tuple[int, int], Any]] = []
+        added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
+        kept: set[tuple[int, int]] = set()
+        low = 0
+        for start, end, max_end, stop in cuts:
+            members = gathered[low:stop]
+            low = stop
+            at = bisect.bisect_left(new_times, start)
+            if (start, end) in old and (at == len(new_times) or new_times[at] >= end):
+                kept.add((start, end))  # the same events: unchanged
+                continue
+            self.recut_events += len(members)
+            self.recut_steps += 1
+            acc = _fold(agg, key, members)
+            fresh = (start, end) not in old
+            if not fresh:
+                kept.add((start, end))
+            added.append((start, end, acc, members, max_end, fresh,
+                          None if fresh else acc_of(old[(start, end)])))
+        removed = [(b, acc_of(raw)) for b, raw in old.items() if b not in kept]
+        del self._pending[key]
+        self._held -= len(held.events)
+        self._orders.pop(key, None)  # read again from the view at the key's next step
+        self._write(key, removed, added)
+        self._publish(key, removed, added, out, log)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
@@ -661,16 +907,22 @@ class MaxDuration:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        order_free = bool(disordered) and self._order_free(values)
+        # disordered keys are held (written once, lazily) when the accumulators allow it;
+        # otherwise replayed in one pass when their accumulators do not depend on the order
+        # of the adds, or else stepped one by one
+        lazy = self._lazy or log is not None
+        held_keys = lazy and self._lazy_ok
+        order_free = bool(disordered) and not held_keys and self._order_free(values)
+        pending = self._pending
         for g in range(len(starts)):
             a, b = bounds_of[g], bounds_of[g + 1]
-            if not order_free and code_list[a] in disordered:
+            row = rows[a]
+            mixed = code_list[a] in disordered
+            if (mixed and (held_keys or not order_free)) or (pending and keys[row] in pending):
                 fallback.extend(positions[a:b])
                 continue
-            row = rows[a]
             plan = self._in_order(keys[row], values, time_list, end_list, cb_list, rows[a:b],
-                                  [seq0 + p for p in positions[a:b]],
-                                  code_list[a] in disordered)
+                                  [seq0 + p for p in positions[a:b]], mixed)
             if plan is None:
                 fallback.extend(positions[a:b])
             else:
@@ -686,10 +938,13 @@ class MaxDuration:
         acc_rows = accepted.tolist()
         for p in fallback:
             i = acc_rows[p]
-            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p)
+            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p,
+                 lazy)
         clock.seq += m
         for key, plan in plans:
             self._apply_in_order(key, plan, log)
+        if log is not None and self._pending:
+            self.write_all(out, log)  # the log is "before the batch, and now"
         if m and clock.observe(int(acc_times.max())):
             engine._on_watermark(out)
 
@@ -905,10 +1160,15 @@ class MaxDuration:
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:
         """A session's accumulator and events with ``event`` inserted at ``pos`` (its place in
-        (time, arrival) order), changing nothing until the caller applies them."""
+        (time, arrival) order), changing nothing until the caller applies them.
+
+        The accumulator is the fold of the events in (time, arrival) order: an add extends it
+        at the end, or anywhere for the built-ins whose adds keep that order themselves;
+        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again."""
         agg = self.engine.aggregation
-        if not self._incremental:
+        if not self._incremental or (pos < len(events) and not self._order_free_adds):
             events = [*events[:pos], event, *events[pos:]]
+            self.recut_events += len(events)
             return _fold(agg, key, events), events
         acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
         if self.engine._check_acc:  # the accumulator check may still refuse: copy
