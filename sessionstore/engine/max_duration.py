@@ -723,7 +723,8 @@ class MaxDuration:
         stored = [(b, view[b][0]) for b in bounds]
         self.recut_steps += len(stored)
         first = _payload(stored[0][1], key, bounds[0])[0][0]
-        bound = own_window_end(first[0], first[2], md)
+        bound = min(own_window_end(first[0], first[2], md),
+                    own_window_end(event[0], event[2], md))
         if self._numeric or not self._fixed_gap:
             for b, raw in stored:
                 for e in _payload(raw, key, b)[0]:
@@ -745,8 +746,14 @@ class MaxDuration:
         return self._hold(key, held, event, out, log)
 
     def _push_due(self, key: Any, held: _Lazy) -> None:
+        """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
+        the engine on close times (``drain_close_times``) gets the bound as one: no session of
+        the key closes before it, and the wake-up writes the key, whose ends then follow."""
         self._tie += 1
         heapq.heappush(self._due, (held.bound, self._tie, key, held))
+        engine = self.engine
+        if engine._record_close_times:
+            engine._new_close_times.append(held.bound)
 
     def _hold(self, key: Any, held: _Lazy, event: list[Any], out: list[Emit],
               log: ChangeLog | None) -> bool:

@@ -240,6 +240,22 @@ def test_a_key_whose_first_own_window_is_behind_the_cursor_is_still_held():
     assert [e.value for e in out] == [n0 + m]
 
 
+def test_a_held_key_gives_drivers_a_close_time_at_its_bound():
+    # a driver that wakes the engine at drain_close_times() must not sleep past a held
+    # session's close: the held key's bound is one (its own-window end here), and the wake-up
+    # writes the key. Kills: held keys without a close time (the driver would wake at 200)
+    engine = engine_for(100, DAY_MS, 1_000, aggregations.count())
+    assert engine.drain_close_times() == []
+    engine.process("k", None, 100)  # [100, 200)
+    engine.process("k", None, -50)  # held: [-50, 50) of its own
+    assert sorted(engine.drain_close_times()) == [50, 200]
+    out = engine.advance_watermark(50)  # written (its end recorded), then closed
+    assert engine.drain_close_times() == [50]
+    out += engine.advance_watermark(INT64_MAX)
+    assert [(e.session.start, e.session.end, e.value) for e in out] == [(-50, 50, 1),
+                                                                        (100, 200, 1)]
+
+
 @st.composite
 def piece_cases(draw: st.DrawFn) -> tuple[list[list[int]], int, int, bool, list[int]]:
     """Events with a fixed gap, cut by the rule into stored sessions, and a new event."""
