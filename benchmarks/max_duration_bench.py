@@ -13,11 +13,12 @@ the events of the sessions re-cuts wrote, ``re_cut_steps`` the steps they took o
 Lateness covers the whole input, so every event is accepted whatever the order.
 
 Aggregations: ``count`` and ``fsum`` (a float sum, whose value depends on the order of its adds).
-Paths: ``event`` (``process`` per event, ``ON_WINDOW_CLOSE``), ``batch`` (one ``process_batch``,
-``ON_WINDOW_CLOSE``), ``batch-update`` (one ``process_batch``, ``ON_WINDOW_UPDATE``) and ``cli``
-(``sessionize --state`` in a child process, ``--gap 100ms --max-duration 10s --grace 1d``, the
-input as JSON Lines; its CPU is the child's user + system time; the CLI has only the chained
-layout).
+Paths: ``event`` (``process`` per event, ``ON_WINDOW_CLOSE``), ``event-update`` (the same with
+``ON_WINDOW_UPDATE``: every event emits its changes, so a newest-first chain is output-bound),
+``batch`` (one ``process_batch``, ``ON_WINDOW_CLOSE``), ``batch-update`` (one ``process_batch``,
+``ON_WINDOW_UPDATE``), ``cli`` and ``cli-update`` (``sessionize --state`` in a child process,
+``--gap 100ms --max-duration 10s --grace 1d``, ``--emit update`` for the second; the input as
+JSON Lines; its CPU is the child's user + system time; the CLI has only the chained layout).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ STEP_MS, GAP_MS = 10, 100
 MAX_DURATIONS_MS = {"chained": 10_000, "one session": 86_400_000}
 ORDERS = ("sorted", "reversed", "shuffled")
 AGGS = ("count", "fsum")
-PATHS = ("event", "batch", "batch-update", "cli")
+PATHS = ("event", "event-update", "batch", "batch-update", "cli", "cli-update")
 
 
 def value_of(t: int) -> float:
@@ -74,12 +75,12 @@ def arrival(n: int, order: str, seed: int = 1) -> list[int]:
 def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[str, Any]:
     """One row: feed the events through ``process``, one ``process_batch`` or the CLI; close
     all."""
-    if path == "cli":
-        return run_cli(n, order, layout, agg)
+    if path.startswith("cli"):
+        return run_cli(n, order, layout, agg, path)
     windows = SessionWindows(GAP_MS, max_duration_ms=MAX_DURATIONS_MS[layout])
     lateness = n * STEP_MS
-    emit = EmitStrategy.ON_WINDOW_UPDATE if path == "batch-update" else \
-        EmitStrategy.ON_WINDOW_CLOSE
+    updates = path.endswith("-update")
+    emit = EmitStrategy.ON_WINDOW_UPDATE if updates else EmitStrategy.ON_WINDOW_CLOSE
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=windows.retention_ms + lateness), windows,
         aggregations.count() if agg == "count" else aggregations.sum_of(), emit=emit,
@@ -87,16 +88,17 @@ def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[
     times = arrival(n, order)
     values: list[Any] = [None] * n if agg == "count" else [value_of(t) for t in times]
     cpu, wall = time.process_time(), time.perf_counter()
-    if path == "event":
+    if path.startswith("event"):
+        out = []
         for t, v in zip(times, values, strict=True):
-            engine.process("k", v, t)
+            out += engine.process("k", v, t)
     else:
         out = engine.process_batch(["k"] * n, values, np.array(times, dtype=np.int64))
     closed = engine.advance_watermark(INT64_MAX)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    if path != "batch-update":
+    if not updates:
         out = closed
-    if agg == "count" and path != "batch-update" and sum(e.value for e in out) != n:
+    if agg == "count" and not updates and sum(e.value for e in out) != n:
         raise AssertionError(f"{order} {path} {n}: {sum(e.value for e in out)} events out")
     assert engine._max_duration is not None
     return {"events": n, "order": order, "path": path, "layout": layout, "agg": agg,
@@ -105,8 +107,9 @@ def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 
-def run_cli(n: int, order: str, layout: str, agg: str) -> dict[str, Any]:
-    """One CLI row: ``sessionize --state`` over the events as JSON Lines."""
+def run_cli(n: int, order: str, layout: str, agg: str, path: str) -> dict[str, Any]:
+    """One CLI row: ``sessionize --state`` over the events as JSON Lines (``cli-update``:
+    with ``--emit update``)."""
     if layout != "chained":
         raise ValueError(f"the CLI rows use the chained layout, got {layout!r}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,7 +121,7 @@ def run_cli(n: int, order: str, layout: str, agg: str) -> dict[str, Any]:
                    "--key", "k", "--time", "t", "--gap", "100ms", "--max-duration", "10s",
                    "--grace", "1d", "--agg", "n=count" if agg == "count" else "s=sum:v",
                    "--state", str(Path(tmp) / "state"), "--out", str(Path(tmp) / "out.jsonl"),
-                   "--no-progress"]
+                   "--no-progress", *(["--emit", "update"] if path == "cli-update" else [])]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
         subprocess.run(command, check=True, env={**os.environ}, stdout=subprocess.DEVNULL)
@@ -126,7 +129,7 @@ def run_cli(n: int, order: str, layout: str, agg: str) -> dict[str, Any]:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         sessions = sum(1 for _ in (Path(tmp) / "out.jsonl").open())
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"events": n, "order": order, "path": "cli", "layout": layout, "agg": agg,
+    return {"events": n, "order": order, "path": path, "layout": layout, "agg": agg,
             "sessions": sessions, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for layout in args.layouts:
         for path in args.paths:
-            if path == "cli" and layout != "chained":
+            if path.startswith("cli") and layout != "chained":
                 continue
             for agg, order in [(a, o) for a in args.aggs for o in args.orders]:
                 previous = None
