@@ -17,42 +17,68 @@ keeps closing in end order and keeps a new session from ever taking the bounds o
 **Out of order.** An event earlier than a session's start (or inside it) can re-anchor a chain:
 the cuts move and events move between sessions, which aggregates alone cannot follow. So while a
 session is open, its record keeps its events, ``[t, seq, own_end, value]`` in (time, arrival)
-order, and the largest ``t + gap`` over them; an event re-cuts, by the rule above, the key's open
-sessions from the one it falls into (earlier sessions cannot change: the cut is a left-to-right
-scan, and the scan up to that session's first event is the same), reading the later ones only
-while the new cut reaches them (:func:`cut_until_unchanged`: where a new session ends right
-before a stored session's first event, the cut from there on is the stored one). Re-cut
-sessions get their accumulator recomputed from their events (``initial()`` then ``add`` in
-(time, arrival) order); the diff (removed sessions, new or changed ones) goes through the
-engine's normal store writes
-and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
-(``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are final:
-they never join a re-cut. An event that comes after every open event of its key (the in-order
-case) only extends the last session or starts a new one, at the cost of one ``add``; so does
-an event inside a session that reaches no further than the session's events do (no bound and
-no later cut moves), and an event before every open session of its key that either does not
-reach the first one (a session of its own) or becomes its first event while that session keeps
-all its events and reaches no further (only its bounds change): a key arriving newest first
-costs O(events), not a re-cut per event. Built-in accumulators are extended then, as
-everywhere in the engine (a float sum adds in arrival order); other aggregations are always
-folded again from the events.
+order, and the largest ``t + gap`` over them. A session's accumulator is the fold of its events
+in (time, arrival) order (``initial()``, then ``add`` each): a float sum is the left fold in
+time order, whatever the arrival order and the path. An event that comes after every open event
+of its key (the in-order case) only extends the last session or starts a new one, at the cost
+of one ``add``, on every path. What an earlier event costs depends on the emission:
+
+* **Re-cut per event** (the event path with ``ON_WINDOW_UPDATE``, which must emit each event's
+  changes; and aggregations that are not held, below): the event re-cuts, by the rule above,
+  the key's open sessions from the one it falls into (earlier sessions cannot change: the cut
+  is a left-to-right scan, and the scan up to that session's first event is the same), reading
+  the later ones only while the new cut reaches them (:func:`cut_until_unchanged`: where a new
+  session ends right before a stored session's first event, the cut from there on is the
+  stored one). Cheaper cases: an event inside a session that reaches no further than the
+  session's events do (no bound and no later cut moves), and an event before every open
+  session that either does not reach the first one or becomes its first event while that
+  session keeps all its events and reaches no further: one ``add`` for the built-ins whose
+  ``add`` keeps (time, arrival) order itself (count, first, last, collect), the session folded
+  again for the others.
+* **Held keys** (``ON_WINDOW_CLOSE`` on every path, and ``ON_WINDOW_UPDATE`` inside one batch,
+  :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
+  open sessions are not written at every event. The event holds its key (:class:`_Lazy`: the
+  open sessions stored when it became held, and the events since, in memory); every later
+  event of the key is held too. The key is written once (:meth:`MaxDuration._write_held`: its
+  open events from the session the earliest held event falls into, sorted, cut by
+  :func:`cut_until_unchanged`, diffed against the stored sessions) when that is needed: before
+  the close cursor reaches a lower bound of its session ends (:meth:`MaxDuration.write_upto`,
+  called by the engine's closing; the bound is the smallest own-window end over its open
+  events, since every session starts at one of them and ends at or after that event's
+  own-window end, or the "closed before" when it became held, + 1, if later, since no step
+  creates a session closed on creation), before an event whose "closed before" reaches it, at
+  the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
+  ``sessions(key)``, and when :data:`HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
+  them. Until the bound is reached none of the key's sessions could have closed, so the
+  written cut is the one a re-cut per event gives. Only the built-in aggregations are held,
+  and only while the numbers their sums, minima and maxima see are ints and floats whose int
+  sums cannot leave int64 (:meth:`MaxDuration._magnitude`): a write then cannot fail, and an
+  event that could make it fail takes the re-cut and fails at itself.
+
+Either way the difference (removed sessions, new or changed ones) goes through the engine's
+normal store writes and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache,
+closing (``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are
+final: they never join a re-cut.
 
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
 every change). A key's open sessions are kept in order beside the cache's view of the key
-(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. With a
-fixed gap a re-cut finds each session's end by binary search too (:func:`cut_pieces`): O(log n)
-steps per session it writes, plus copying that session's events into its new record and
-folding its accumulator (count folds in O(1); a float sum must add in (time, arrival) order, so
-other aggregations fold every event). With a gap per event it scans the events it reads
-(:func:`cut_until_unchanged`). What a re-cut cannot avoid is writing every session whose bounds
-or events change: when a newest-first event moves the first event of every session of a chain
-(sessions cut by the maximum duration, one after the other), each of them is written again, a
-store write (and with ``ON_WINDOW_UPDATE`` a retraction and an update) per session per event.
-That is O(n * sessions in the chain) writes for such a key, each copying its events; only open
-sessions written lazily, at a close or a flush, could avoid it. :attr:`MaxDuration.recut_steps`
-and :attr:`MaxDuration.recut_events` count that work.
+(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. A held
+event costs O(1); writing a held key costs a sort and a scan of its open events from the
+session its earliest held event falls into. So any arrival order costs O(n log n) per key plus
+the output with ``ON_WINDOW_CLOSE`` and on the batch paths, as long as a key is not written
+again and again (each write happens because its bound was reached, a batch with
+``ON_WINDOW_UPDATE`` ended or a commit came; a stream that alternates an event at the front of
+a long open chain with one of those writes the chain each time). A re-cut per event, with a
+fixed gap, finds each session's end by binary search (:func:`cut_pieces`): O(log n) steps per
+session it writes, plus copying that session's events into its new record and folding its
+accumulator; with a gap per event it scans the events it reads (:func:`cut_until_unchanged`).
+What a re-cut per event cannot avoid is writing every session whose bounds or events change:
+when a newest-first event moves the first event of every session of a chain (sessions cut by
+the maximum duration, one after the other), each of them is written, retracted and emitted
+again: O(n * sessions in the chain) on the event path with ``ON_WINDOW_UPDATE``, bound by its
+output. :attr:`MaxDuration.recut_steps` and :attr:`MaxDuration.recut_events` count the work.
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -60,10 +86,11 @@ them have no sound pane history) raise ``ValueError``.
 **The batch path** (:meth:`MaxDuration.process_many`; the columnar fast path is off) gives
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
-order, or out of order with an aggregation whose accumulators do not depend on the order of the
-adds (the pass replays the loop's re-cuts and closes); the other keys (a float sum out of order,
-an event before the last event of the key's open sessions) take the event step one by one. With
-a write cache every event takes the event step (its evictions forward in the loop's order).
+order after its last open event (:meth:`MaxDuration._in_order`), or out of order with an
+aggregation that is not held (:meth:`MaxDuration._replay` follows the loop's re-cuts and
+closes; those fold from the events); the other keys take the event step one by one, which
+holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
+write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
@@ -880,8 +907,10 @@ class MaxDuration:
         would see (the watermark before each event is a running maximum). A key whose
         accepted events come in time order, none before the last event of its open sessions,
         is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
-        after the other; every other key's events go through the exact re-cutting step, in
-        arrival order. Closing runs once, after every write, as in the columnar batch path.
+        after the other; so is a disordered key of an aggregation that is not held
+        (:meth:`_replay`); every other key's events take the event step, in arrival order,
+        which holds them (:meth:`_hold`). With ``ON_WINDOW_UPDATE`` every held key is written
+        at the end. Closing runs once, after every write, as in the columnar batch path.
         """
         engine = self.engine
         clock = engine._times
@@ -914,18 +943,18 @@ class MaxDuration:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        # disordered keys are held (written once, lazily) when the accumulators allow it;
-        # otherwise replayed in one pass when their accumulators do not depend on the order
-        # of the adds, or else stepped one by one
+        # a disordered key is held (written once, lazily) by the step when built-in
+        # accumulators allow it (always here: a batch holds keys with either emission);
+        # otherwise replayed in one pass (the other aggregations fold from the events, so
+        # their accumulators do not depend on the order of the adds)
         lazy = self._lazy or log is not None
         held_keys = lazy and self._lazy_ok
-        order_free = bool(disordered) and not held_keys and self._order_free(values)
         pending = self._pending
         for g in range(len(starts)):
             a, b = bounds_of[g], bounds_of[g + 1]
             row = rows[a]
             mixed = code_list[a] in disordered
-            if (mixed and (held_keys or not order_free)) or (pending and keys[row] in pending):
+            if (mixed and held_keys) or (pending and keys[row] in pending):
                 fallback.extend(positions[a:b])
                 continue
             plan = self._in_order(keys[row], values, time_list, end_list, cb_list, rows[a:b],
@@ -955,26 +984,6 @@ class MaxDuration:
         if m and clock.observe(int(acc_times.max())):
             engine._on_watermark(out)
 
-    def _order_free(self, values: list[Any]) -> bool:
-        """Whether the accumulators of these values do not depend on the order of the adds:
-        an aggregation folded from the events (in (time, arrival) order, whatever the arrival
-        order), or built-ins whose sums, minima and maxima see only ints (count, first, last
-        and collect keep (time, arrival) order themselves). A float sum rounds by order, and
-        equal minima of different types keep the first seen, so those keys take the exact
-        re-cut one event at a time, which extends in arrival order."""
-        if not self._incremental:
-            return True
-        for kind, column in columnar_parts(self.engine.aggregation) or []:
-            if kind not in NUMERIC_KINDS:
-                continue
-            try:
-                items = values if column is None else [v[column] for v in values]
-            except (KeyError, TypeError, IndexError):
-                return False  # the step names the row
-            if not all(type(v) is int for v in items):
-                return False
-        return True
-
     def _in_order(self, key: Any, values: list[Any], times: list[int], ends: list[int],
                   closed_before: list[int], rows: list[int], seqs: list[int],
                   disordered: bool) -> list[Any] | None:
@@ -991,8 +1000,8 @@ class MaxDuration:
         * the events came in time order (``disordered`` false): each is the loop's in-order
           step, also when a session closes between two of them; or
         * they did not (``disordered``): :meth:`_replay` follows the loop's re-cuts and
-          closes, for aggregations whose accumulators do not depend on the order of the adds
-          (the caller checks).
+          closes, for aggregations that are folded from their events (not held), whose
+          accumulators do not depend on the order of the adds.
 
         Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
         old acc, changed]``, and the ends to index for closing (in time order, each end a step
