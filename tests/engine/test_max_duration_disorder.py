@@ -20,10 +20,12 @@ from sessionstore import (
     EmitStrategy,
     InMemorySessionStore,
     SessionAggregator,
+    SessionStore,
     SessionWindows,
     aggregations,
 )
 from sessionstore.bounded import sessionize
+from sessionstore.engine import max_duration as md_module
 from sessionstore.engine.max_duration import cut, cut_pieces
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
@@ -295,6 +297,79 @@ def test_float_sums_are_the_time_ordered_fold_on_every_path_and_the_static_path(
     assert sorted(zip(static["k"].to_pylist(), static["session_start"].to_pylist(),
                       static["session_end"].to_pylist(),
                       [v.hex() for v in static["s"].to_pylist()], strict=True)) == expected
+
+
+def test_a_watermark_that_closes_part_of_a_held_key_closes_only_what_ended():
+    # a chain of 4 sessions of 100 events (max duration 1 s), newest first: held. The
+    # watermark then passes the end of the first two only: the key is written, those two
+    # close (in end order), the other two stay open and take an event each
+    engine = engine_for(100, 1_000, 10_000, aggregations.count())
+    for t in reversed(range(0, 4_000, 10)):
+        engine.process("k", None, t)
+    assert engine._max_duration is not None and engine._max_duration._pending
+    closed = engine.advance_watermark(2_000)  # W - grace reaches 2,000 (no grace)
+    assert [(e.session.start, e.session.end, e.value) for e in closed] == [
+        (0, 1_000, 100), (1_000, 2_000, 100)]
+    assert not engine._max_duration._pending
+    engine.process("k", None, 2_005)  # inside the third: held again
+    # not late (its own window [1995, 2095) ends after the cursor, 2,000), before the closed
+    # ones' end: it becomes the first event of the third session, which moves the cut
+    engine.process("k", None, 1_995)
+    rest = engine.advance_watermark(INT64_MAX)
+    assert [(e.session.start, e.session.end, e.value) for e in rest] == [
+        (1_995, 2_995, 102), (3_000, 4_000, 100)]
+
+
+def test_a_commit_holds_every_held_session_and_an_abort_drops_held_events(tmp_path):
+    # real RocksDB files: a held key is written before the commit, so a reopen sees it; events
+    # held after the commit are dropped by an abort, as every change since the commit is
+    windows = SessionWindows(100, max_duration_ms=1_000)
+
+    def engine_on(path: Any) -> SessionAggregator:
+        return SessionAggregator(SessionStore(path, retention_ms=windows.retention_ms + 10_000),
+                                 windows, aggregations.sum_of(), emit=CLOSE,
+                                 max_out_of_orderness_ms=10_000)
+
+    engine = engine_on(tmp_path / "s")
+    times = list(reversed(range(0, 4_000, 10)))
+    for t in times[:200]:
+        engine.process("k", t * 0.1 + 0.3, t)
+    assert engine._max_duration is not None and engine._max_duration._pending
+    engine.commit({"offset": 200})
+    assert not engine._max_duration._pending
+    for t in times[200:300]:
+        engine.process("k", t * 0.1 + 0.3, t)
+    assert engine._max_duration._pending
+    engine.abort()  # back to the commit: the 100 held events are gone
+    assert not engine._max_duration._pending
+    engine.store.close()
+    reopened = engine_on(tmp_path / "s")
+    assert reopened.committed_metadata == {"offset": 200}
+    got = sorted((s.start, s.end, v.hex()) for s, v in reopened.sessions("k"))
+    want = [(2_000, 3_000, left_fold([t * 0.1 + 0.3 for t in range(2_000, 3_000, 10)]).hex()),
+            (3_000, 4_000, left_fold([t * 0.1 + 0.3 for t in range(3_000, 4_000, 10)]).hex())]
+    assert got == want
+
+
+def test_held_events_are_bounded_and_flush_writes_them(monkeypatch):
+    # kills: held events without a limit (memory grows with the input until a close); a
+    # flush that leaves keys held. Two keys newest first, a limit of 25 held events: every
+    # key is written when it is passed, and the sessions are the oracle's
+    monkeypatch.setattr(md_module, "HELD_EVENTS_LIMIT", 25)
+    engine = engine_for(100, 300, 10_000)
+    steps_ = [("event", key, i, t) for i, (key, t) in
+              enumerate((k, t) for t in reversed(range(0, 2_000, 10)) for k in "ab")]
+    most = 0
+    for _, key, value, t in steps_:
+        engine.process(key, value, t)
+        assert engine._max_duration is not None
+        most = max(most, engine._max_duration._held)
+    assert 0 < most <= 25
+    assert engine.flush() == [] and not engine._max_duration._pending
+    out = engine.advance_watermark(INT64_MAX)
+    want, _ = oracle.sessionize_max_duration(steps_, 100, 300, 0, True, 10_000)
+    assert sorted(((e.session.key, e.session.start, e.session.end, e.value["values"])
+                   for e in out), key=lambda r: (r[0], r[1])) == want
 
 
 @st.composite
