@@ -108,7 +108,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation, is_count
+from ..aggregations import Aggregation, Combined, is_count
 from ..gap_boundary import reaches
 from ..timeutil import INT64_MAX
 from ..types import Session
@@ -432,9 +432,11 @@ class MaxDuration:
         parts = columnar_parts(engine.aggregation) or []
         self._lazy = not engine._updates
         self._lazy_ok = self._incremental
-        # (is a sum, column) of the parts whose adds look at the value's number
-        self._numeric = [(kind == "sum", column) for kind, column in parts
-                         if kind in NUMERIC_KINDS]
+        # (is a sum, column, index in the accumulator) of the parts whose adds look at the
+        # value's number
+        combined = isinstance(engine.aggregation, Combined)
+        self._numeric = [(kind == "sum", column, i if combined else None)
+                         for i, (kind, column) in enumerate(parts) if kind in NUMERIC_KINDS]
         # the adds of the other built-ins (count, first, last, collect) give the fold in
         # (time, arrival) order whatever order they come in
         self._order_free_adds = not self._numeric
@@ -720,7 +722,7 @@ class MaxDuration:
         number the aggregation looks at is not an int or a float (or is missing): the event
         then takes the exact step, whose add fails at that event if it must."""
         total = 0
-        for is_sum, column in self._numeric:
+        for is_sum, column, _ in self._numeric:
             try:
                 number = value if column is None else value[column]
             except (KeyError, TypeError, IndexError):
@@ -1180,9 +1182,11 @@ class MaxDuration:
 
         The accumulator is the fold of the events in (time, arrival) order: an add extends it
         at the end, or anywhere for the built-ins whose adds keep that order themselves;
-        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again."""
+        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again,
+        unless they see only ints (:meth:`_ints_only`)."""
         agg = self.engine.aggregation
-        if not self._incremental or (pos < len(events) and not self._order_free_adds):
+        if not self._incremental or (pos < len(events) and not self._order_free_adds
+                                     and not self._ints_only(acc, value)):
             events = [*events[:pos], event, *events[pos:]]
             self.recut_events += len(events)
             return _fold(agg, key, events), events
@@ -1193,6 +1197,22 @@ class MaxDuration:
         # nothing after this can fail on the event (the store copies what it writes)
         events.insert(pos, event)
         return acc, events
+
+    def _ints_only(self, acc: Any, value: Any) -> bool:
+        """Whether the sums, minima and maxima of ``acc`` and ``value`` are all ints, so that
+        an ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and
+        the minimum of ints is the same whichever equal int is seen first (a sum stays an int
+        only while every value added was one)."""
+        for _, column, index in self._numeric:
+            if type(acc if index is None else acc[index]) is not int:
+                return False
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return False
+            if type(number) is not int:
+                return False
+        return True
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them: in (end, key, start)

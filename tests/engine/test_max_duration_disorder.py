@@ -372,6 +372,34 @@ def test_held_events_are_bounded_and_flush_writes_them(monkeypatch):
                    for e in out), key=lambda r: (r[0], r[1])) == want
 
 
+@pytest.mark.parametrize("number", [int, float])
+def test_update_events_inside_a_session_fold_again_only_for_floats(number):
+    # the event path with ON_WINDOW_UPDATE inserts an event inside a session in place: an int
+    # sum (and min) takes one add anywhere; a float sum must be the time-ordered fold, so its
+    # session is folded again (counted in recut_events). Kills: folding ints again (O(n) per
+    # event, O(n^2) for a shuffled session); adding a float in place (arrival order)
+    agg = aggregations.combine({"sum": aggregations.sum_of(), "min": aggregations.min_of()})
+    windows = SessionWindows(100, max_duration_ms=DAY_MS)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms + 10_000),
+                               windows, agg, emit=UPDATE, max_out_of_orderness_ms=10_000)
+    # a skeleton in time order makes the session [0, 5050); the rest fall inside it, shuffled
+    inside = [t for t in range(0, 4_950, 10) if t % 50]
+    random.Random(7).shuffle(inside)
+    times = list(range(0, 5_000, 50)) + inside
+    out = []
+    for t in times:
+        out += engine.process("k", number(t % 97) + (0.1 if number is float else 0), t)
+    last = out[-1]
+    values = [number(t % 97) + (0.1 if number is float else 0) for t in sorted(times)]
+    assert (last.session.start, last.session.end) == (0, 5_050)
+    assert repr(last.value["sum"]) == repr(left_fold(values))
+    assert engine._max_duration is not None
+    if number is int:
+        assert engine._max_duration.recut_events == 0
+    else:
+        assert engine._max_duration.recut_events > len(times) * 10
+
+
 @st.composite
 def piece_cases(draw: st.DrawFn) -> tuple[list[list[int]], int, int, bool, list[int]]:
     """Events with a fixed gap, cut by the rule into stored sessions, and a new event."""
