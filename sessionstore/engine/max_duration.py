@@ -638,22 +638,8 @@ class MaxDuration:
                     sessions.append((start, end, max_end, gathered[low:stop],
                                      low <= pos < stop))
                     low = stop
-            old = bounds[first:first + 1 + used]
-            old_set = set(old)
-            kept: set[tuple[int, int]] = set()
-            for start, end, max_end, members, holds_new in sessions:
-                if not holds_new and (start, end) in old_set:
-                    kept.add((start, end))  # the same events: unchanged
-                    continue
-                self.recut_events += len(members)
-                self.recut_steps += 1
-                acc = _fold(agg, key, members)
-                fresh = (start, end) not in old_set
-                if not fresh:
-                    kept.add((start, end))  # changed in place: no removal
-                added.append((start, end, acc, members, max_end, fresh,
-                              None if fresh else acc_of(view[(start, end)][0])))
-            removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
+            removed, added = self._diff(key, sessions, {
+                b: view[b][0] for b in bounds[first:first + 1 + used]})
             recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
         if engine._check_acc:
             for start, end, acc, *_ in added:
@@ -666,6 +652,31 @@ class MaxDuration:
         if order is not None:
             self._orders[key] = order
         self._publish(key, removed, added, out, log)
+
+    def _diff(self, key: Any, sessions: list[Recut], old: dict[tuple[int, int], Any]
+              ) -> tuple[list[tuple[tuple[int, int], Any]],
+                         list[tuple[int, int, Any, list[Any], int, bool, Any]]]:
+        """The changes that replace the stored open sessions ``old`` (``{bounds: record}``,
+        in order) by the sessions of a cut over their events and new ones: ``(removed,
+        added)``, as :meth:`_step` applies them.
+
+        A session of a cut holds exactly the open events in ``[start, end)``, so one with
+        stored bounds and no new event is the stored one (unchanged); every other one gets its
+        accumulator folded from its events (in (time, arrival) order)."""
+        agg = self.engine.aggregation
+        kept: set[tuple[int, int]] = set()
+        added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
+        for start, end, max_end, members, holds_new in sessions:
+            raw = old.get((start, end))
+            if raw is not None:
+                kept.add((start, end))  # unchanged, or changed in place: no removal
+                if not holds_new:
+                    continue
+            self.recut_events += len(members)
+            self.recut_steps += 1
+            added.append((start, end, _fold(agg, key, members), members, max_end, raw is None,
+                          None if raw is None else acc_of(raw)))
+        return [(b, acc_of(raw)) for b, raw in old.items() if b not in kept], added
 
     def _write(self, key: Any, removed: list[tuple[tuple[int, int], Any]],
                added: list[tuple[int, int, Any, list[Any], int, bool, Any]]) -> None:
@@ -846,7 +857,6 @@ class MaxDuration:
         order. If that fails, nothing is written and the key stays held."""
         held = self._pending[key]
         engine = self.engine
-        agg = engine.aggregation
         md = self.max_duration_ms
         stored = held.stored
         news = sorted(held.events, key=_TIME_SEQ)
@@ -865,28 +875,15 @@ class MaxDuration:
         cuts, used = cut_until_unchanged(gathered, len(stored) - last - 1, events_of, md,
                                          engine.config.inclusive_gap)
         self.recut_steps += len(gathered) + last + 1 + used - first
-        old = dict(stored[first:last + 1 + used])
         new_times = list(map(_FIRST, news))
-        removed: list[tuple[tuple[int, int], Any]] = []
-        added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
-        kept: set[tuple[int, int]] = set()
+        sessions: list[Recut] = []
         low = 0
         for start, end, max_end, stop in cuts:
-            members = gathered[low:stop]
+            at = bisect.bisect_left(new_times, start)  # a held event in [start, end)?
+            sessions.append((start, end, max_end, gathered[low:stop],
+                             at < len(new_times) and new_times[at] < end))
             low = stop
-            at = bisect.bisect_left(new_times, start)
-            if (start, end) in old and (at == len(new_times) or new_times[at] >= end):
-                kept.add((start, end))  # the same events: unchanged
-                continue
-            self.recut_events += len(members)
-            self.recut_steps += 1
-            acc = _fold(agg, key, members)
-            fresh = (start, end) not in old
-            if not fresh:
-                kept.add((start, end))
-            added.append((start, end, acc, members, max_end, fresh,
-                          None if fresh else acc_of(old[(start, end)])))
-        removed = [(b, acc_of(raw)) for b, raw in old.items() if b not in kept]
+        removed, added = self._diff(key, sessions, dict(stored[first:last + 1 + used]))
         del self._pending[key]
         self._held -= len(held.events)
         self._orders.pop(key, None)  # read again from the view at the key's next step
