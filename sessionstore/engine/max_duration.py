@@ -37,7 +37,7 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   again for the others.
 * **Held keys** (``ON_WINDOW_CLOSE`` on every path, and ``ON_WINDOW_UPDATE`` inside one batch,
   :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
-  open sessions are not written at every event. The event holds its key (:class:`_Lazy`: the
+  open sessions are not written at every event. The event holds its key (:class:`_Held`: the
   open sessions stored when it became held, and the events since, in memory); every later
   event of the key is held too. The key is written once (:meth:`MaxDuration._write_held`: its
   open events from the session the earliest held event falls into, sorted, cut by
@@ -367,7 +367,7 @@ def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
     return record_with_events(acc, events, max_end)
 
 
-class _Lazy:
+class _Held:
     """A key whose open sessions are written lazily: the open sessions stored when it became
     lazy (``stored``: ``[(bounds, record)]`` in order; they stay as stored until the key is
     written), the events that came since (``events``, ``[t, seq, own_end, value]`` in arrival
@@ -424,7 +424,7 @@ class MaxDuration:
         # key -> (the cache's view of it, the bounds of its open sessions in order), kept
         # while the cache holds that same view (see _open_bounds)
         self._orders: dict[Any, tuple[Any, list[tuple[int, int]]]] = {}
-        # lazy writing (see "Lazy writes" in the module docstring): with ON_WINDOW_CLOSE on
+        # held keys (see "Held keys" in the module docstring): with ON_WINDOW_CLOSE on
         # every path, with ON_WINDOW_UPDATE inside a batch (process_many); only for built-in
         # accumulators: their adds cannot fail on ints and floats whose sums stay in int64,
         # and their accumulators of encodable values encode (the engine checks each value);
@@ -440,8 +440,8 @@ class MaxDuration:
         # the adds of the other built-ins (count, first, last, collect) give the fold in
         # (time, arrival) order whatever order they come in
         self._order_free_adds = not self._numeric
-        self._pending: dict[Any, _Lazy] = {}
-        self._due: list[tuple[int, int, Any, _Lazy]] = []  # (bound, tie, key, entry), a heap
+        self._pending: dict[Any, _Held] = {}
+        self._due: list[tuple[int, int, Any, _Held]] = []  # (bound, tie, key, entry), a heap
         self._tie = 0
         self._held = 0  # events held in self._pending
 
@@ -545,7 +545,7 @@ class MaxDuration:
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
         if lazy and self._lazy_ok and bounds and (
                 j != len(bounds) - 1 or t < _payload(view[bounds[j]][0], key, bounds[j])[0][-1][0]
-        ) and self._become_lazy(key, view, bounds, event, closed_before, out, log):
+        ) and self._start_holding(key, view, bounds, event, closed_before, out, log):
             return  # held: before the last open event of its key
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
@@ -746,7 +746,7 @@ class MaxDuration:
                 return None
         return total
 
-    def _become_lazy(self, key: Any, view: Any, bounds: list[tuple[int, int]],
+    def _start_holding(self, key: Any, view: Any, bounds: list[tuple[int, int]],
                      event: list[Any], closed_before: int, out: list[Emit],
                      log: ChangeLog | None) -> bool:
         """Start holding ``key``'s events, ``event`` first; False (nothing changed) when an
@@ -780,12 +780,12 @@ class MaxDuration:
                 self.recut_steps += len(_payload(raw, key, b)[0])
         if magnitude > INT64_MAX:
             return False
-        held = _Lazy(stored, bound, closed_before + 1, magnitude)
+        held = _Held(stored, bound, closed_before + 1, magnitude)
         self._pending[key] = held
         self._push_due(key, held)
         return self._hold(key, held, event, out, log)
 
-    def _push_due(self, key: Any, held: _Lazy) -> None:
+    def _push_due(self, key: Any, held: _Held) -> None:
         """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
         the engine on close times (``drain_close_times``) gets the bound as one: no session of
         the key closes before it, and the wake-up writes the key, whose ends then follow."""
@@ -795,7 +795,7 @@ class MaxDuration:
         if engine._record_close_times:
             engine._new_close_times.append(held.bound)
 
-    def _hold(self, key: Any, held: _Lazy, event: list[Any], out: list[Emit],
+    def _hold(self, key: Any, held: _Held, event: list[Any], out: list[Emit],
               log: ChangeLog | None) -> bool:
         """Hold ``event`` (not late; its key's bound is after its "closed before") for
         ``key``; False (nothing changed) when its value is one whose adds could fail or its
