@@ -3,21 +3,37 @@ shuffled (issue 25, item 3). Reports CPU and wall time per row and the growth pe
 the input; asserts nothing::
 
     python -m benchmarks.max_duration_bench                      # 4k, 8k, 16k events
-    python -m benchmarks.max_duration_bench --sizes 4000 64000   # bigger (reversed is slow)
+    python -m benchmarks.max_duration_bench --sizes 16000 64000 --aggs count fsum \
+        --paths event batch cli --orders reversed shuffled --layouts chained
 
 Events are 10 ms apart with a 100 ms gap, under two maximum durations: 10 s (a chain of
 sessions of 1,000 events, cut by the maximum duration: a newest-first event moves the first
 event of each, so each is written again) and one day (one session). ``events_re_cut`` counts
 the events of the sessions re-cuts wrote, ``re_cut_steps`` the steps they took one by one.
 Lateness covers the whole input, so every event is accepted whatever the order.
+
+Aggregations: ``count`` and ``fsum`` (a float sum, whose value depends on the order of its adds).
+Paths: ``event`` (``process`` per event, ``ON_WINDOW_CLOSE``), ``event-update`` (the same with
+``ON_WINDOW_UPDATE``: every event emits its changes, so a newest-first chain is output-bound),
+``batch`` (one ``process_batch``, ``ON_WINDOW_CLOSE``), ``batch-update`` (one ``process_batch``,
+``ON_WINDOW_UPDATE``), ``cli`` and ``cli-update`` (``sessionize --state`` in a child process,
+``--gap 100ms --max-duration 10s --grace 1d``, ``--emit update`` for the second; the input as
+JSON Lines; its CPU is the child's user + system time; the CLI has only the chained layout).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import random
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +53,13 @@ log = logging.getLogger("benchmarks.max_duration")
 STEP_MS, GAP_MS = 10, 100
 MAX_DURATIONS_MS = {"chained": 10_000, "one session": 86_400_000}
 ORDERS = ("sorted", "reversed", "shuffled")
+AGGS = ("count", "fsum")
+PATHS = ("event", "event-update", "batch", "batch-update", "cli", "cli-update")
+
+
+def value_of(t: int) -> float:
+    """The float an event at ``t`` carries for ``fsum`` (not exactly representable sums)."""
+    return t * 0.1 + 0.3
 
 
 def arrival(n: int, order: str, seed: int = 1) -> list[int]:
@@ -49,36 +72,75 @@ def arrival(n: int, order: str, seed: int = 1) -> list[int]:
     return times
 
 
-def run(n: int, order: str, path: str, layout: str) -> dict[str, Any]:
-    """One row: feed the events through ``process`` or one ``process_batch``; close all."""
+def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[str, Any]:
+    """One row: feed the events through ``process``, one ``process_batch`` or the CLI; close
+    all."""
+    if path.startswith("cli"):
+        return run_cli(n, order, layout, agg, path)
     windows = SessionWindows(GAP_MS, max_duration_ms=MAX_DURATIONS_MS[layout])
     lateness = n * STEP_MS
+    updates = path.endswith("-update")
+    emit = EmitStrategy.ON_WINDOW_UPDATE if updates else EmitStrategy.ON_WINDOW_CLOSE
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=windows.retention_ms + lateness), windows,
-        aggregations.count(), emit=EmitStrategy.ON_WINDOW_CLOSE,
+        aggregations.count() if agg == "count" else aggregations.sum_of(), emit=emit,
         max_out_of_orderness_ms=lateness)
     times = arrival(n, order)
+    values: list[Any] = [None] * n if agg == "count" else [value_of(t) for t in times]
     cpu, wall = time.process_time(), time.perf_counter()
-    if path == "event":
-        for t in times:
-            engine.process("k", None, t)
+    if path.startswith("event"):
+        out = []
+        for t, v in zip(times, values, strict=True):
+            out += engine.process("k", v, t)
     else:
-        engine.process_batch(["k"] * n, [None] * n, np.array(times, dtype=np.int64))
-    out = engine.advance_watermark(INT64_MAX)
+        out = engine.process_batch(["k"] * n, values, np.array(times, dtype=np.int64))
+    closed = engine.advance_watermark(INT64_MAX)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    if sum(e.value for e in out) != n:
+    if not updates:
+        out = closed
+    if agg == "count" and not updates and sum(e.value for e in out) != n:
         raise AssertionError(f"{order} {path} {n}: {sum(e.value for e in out)} events out")
     recut = engine.recut_counts
-    return {"events": n, "order": order, "path": path, "layout": layout, "sessions": len(out),
-            "events_re_cut": recut["events"], "re_cut_steps": recut["steps"],
+    return {"events": n, "order": order, "path": path, "layout": layout, "agg": agg,
+            "sessions": len(out), "events_re_cut": recut["events"],
+            "re_cut_steps": recut["steps"],
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
+
+
+def run_cli(n: int, order: str, layout: str, agg: str, path: str) -> dict[str, Any]:
+    """One CLI row: ``sessionize --state`` over the events as JSON Lines (``cli-update``:
+    with ``--emit update``)."""
+    if layout != "chained":
+        raise ValueError(f"the CLI rows use the chained layout, got {layout!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "in.jsonl"
+        with source.open("w") as f:
+            for t in arrival(n, order):
+                f.write(json.dumps({"k": "k", "t": t, "v": value_of(t)}) + "\n")
+        command = [sys.executable, "-m", "sessionstore.cli", "sessionize", str(source),
+                   "--key", "k", "--time", "t", "--gap", "100ms", "--max-duration", "10s",
+                   "--grace", "1d", "--agg", "n=count" if agg == "count" else "s=sum:v",
+                   "--state", str(Path(tmp) / "state"), "--out", str(Path(tmp) / "out.jsonl"),
+                   "--no-progress", *(["--emit", "update"] if path == "cli-update" else [])]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = time.perf_counter()
+        subprocess.run(command, check=True, env={**os.environ}, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - wall
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sessions = sum(1 for _ in (Path(tmp) / "out.jsonl").open())
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"events": n, "order": order, "path": path, "layout": layout, "agg": agg,
+            "sessions": sessions, "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4_000, 8_000, 16_000])
-    parser.add_argument("--paths", nargs="+", default=["event", "batch"],
-                        choices=["event", "batch"])
+    parser.add_argument("--paths", nargs="+", default=["event", "batch"], choices=PATHS)
+    parser.add_argument("--orders", nargs="+", default=list(ORDERS), choices=ORDERS)
+    parser.add_argument("--aggs", nargs="+", default=["count"], choices=AGGS)
+    parser.add_argument("--name", default="max_duration",
+                        help="the results file's name (docs/bench/NAME.json)")
     parser.add_argument("--layouts", nargs="+", default=list(MAX_DURATIONS_MS),
                         choices=list(MAX_DURATIONS_MS))
     args = parser.parse_args(argv)
@@ -86,10 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for layout in args.layouts:
         for path in args.paths:
-            for order in ORDERS:
+            if path.startswith("cli") and layout != "chained":
+                continue
+            for agg, order in [(a, o) for a in args.aggs for o in args.orders]:
                 previous = None
                 for n in args.sizes:
-                    row = run(n, order, path, layout)
+                    row = run(n, order, path, layout, agg)
                     if previous is not None:
                         row["cpu_growth"] = round(row["cpu_s"] / max(previous["cpu_s"], 1e-3),
                                                   2)
@@ -97,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                     previous = row
                     rows.append(row)
                     log.info("%s", row)
-    log.info("wrote %s", write_results("max_duration", {"rows": rows}))
+    log.info("wrote %s", write_results(args.name, {"rows": rows}))
 
 
 if __name__ == "__main__":

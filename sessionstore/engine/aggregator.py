@@ -285,6 +285,8 @@ class SessionAggregator:
     def sessions(self, key: Any) -> list[tuple[Session, Any]]:
         """The stored sessions of ``key`` with their current results (interactive query)."""
         result = self.aggregation.result
+        if self._core.max_duration is not None:
+            self._core.max_duration.write_key(key)
         return [(s, result(SessionRecord.from_wire(raw).acc))
                 for s, raw in self._core.cache.fetch(key)]
 

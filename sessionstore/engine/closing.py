@@ -50,6 +50,8 @@ def on_watermark(engine: EngineHost, out: list[Emit]) -> None:
     w = times.watermark
     close_upto = w - engine.config.grace_ms
     if close_upto > times.last_close:
+        if engine.max_duration is not None:  # sessions written lazily that may close
+            engine.max_duration.write_upto(close_upto, out)
         if engine.table is not None:
             closed = advance_table(engine)
             if closed is not None:

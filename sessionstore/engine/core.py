@@ -260,6 +260,8 @@ class EngineCore:
 
     def flush(self) -> list[Emit]:
         """Deliver the write cache (``write_cache=True``); [] otherwise."""
+        if self.max_duration is not None:
+            self.max_duration.write_all([])  # sessions written lazily (ON_WINDOW_CLOSE)
         if not self.write_cache:
             return []
         self.cache.flush()

@@ -64,6 +64,8 @@ def commit(engine: EngineHost, metadata: Any) -> int:
     """Commit the store with the engine's cursors and ``metadata``; return the new version.
     See :meth:`SessionAggregator.commit` for the contract."""
     check_encodable(metadata, "metadata")
+    if engine.max_duration is not None:
+        engine.max_duration.write_all([])  # a commit holds every session
     if engine.write_cache and engine.cache.dirty_count:
         raise ValueError("flush() the write cache and deliver its emits before commit()")
     engine_state = engine.times.to_state()
@@ -75,6 +77,8 @@ def abort(engine: EngineHost) -> None:
     engine's clock object is replaced, so a step that holds it must be bound again."""
     engine.table = None
     engine.cache.abort()
+    if engine.max_duration is not None:
+        engine.max_duration.forget()
     engine.forwarded.clear()
     engine.times = TimeKeeper(engine.config)
     if engine.runner is not None:

@@ -17,42 +17,68 @@ keeps closing in end order and keeps a new session from ever taking the bounds o
 **Out of order.** An event earlier than a session's start (or inside it) can re-anchor a chain:
 the cuts move and events move between sessions, which aggregates alone cannot follow. So while a
 session is open, its record keeps its events, ``[t, seq, own_end, value]`` in (time, arrival)
-order, and the largest ``t + gap`` over them; an event re-cuts, by the rule above, the key's open
-sessions from the one it falls into (earlier sessions cannot change: the cut is a left-to-right
-scan, and the scan up to that session's first event is the same), reading the later ones only
-while the new cut reaches them (:func:`cut_until_unchanged`: where a new session ends right
-before a stored session's first event, the cut from there on is the stored one). Re-cut
-sessions get their accumulator recomputed from their events (``initial()`` then ``add`` in
-(time, arrival) order); the diff (removed sessions, new or changed ones) goes through the
-engine's normal store writes
-and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache, closing
-(``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are final:
-they never join a re-cut. An event that comes after every open event of its key (the in-order
-case) only extends the last session or starts a new one, at the cost of one ``add``; so does
-an event inside a session that reaches no further than the session's events do (no bound and
-no later cut moves), and an event before every open session of its key that either does not
-reach the first one (a session of its own) or becomes its first event while that session keeps
-all its events and reaches no further (only its bounds change): a key arriving newest first
-costs O(events), not a re-cut per event. Built-in accumulators are extended then, as
-everywhere in the engine (a float sum adds in arrival order); other aggregations are always
-folded again from the events.
+order, and the largest ``t + gap`` over them. A session's accumulator is the fold of its events
+in (time, arrival) order (``initial()``, then ``add`` each): a float sum is the left fold in
+time order, whatever the arrival order and the path. An event that comes after every open event
+of its key (the in-order case) only extends the last session or starts a new one, at the cost
+of one ``add``, on every path. What an earlier event costs depends on the emission:
+
+* **Re-cut per event** (the event path with ``ON_WINDOW_UPDATE``, which must emit each event's
+  changes; and aggregations that are not held, below): the event re-cuts, by the rule above,
+  the key's open sessions from the one it falls into (earlier sessions cannot change: the cut
+  is a left-to-right scan, and the scan up to that session's first event is the same), reading
+  the later ones only while the new cut reaches them (:func:`cut_until_unchanged`: where a new
+  session ends right before a stored session's first event, the cut from there on is the
+  stored one). Cheaper cases: an event inside a session that reaches no further than the
+  session's events do (no bound and no later cut moves), and an event before every open
+  session that either does not reach the first one or becomes its first event while that
+  session keeps all its events and reaches no further: one ``add`` for the built-ins whose
+  ``add`` keeps (time, arrival) order itself (count, first, last, collect), the session folded
+  again for the others.
+* **Held keys** (``ON_WINDOW_CLOSE`` on every path, and ``ON_WINDOW_UPDATE`` inside one batch,
+  :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
+  open sessions are not written at every event. The event holds its key (:class:`_Held`: the
+  open sessions stored when it became held, and the events since, in memory); every later
+  event of the key is held too. The key is written once (:meth:`MaxDuration._write_held`: its
+  open events from the session the earliest held event falls into, sorted, cut by
+  :func:`cut_until_unchanged`, diffed against the stored sessions) when that is needed: before
+  the close cursor reaches a lower bound of its session ends (:meth:`MaxDuration.write_upto`,
+  called by the engine's closing; the bound is the smallest own-window end over its open
+  events, since every session starts at one of them and ends at or after that event's
+  own-window end, or the "closed before" when it became held, + 1, if later, since no step
+  creates a session closed on creation), before an event whose "closed before" reaches it, at
+  the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
+  ``sessions(key)``, and when :data:`HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
+  them. Until the bound is reached none of the key's sessions could have closed, so the
+  written cut is the one a re-cut per event gives. Only the built-in aggregations are held,
+  and only while the numbers their sums, minima and maxima see are ints and floats whose int
+  sums cannot leave int64 (:meth:`MaxDuration._magnitude`): a write then cannot fail, and an
+  event that could make it fail takes the re-cut and fails at itself.
+
+Either way the difference (removed sessions, new or changed ones) goes through the engine's
+normal store writes and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache,
+closing (``ON_WINDOW_CLOSE``), expiry and commits work as for every session. Closed sessions are
+final: they never join a re-cut.
 
 **Cost.** A session's record holds its events (values included) besides the accumulator, until
 retention expires it: memory and disk grow with the events per session, not only the sessions,
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
 every change). A key's open sessions are kept in order beside the cache's view of the key
-(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. With a
-fixed gap a re-cut finds each session's end by binary search too (:func:`cut_pieces`): O(log n)
-steps per session it writes, plus copying that session's events into its new record and
-folding its accumulator (count folds in O(1); a float sum must add in (time, arrival) order, so
-other aggregations fold every event). With a gap per event it scans the events it reads
-(:func:`cut_until_unchanged`). What a re-cut cannot avoid is writing every session whose bounds
-or events change: when a newest-first event moves the first event of every session of a chain
-(sessions cut by the maximum duration, one after the other), each of them is written again, a
-store write (and with ``ON_WINDOW_UPDATE`` a retraction and an update) per session per event.
-That is O(n * sessions in the chain) writes for such a key, each copying its events; only open
-sessions written lazily, at a close or a flush, could avoid it. :attr:`MaxDuration.recut_steps`
-and :attr:`MaxDuration.recut_events` count that work.
+(:meth:`MaxDuration._open_bounds`), so an event finds its session by binary search. A held
+event costs O(1); writing a held key costs a sort and a scan of its open events from the
+session its earliest held event falls into. So any arrival order costs O(n log n) per key plus
+the output with ``ON_WINDOW_CLOSE`` and on the batch paths, as long as a key is not written
+again and again (each write happens because its bound was reached, a batch with
+``ON_WINDOW_UPDATE`` ended or a commit came; a stream that alternates an event at the front of
+a long open chain with one of those writes the chain each time). A re-cut per event, with a
+fixed gap, finds each session's end by binary search (:func:`cut_pieces`): O(log n) steps per
+session it writes, plus copying that session's events into its new record and folding its
+accumulator; with a gap per event it scans the events it reads (:func:`cut_until_unchanged`).
+What a re-cut per event cannot avoid is writing every session whose bounds or events change:
+when a newest-first event moves the first event of every session of a chain (sessions cut by
+the maximum duration, one after the other), each of them is written, retracted and emitted
+again: O(n * sessions in the chain) on the event path with ``ON_WINDOW_UPDATE``, bound by its
+output. :attr:`MaxDuration.recut_steps` and :attr:`MaxDuration.recut_events` count the work.
 
 **Refused combinations.** Triggers (early/late panes over sessions whose events move between
 them have no sound pane history) raise ``ValueError``.
@@ -60,10 +86,11 @@ them have no sound pane history) raise ``ValueError``.
 **The batch path** (:meth:`MaxDuration.process_many`; the columnar fast path is off) gives
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
-order, or out of order with an aggregation whose accumulators do not depend on the order of the
-adds (the pass replays the loop's re-cuts and closes); the other keys (a float sum out of order,
-an event before the last event of the key's open sessions) take the event step one by one. With
-a write cache every event takes the event step (its evictions forward in the loop's order).
+order after its last open event (:meth:`MaxDuration._in_order`), or out of order with an
+aggregation that is not held (:meth:`MaxDuration._replay` follows the loop's re-cuts and
+closes; those fold from the events); the other keys take the event step one by one, which
+holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
+write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
@@ -81,8 +108,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import keyschema
-from ..aggregations import Aggregation, is_count
+from ..aggregations import Aggregation, Combined, is_count
 from ..gap_boundary import reaches
+from ..timeutil import INT64_MAX
 from ..types import Session
 from .columnar import NUMERIC_KINDS, columnar_parts
 from .emit import Emit, make_emit
@@ -94,8 +122,17 @@ if TYPE_CHECKING:
 _FIRST = operator.itemgetter(0)
 _SEQ = operator.itemgetter(1)
 _VALUE = operator.itemgetter(3)
+_TIME_SEQ = operator.itemgetter(0, 1)
+
+
+def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
+    return int(stored[0][0])
+
+
 # how many keys' open-session orders MaxDuration keeps beyond the keys the cache holds
 _ORDERS_SLACK = 1024
+# how many events MaxDuration holds unwritten (over all keys) before it writes them all
+HELD_EVENTS_LIMIT = 1 << 20
 
 Cut = tuple[int, int, int, int]
 """``(start, end, max_end, stop)`` of one session of a cut: its events are
@@ -330,6 +367,28 @@ def _wire(acc: Any, events: list[Any], max_end: int) -> list[Any]:
     return record_with_events(acc, events, max_end)
 
 
+class _Held:
+    """A key whose open sessions are written lazily: the open sessions stored when it became
+    lazy (``stored``: ``[(bounds, record)]`` in order; they stay as stored until the key is
+    written), the events that came since (``events``, ``[t, seq, own_end, value]`` in arrival
+    order), a lower bound of the end of every session the key's open events can form
+    (``bound``: the smallest own-window end over them, or ``floor``, the "closed before" when
+    it became lazy, + 1, if that is later: no step creates a session closed on creation, so
+    every session of the key ends after it) and, with sums, the sum of the
+    magnitudes of their int values (no partial sum of a fold can leave int64 while it is at
+    most ``INT64_MAX``)."""
+
+    __slots__ = ("stored", "events", "bound", "floor", "magnitude")
+
+    def __init__(self, stored: list[tuple[tuple[int, int], Any]], bound: int, floor: int,
+                 magnitude: int) -> None:
+        self.stored = stored
+        self.events: list[list[Any]] = []
+        self.floor = floor
+        self.bound = bound if bound > floor else floor
+        self.magnitude = magnitude
+
+
 class MaxDuration:
     """The event step of an engine whose windows have ``max_duration_ms``.
 
@@ -365,6 +424,26 @@ class MaxDuration:
         # key -> (the cache's view of it, the bounds of its open sessions in order), kept
         # while the cache holds that same view (see _open_bounds)
         self._orders: dict[Any, tuple[Any, list[tuple[int, int]]]] = {}
+        # held keys (see "Held keys" in the module docstring): with ON_WINDOW_CLOSE on
+        # every path, with ON_WINDOW_UPDATE inside a batch (process_many); only for built-in
+        # accumulators: their adds cannot fail on ints and floats whose sums stay in int64,
+        # and their accumulators of encodable values encode (the engine checks each value);
+        # any other must fail at the event that breaks it
+        parts = columnar_parts(engine.aggregation) or []
+        self._lazy = not engine.updates
+        self._lazy_ok = self._incremental
+        # (is a sum, column, index in the accumulator) of the parts whose adds look at the
+        # value's number
+        combined = isinstance(engine.aggregation, Combined)
+        self._numeric = [(kind == "sum", column, i if combined else None)
+                         for i, (kind, column) in enumerate(parts) if kind in NUMERIC_KINDS]
+        # the adds of the other built-ins (count, first, last, collect) give the fold in
+        # (time, arrival) order whatever order they come in
+        self._order_free_adds = not self._numeric
+        self._pending: dict[Any, _Held] = {}
+        self._due: list[tuple[int, int, Any, _Held]] = []  # (bound, tie, key, entry), a heap
+        self._tie = 0
+        self._held = 0  # events held in self._pending
 
     def _open_bounds(self, key: Any, view: Any, closed_before: int) -> list[tuple[int, int]]:
         """The bounds of ``key``'s open sessions (ending after ``closed_before``) in ``view``
@@ -431,15 +510,18 @@ class MaxDuration:
             engine.drop(key, value, t)
             return
         closed_before = times.closed_before()
-        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1)
+        self._step(key, value, t, own_end, closed_before, out, log, times.seq + 1,
+                   self._lazy)
         times.seq += 1
         if times.observe(t):
             engine.on_watermark(out)
 
     def _step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
-              out: list[Emit], log: ChangeLog | None, seq: int) -> None:
+              out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool) -> None:
         """Re-cut the key's open sessions with the new event (arrival number ``seq``) and
-        apply the difference (the caller advances the engine's arrival counter).
+        apply the difference (the caller advances the engine's arrival counter); with
+        ``lazy``, hold the event instead (:meth:`_hold`) unless it comes after every open
+        event of its key.
 
         No session this creates is closed on creation. The first re-cut session starts at an
         open session's first event (it keeps all that session's events, so it ends no earlier,
@@ -453,9 +535,18 @@ class MaxDuration:
         inclusive = cfg.inclusive_gap
         agg = engine.aggregation
         event = [t, seq, own_end, value]
+        if self._pending and key in self._pending:
+            held = self._pending[key]
+            if lazy and held.bound > closed_before and self._hold(key, held, event, out, log):
+                return
+            self._write_held(key, out, log)  # the key may close: write it, then step
         view = engine.cache.sessions_of(key, closed_before)
         bounds = self._open_bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=_FIRST) - 1
+        if lazy and self._lazy_ok and bounds and (
+                j != len(bounds) - 1 or t < _payload(view[bounds[j]][0], key, bounds[j])[0][-1][0]
+        ) and self._start_holding(key, view, bounds, event, closed_before, out, log):
+            return  # held: before the last open event of its key
         removed: list[tuple[tuple[int, int], Any]] = []  # (bounds, old accumulator)
         # (start, end, acc, events, max_end, whether the bounds are new, the old accumulator of
         # a session changed in place)
@@ -547,41 +638,65 @@ class MaxDuration:
                     sessions.append((start, end, max_end, gathered[low:stop],
                                      low <= pos < stop))
                     low = stop
-            old = bounds[first:first + 1 + used]
-            old_set = set(old)
-            kept: set[tuple[int, int]] = set()
-            for start, end, max_end, members, holds_new in sessions:
-                if not holds_new and (start, end) in old_set:
-                    kept.add((start, end))  # the same events: unchanged
-                    continue
-                self.recut_events += len(members)
-                self.recut_steps += 1
-                acc = _fold(agg, key, members)
-                fresh = (start, end) not in old_set
-                if not fresh:
-                    kept.add((start, end))  # changed in place: no removal
-                added.append((start, end, acc, members, max_end, fresh,
-                              None if fresh else acc_of(view[(start, end)][0])))
-            removed = [(b, acc_of(view[b][0])) for b in old if b not in kept]
+            removed, added = self._diff(key, sessions, {
+                b: view[b][0] for b in bounds[first:first + 1 + used]})
             recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
         if engine.check_acc:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content (a store failure while the cache
         # writes leaves the key's order dropped: it is read again from the view)
-        state = engine.cache
         order = self._orders.pop(key, None)
+        self._write(key, removed, added)
+        self._reindex(bounds, removed, added, recut)
+        if order is not None:
+            self._orders[key] = order
+        self._publish(key, removed, added, out, log)
+
+    def _diff(self, key: Any, sessions: list[Recut], old: dict[tuple[int, int], Any]
+              ) -> tuple[list[tuple[tuple[int, int], Any]],
+                         list[tuple[int, int, Any, list[Any], int, bool, Any]]]:
+        """The changes that replace the stored open sessions ``old`` (``{bounds: record}``,
+        in order) by the sessions of a cut over their events and new ones: ``(removed,
+        added)``, as :meth:`_step` applies them.
+
+        A session of a cut holds exactly the open events in ``[start, end)``, so one with
+        stored bounds and no new event is the stored one (unchanged); every other one gets its
+        accumulator folded from its events (in (time, arrival) order)."""
+        agg = self.engine.aggregation
+        kept: set[tuple[int, int]] = set()
+        added: list[tuple[int, int, Any, list[Any], int, bool, Any]] = []
+        for start, end, max_end, members, holds_new in sessions:
+            raw = old.get((start, end))
+            if raw is not None:
+                kept.add((start, end))  # unchanged, or changed in place: no removal
+                if not holds_new:
+                    continue
+            self.recut_events += len(members)
+            self.recut_steps += 1
+            added.append((start, end, _fold(agg, key, members), members, max_end, raw is None,
+                          None if raw is None else acc_of(raw)))
+        return [(b, acc_of(raw)) for b, raw in old.items() if b not in kept], added
+
+    def _write(self, key: Any, removed: list[tuple[tuple[int, int], Any]],
+               added: list[tuple[int, int, Any, list[Any], int, bool, Any]]) -> None:
+        """Write a key's changed open sessions to the store."""
+        state = self.engine.cache
         for b, _ in removed:
             state.remove(Session(key, b[0], b[1]))
         for start, end, acc, events, max_end, *_ in added:
             state.put(Session(key, start, end), _wire(acc, events, max_end))
-        self._reindex(bounds, removed, added, recut)
-        if order is not None:
-            self._orders[key] = order
+
+    def _publish(self, key: Any, removed: list[tuple[tuple[int, int], Any]],
+                 added: list[tuple[int, int, Any, list[Any], int, bool, Any]],
+                 out: list[Emit], log: ChangeLog | None) -> None:
+        """Emit (``ON_WINDOW_UPDATE``), log (a batch's ``ON_WINDOW_UPDATE``) or index for
+        closing (``ON_WINDOW_CLOSE``) the changes :meth:`_write` wrote."""
+        engine = self.engine
         if engine.updates:
             if engine.write_cache:
                 return  # the write cache delivers the changes on flush
-            result = agg.result
+            result = engine.aggregation.result
             if log is not None:
                 for b, old_acc in removed:
                     session = Session(key, b[0], b[1])
@@ -611,6 +726,170 @@ class MaxDuration:
                 if engine.record_close_times:
                     engine.new_close_times.append(end)
 
+    # -- lazy writes ----------------------------------------------------------------------------
+
+    def _magnitude(self, value: Any) -> int | None:
+        """The sum of the magnitudes of ``value``'s int numbers that sums add; None when a
+        number the aggregation looks at is not an int or a float (or is missing): the event
+        then takes the exact step, whose add fails at that event if it must."""
+        total = 0
+        for is_sum, column, _ in self._numeric:
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return None
+            kind = type(number)
+            if kind is int:
+                if is_sum:
+                    total += number if number >= 0 else -number
+            elif kind is not float:
+                return None
+        return total
+
+    def _start_holding(self, key: Any, view: Any, bounds: list[tuple[int, int]],
+                     event: list[Any], closed_before: int, out: list[Emit],
+                     log: ChangeLog | None) -> bool:
+        """Start holding ``key``'s events, ``event`` first; False (nothing changed) when an
+        open or the new value is one whose adds could fail (see :meth:`_magnitude`).
+
+        The bound is the smallest own-window end over the key's open events: every session
+        of any cut of them starts at one of them and ends at or after its own-window end
+        (``[s, min(max_end, s + max_duration))`` with ``max_end >= s + gap``). With a fixed
+        gap that is the first open event's; with a gap per event, every event is read."""
+        md = self.max_duration_ms
+        magnitude = self._magnitude(event[3])
+        if magnitude is None:
+            return False
+        stored = [(b, view[b][0]) for b in bounds]
+        self.recut_steps += len(stored)
+        first = _payload(stored[0][1], key, bounds[0])[0][0]
+        bound = min(own_window_end(first[0], first[2], md),
+                    own_window_end(event[0], event[2], md))
+        if self._numeric or not self._fixed_gap:
+            for b, raw in stored:
+                for e in _payload(raw, key, b)[0]:
+                    if self._numeric:
+                        more = self._magnitude(e[3])
+                        if more is None:
+                            return False
+                        magnitude += more
+                    if not self._fixed_gap:
+                        end = own_window_end(e[0], e[2], md)
+                        if end < bound:
+                            bound = end
+                self.recut_steps += len(_payload(raw, key, b)[0])
+        if magnitude > INT64_MAX:
+            return False
+        held = _Held(stored, bound, closed_before + 1, magnitude)
+        self._pending[key] = held
+        self._push_due(key, held)
+        return self._hold(key, held, event, out, log)
+
+    def _push_due(self, key: Any, held: _Held) -> None:
+        """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
+        the engine on close times (``drain_close_times``) gets the bound as one: no session of
+        the key closes before it, and the wake-up writes the key, whose ends then follow."""
+        self._tie += 1
+        heapq.heappush(self._due, (held.bound, self._tie, key, held))
+        engine = self.engine
+        if engine.record_close_times:
+            engine.new_close_times.append(held.bound)
+
+    def _hold(self, key: Any, held: _Held, event: list[Any], out: list[Emit],
+              log: ChangeLog | None) -> bool:
+        """Hold ``event`` (not late; its key's bound is after its "closed before") for
+        ``key``; False (nothing changed) when its value is one whose adds could fail or its
+        sums could leave int64."""
+        magnitude = self._magnitude(event[3])
+        if magnitude is None or held.magnitude + magnitude > INT64_MAX:
+            return False
+        held.magnitude += magnitude
+        held.events.append(event)
+        end = own_window_end(event[0], event[2], self.max_duration_ms)
+        if end < held.floor:
+            end = held.floor
+        if end < held.bound:
+            held.bound = end
+            self._push_due(key, held)
+        self._held += 1
+        if self._held > HELD_EVENTS_LIMIT:
+            self.write_all(out, log)
+        return True
+
+    def write_upto(self, upto: int, out: list[Emit]) -> None:
+        """Write every held key whose bound is at or before ``upto`` (the engine calls this
+        before it closes the sessions ending up to ``upto``)."""
+        due = self._due
+        pending = self._pending
+        while due and due[0][0] <= upto:
+            _, _, key, held = heapq.heappop(due)
+            if pending.get(key) is held:
+                self._write_held(key, out, None)
+
+    def write_all(self, out: list[Emit], log: ChangeLog | None = None) -> None:
+        """Write every held key (before a commit, a flush, at the end of a batch with
+        ``ON_WINDOW_UPDATE``, or when too many events are held)."""
+        for key in list(self._pending):
+            self._write_held(key, out, log)
+        self._due.clear()  # every entry is stale
+
+    def write_key(self, key: Any) -> None:
+        """Write ``key`` if it is held (before its sessions are read)."""
+        if key in self._pending:
+            self._write_held(key, [], None)
+
+    def forget(self) -> None:
+        """Drop every held event (an abort)."""
+        self._pending.clear()
+        self._due.clear()
+        self._held = 0
+        self._orders.clear()
+
+    def _write_held(self, key: Any, out: list[Emit], log: ChangeLog | None) -> None:
+        """Cut a held key's open events (its stored open sessions and its held events) by the
+        rule and write the difference to the stored sessions, as one re-cut.
+
+        The sessions before the one the earliest held event falls into cannot change (the
+        cut is a left-to-right scan); from there on, every open event is cut again (in
+        (time, arrival) order). A session of a cut holds exactly the open events in
+        ``[start, end)``, so one with stored bounds and no held event is the stored one.
+        Every other session gets its accumulator folded from its events in (time, arrival)
+        order. If that fails, nothing is written and the key stays held."""
+        held = self._pending[key]
+        engine = self.engine
+        md = self.max_duration_ms
+        stored = held.stored
+        news = sorted(held.events, key=_TIME_SEQ)
+        first = max(bisect.bisect_right(stored, news[0][0], key=_start_of) - 1, 0)
+        last = max(bisect.bisect_right(stored, news[-1][0], key=_start_of) - 1, first)
+        gathered: list[Any] = []
+        for b, raw in stored[first:last + 1]:
+            gathered += _payload(raw, key, b)[0]
+        gathered += news
+        gathered.sort(key=_TIME_SEQ)  # two sorted runs: one merge
+
+        def events_of(i: int) -> list[Any]:
+            b, raw = stored[last + 1 + i]
+            return _payload(raw, key, b)[0]
+
+        cuts, used = cut_until_unchanged(gathered, len(stored) - last - 1, events_of, md,
+                                         engine.config.inclusive_gap)
+        self.recut_steps += len(gathered) + last + 1 + used - first
+        new_times = list(map(_FIRST, news))
+        sessions: list[Recut] = []
+        low = 0
+        for start, end, max_end, stop in cuts:
+            at = bisect.bisect_left(new_times, start)  # a held event in [start, end)?
+            sessions.append((start, end, max_end, gathered[low:stop],
+                             at < len(new_times) and new_times[at] < end))
+            low = stop
+        removed, added = self._diff(key, sessions, dict(stored[first:last + 1 + used]))
+        del self._pending[key]
+        self._held -= len(held.events)
+        self._orders.pop(key, None)  # read again from the view at the key's next step
+        self._write(key, removed, added)
+        self._publish(key, removed, added, out, log)
+
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None) -> None:
@@ -627,8 +906,10 @@ class MaxDuration:
         would see (the watermark before each event is a running maximum). A key whose
         accepted events come in time order, none before the last event of its open sessions,
         is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
-        after the other; every other key's events go through the exact re-cutting step, in
-        arrival order. Closing runs once, after every write, as in the columnar batch path.
+        after the other; so is a disordered key of an aggregation that is not held
+        (:meth:`_replay`); every other key's events take the event step, in arrival order,
+        which holds them (:meth:`_hold`). With ``ON_WINDOW_UPDATE`` every held key is written
+        at the end. Closing runs once, after every write, as in the columnar batch path.
         """
         engine = self.engine
         clock = engine.times
@@ -661,16 +942,22 @@ class MaxDuration:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        order_free = bool(disordered) and self._order_free(values)
+        # a disordered key is held (written once, lazily) by the step when built-in
+        # accumulators allow it (always here: a batch holds keys with either emission);
+        # otherwise replayed in one pass (the other aggregations fold from the events, so
+        # their accumulators do not depend on the order of the adds)
+        lazy = self._lazy or log is not None
+        held_keys = lazy and self._lazy_ok
+        pending = self._pending
         for g in range(len(starts)):
             a, b = bounds_of[g], bounds_of[g + 1]
-            if not order_free and code_list[a] in disordered:
+            row = rows[a]
+            mixed = code_list[a] in disordered
+            if (mixed and held_keys) or (pending and keys[row] in pending):
                 fallback.extend(positions[a:b])
                 continue
-            row = rows[a]
             plan = self._in_order(keys[row], values, time_list, end_list, cb_list, rows[a:b],
-                                  [seq0 + p for p in positions[a:b]],
-                                  code_list[a] in disordered)
+                                  [seq0 + p for p in positions[a:b]], mixed)
             if plan is None:
                 fallback.extend(positions[a:b])
             else:
@@ -686,32 +973,15 @@ class MaxDuration:
         acc_rows = accepted.tolist()
         for p in fallback:
             i = acc_rows[p]
-            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p)
+            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p,
+                 lazy)
         clock.seq += m
         for key, plan in plans:
             self._apply_in_order(key, plan, log)
+        if log is not None and self._pending:
+            self.write_all(out, log)  # the log is "before the batch, and now"
         if m and clock.observe(int(acc_times.max())):
             engine.on_watermark(out)
-
-    def _order_free(self, values: list[Any]) -> bool:
-        """Whether the accumulators of these values do not depend on the order of the adds:
-        an aggregation folded from the events (in (time, arrival) order, whatever the arrival
-        order), or built-ins whose sums, minima and maxima see only ints (count, first, last
-        and collect keep (time, arrival) order themselves). A float sum rounds by order, and
-        equal minima of different types keep the first seen, so those keys take the exact
-        re-cut one event at a time, which extends in arrival order."""
-        if not self._incremental:
-            return True
-        for kind, column in columnar_parts(self.engine.aggregation) or []:
-            if kind not in NUMERIC_KINDS:
-                continue
-            try:
-                items = values if column is None else [v[column] for v in values]
-            except (KeyError, TypeError, IndexError):
-                return False  # the step names the row
-            if not all(type(v) is int for v in items):
-                return False
-        return True
 
     def _in_order(self, key: Any, values: list[Any], times: list[int], ends: list[int],
                   closed_before: list[int], rows: list[int], seqs: list[int],
@@ -729,8 +999,8 @@ class MaxDuration:
         * the events came in time order (``disordered`` false): each is the loop's in-order
           step, also when a session closes between two of them; or
         * they did not (``disordered``): :meth:`_replay` follows the loop's re-cuts and
-          closes, for aggregations whose accumulators do not depend on the order of the adds
-          (the caller checks).
+          closes, for aggregations that are folded from their events (not held), whose
+          accumulators do not depend on the order of the adds.
 
         Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
         old acc, changed]``, and the ends to index for closing (in time order, each end a step
@@ -905,10 +1175,17 @@ class MaxDuration:
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:
         """A session's accumulator and events with ``event`` inserted at ``pos`` (its place in
-        (time, arrival) order), changing nothing until the caller applies them."""
+        (time, arrival) order), changing nothing until the caller applies them.
+
+        The accumulator is the fold of the events in (time, arrival) order: an add extends it
+        at the end, or anywhere for the built-ins whose adds keep that order themselves;
+        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again,
+        unless they see only ints (:meth:`_ints_only`)."""
         agg = self.engine.aggregation
-        if not self._incremental:
+        if not self._incremental or (pos < len(events) and not self._order_free_adds
+                                     and not self._ints_only(acc, value)):
             events = [*events[:pos], event, *events[pos:]]
+            self.recut_events += len(events)
             return _fold(agg, key, events), events
         acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
         if self.engine.check_acc:  # the accumulator check may still refuse: copy
@@ -917,6 +1194,22 @@ class MaxDuration:
         # nothing after this can fail on the event (the store copies what it writes)
         events.insert(pos, event)
         return acc, events
+
+    def _ints_only(self, acc: Any, value: Any) -> bool:
+        """Whether the sums, minima and maxima of ``acc`` and ``value`` are all ints, so that
+        an ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and
+        the minimum of ints is the same whichever equal int is seen first (a sum stays an int
+        only while every value added was one)."""
+        for _, column, index in self._numeric:
+            if type(acc if index is None else acc[index]) is not int:
+                return False
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return False
+            if type(number) is not int:
+                return False
+        return True
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them: in (end, key, start)

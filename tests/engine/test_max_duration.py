@@ -86,6 +86,27 @@ CLOSE = EmitStrategy.ON_WINDOW_CLOSE
 UPDATE = EmitStrategy.ON_WINDOW_UPDATE
 
 
+def deliveries(emits: list[Any]) -> list[tuple[Any, ...]]:
+    """A changelog without the updates that deliver a session's current value again (float
+    values by their bits). A batch with ON_WINDOW_UPDATE emits what changed between before the
+    batch and now; the event path's write cache also re-delivers a session that one event
+    removed and a later one put back as it was (its events held by the batch path, which
+    writes the key once: no such session shows)."""
+    current: dict[Any, Any] = {}
+    out = []
+    for e in emits:
+        value = repr(e.value) if not isinstance(e.value, dict) else repr(
+            {k: v.hex() if isinstance(v, float) else v for k, v in e.value.items()})
+        if e.retraction:
+            current.pop(e.session, None)
+        elif current.get(e.session) == value:
+            continue
+        else:
+            current[e.session] = value
+        out.append((e.session, value, e.retraction))
+    return out
+
+
 @given(md_cases(), cuts_strategy, st.none() | st.integers(0, 5))
 @example(  # an early event re-anchors the chain: [12, 22) becomes [3, 13) and [15, 25)
     ({"gap": 20, "grace": 0, "inclusive": True, "ooo": 20, "watermark": "event_time",
@@ -125,7 +146,7 @@ def test_update_mode_changelogs_rebuild_the_oracle_sessions(case, cuts):
                                   write_cache=True).run(steps)
     batched, _ = MaxDurationDriver(cfg, UPDATE, True, cuts).run(steps)
     # the batch path is the event path with its (unbounded) write cache flushed per batch
-    assert batched == cached
+    assert deliveries(batched) == deliveries(cached)
 
 
 @given(md_cases(), cuts_strategy, st.sampled_from([CLOSE, UPDATE]))

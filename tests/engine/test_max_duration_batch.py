@@ -1,7 +1,7 @@
 """The batch path with ``max_duration_ms`` (issue 12) cuts a key's batch events in one pass when
-it can give the event loop's answer (events in time order; or out of order, replaying the
-loop's re-cuts and closes, when the accumulators do not depend on the order of the adds), and
-re-cuts the other keys event by event. These streams are dense per key and mostly in large
+it can give the event loop's answer (events in time order; or out of order with a user
+aggregation, replaying the loop's re-cuts and closes), holds the events of the other keys of
+built-in aggregations and writes them once (lazily), and re-cuts the rest event by event. These streams are dense per key and mostly in large
 batches, so that those one-pass cases, the closes between a key's events and the fallback all
 occur; the batch path must equal the event path (emits, values bit for bit) and the oracle."""
 
@@ -22,7 +22,12 @@ from sessionstore import (
 from sessionstore.engine import max_duration as md_module
 from sessionstore.timeutil import INT64_MAX
 from tests.engine.test_engine_properties import AGG_ALL, as_rows, changelog_table, check_table_path
-from tests.engine.test_max_duration import MaxDurationDriver, md_configs, reference
+from tests.engine.test_max_duration import (
+    MaxDurationDriver,
+    deliveries,
+    md_configs,
+    reference,
+)
 
 CLOSE = EmitStrategy.ON_WINDOW_CLOSE
 UPDATE = EmitStrategy.ON_WINDOW_UPDATE
@@ -80,7 +85,7 @@ def test_dense_batches_equal_the_event_path_and_the_oracle(cfg, steps, cuts, emi
         # the batch path is the event path with its (unbounded) write cache flushed per batch
         cached, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
                                       write_cache=True).run(steps)
-        assert batched == cached
+        assert deliveries(batched) == deliveries(cached)
 
 
 FLOAT_AGG = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect(),
@@ -89,9 +94,10 @@ FLOAT_AGG = aggregations.combine({"n": aggregations.count(), "values": aggregati
 
 @settings(max_examples=100)
 @given(md_configs(), dense_steps(floats=True), long_cuts, st.sampled_from([CLOSE, UPDATE]))
-def test_float_sums_add_in_arrival_order_as_the_event_path_does(cfg, steps, cuts, emit):
-    """A float sum rounds by the order of its adds: out-of-order keys must not take the
-    one-pass (time-ordered) cut; the sums equal the event path's bit for bit."""
+def test_float_sums_are_the_left_fold_in_time_order_on_every_path(cfg, steps, cuts, emit):
+    """A float sum rounds by the order of its adds: a session's sum is the left fold of its
+    values in (time, arrival) order, whatever the arrival order and whether its key was held;
+    the batch path equals the event path bit for bit."""
     batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
                                            aggregation=FLOAT_AGG).run(steps)
     if emit is CLOSE:
@@ -99,10 +105,14 @@ def test_float_sums_add_in_arrival_order_as_the_event_path_does(cfg, steps, cuts
     else:
         plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
                                      write_cache=True, aggregation=FLOAT_AGG).run(steps)
-    assert batched == plain
-    assert [e.value["sum"].hex() for e in batched] == [e.value["sum"].hex() for e in plain]
+    assert deliveries(batched) == deliveries(plain)
     rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
     assert rows == reference(cfg, effective)
+    for e in batched + plain:
+        total: Any = 0
+        for value in e.value["values"]:  # collect keeps (time, arrival) order
+            total = total + value
+        assert e.value["sum"].hex() == float(total).hex() and type(total) is float
 
 
 def _engine(max_duration_ms: int = 25) -> SessionAggregator:
@@ -136,7 +146,12 @@ def test_out_of_order_keys_take_the_one_pass_cut_when_nothing_closes(monkeypatch
     calls = _count_steps(monkeypatch)
     batched = _engine()
     got = batched.process_batch(keys, values, times) + batched.advance_watermark(INT64_MAX)
-    assert calls == []  # no event went through the re-cutting step
+    # b's events take the one pass; a's take the step: a@14 starts a session, a@10 and a@27
+    # are held; a@22's "closed before" (21) reaches the key's bound (a@10's own window ends
+    # at 20), so the key is written (3 events) and a@22 is held again, written at the end
+    # with the 3 others it joins (4)
+    assert calls == [1, 1, 1, 1]
+    assert batched._core.max_duration is not None and batched._core.max_duration.recut_events == 7
     assert got == want
     assert [(e.session.key, e.session.start, e.session.end) for e in got] == [
         ("b", 18, 28), ("a", 10, 35), ("b", 30, 40), ("b", 41, 51)]
@@ -161,16 +176,39 @@ def _both_paths(monkeypatch: Any, keys: list[Any], values: list[Any],
 CLOSING = (["a", "a", "b", "a"], [11, 10, 34, 12])
 
 
-def test_a_session_closing_between_out_of_order_events_is_final_in_the_replay(monkeypatch):
+def test_a_session_closing_between_out_of_order_events_is_final_in_the_batch(monkeypatch):
     keys, times = CLOSING
     got, want, calls = _both_paths(monkeypatch, keys, [0, 1, 2, 3], times)
-    assert calls == []  # replayed in one pass
+    # a@10 is held; a@12's "closed before" (14) reaches the key's bound (a@10's own window
+    # ends at 14): the key is written, [10, 14) is final, a@12 starts a session
+    assert calls == [1, 1, 1]
     assert got == want
     assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
         ("a", 10, 14, [1, 0]), ("a", 12, 16, [3]), ("b", 34, 38, [2])]
 
 
-def test_out_of_order_float_sums_take_the_exact_step(monkeypatch):
+def test_a_user_aggregation_out_of_order_is_replayed_in_one_pass(monkeypatch):
+    # a user aggregation is not held (its adds may fail, and must fail at their event): the
+    # batch replays the loop's re-cuts and closes in one pass, as it folds from the events
+    keys, times = CLOSING
+    agg = aggregations.reduce(lambda a, b: a + b)
+    plain = SessionAggregator(InMemorySessionStore(retention_ms=1_000),
+                              SessionWindows(10, max_duration_ms=4), agg, emit=CLOSE,
+                              max_out_of_orderness_ms=20)
+    want = [e for k, t in zip(keys, times, strict=True) for e in plain.process(k, t, t)]
+    want += plain.advance_watermark(INT64_MAX)
+    calls = _count_steps(monkeypatch)
+    batched = SessionAggregator(InMemorySessionStore(retention_ms=1_000),
+                                SessionWindows(10, max_duration_ms=4), agg, emit=CLOSE,
+                                max_out_of_orderness_ms=20)
+    got = batched.process_batch(keys, times, times) + batched.advance_watermark(INT64_MAX)
+    assert calls == []
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end, e.value) for e in got] == [
+        ("a", 10, 14, 21), ("a", 12, 16, 12), ("b", 34, 38, 34)]
+
+
+def test_out_of_order_float_sums_are_held_like_any_built_in(monkeypatch):
     keys, times = CLOSING
     got, want, calls = _both_paths(monkeypatch, keys, [0.1, 0.2, 0.3, 0.4], times)
     assert len(calls) == 3  # key a's events, one by one (b's takes the one pass)
