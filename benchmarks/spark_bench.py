@@ -19,7 +19,7 @@ aggregates), so equal counts and checksums mean equal results. It reports number
 none; ratios against native are the figures to quote on a shared machine::
 
     python -m benchmarks.spark_bench [--rows N] [--batches B] [--repeats R]
-        [--engines native,arrow,processor] [--no-write]
+        [--engines native,arrow,processor] [--conf NAME=VALUE] [--no-write]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ Builder = Callable[[Any, "str | None"], Any]  # (input frame, watermark delay) -
 FLUSH_USER = "flush"  # the far-future event's user: its own session never closes
 
 
-def spark_session(partitions: int) -> Any:
+def spark_session(partitions: int, confs: dict[str, str] | None = None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
@@ -65,8 +65,11 @@ def spark_session(partitions: int) -> Any:
 
     from spark_adapter.sessionize import ROCKSDB_PROVIDER
 
+    builder = SparkSession.builder
+    for name, value in (confs or {}).items():  # first: the benchmark's own settings win
+        builder = builder.config(name, value)
     spark = (
-        SparkSession.builder.master("local[2]").appName("sessionstore-bench")
+        builder.master("local[2]").appName("sessionstore-bench")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
@@ -288,20 +291,25 @@ def main(argv: list[str] | None = None) -> None:
                         help="timed runs of each engine, in alternating order; default 2")
     parser.add_argument("--engines", default="native,arrow,processor",
                         help="which of native, arrow and processor to run (comma-separated)")
+    parser.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Spark setting for every engine (repeatable)")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
     chosen = args.engines.split(",")
     if not chosen or set(chosen) - {"native", "arrow", "processor"} or args.repeats < 1:
         parser.error(f"--engines must name native, arrow or processor, got {args.engines!r}; "
                      f"--repeats must be >= 1, got {args.repeats}")
+    confs = dict(item.split("=", 1) for item in args.conf if "=" in item)
+    if len(confs) != len(args.conf):
+        parser.error(f"--conf takes NAME=VALUE, got {args.conf!r}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)  # ours only: py4j logs every command at INFO
-    spark = spark_session(args.partitions)
+    spark = spark_session(args.partitions, confs)
     root = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     results: dict[str, Any] = {"rows": 0, "gap": GAP, "watermark_delay": DELAY,
                                "batches": args.batches, "partitions": args.partitions,
                                "repeats": args.repeats, "master": "local[2]",
-                               "spark": spark.version}
+                               "spark": spark.version, "confs": confs}
     try:
         files, flush, n_rows = write_batches(root / "files", args.rows, args.batches)
         results["rows"] = n_rows

@@ -58,6 +58,7 @@ from .config import (
     emits_batch,
     engine_arguments,
     engine_rows,
+    null_keys_message,
 )
 from .provider import SessionStoreProvider, SnapshotError, open_filesystem
 from .state import StateLayout, pin_layout, query_state_location
@@ -392,7 +393,13 @@ def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the static Arrow engine: a partition's rows, all at once,
     on an in-memory engine, then every session closed. The common aggregations take the
-    columnar path of :mod:`spark_adapter.static_columnar`."""
+    columnar path of :mod:`spark_adapter.static_columnar`.
+
+    Raises:
+        ValueError: a key column holds a null (:func:`null_keys_message`): a static input needs
+            every key set. The task checks it, so that ``sessionize`` need not read the input
+            an extra time; the job fails with it when it runs.
+    """
     columnar = static_columnar.static_partition(config, batches)
     if columnar is not None:
         yield from columnar
@@ -403,7 +410,9 @@ def static_partition(config: SessionizeConfig,
         config.aggregation, watermark="external", **config.engine_options(),
     )
     for batch in batches:
-        out, _, _ = sessionize_rows(engine, config, batch, sort=False)
+        out, counts, _ = sessionize_rows(engine, config, batch, sort=False)
+        if counts["null_keys_dropped"]:
+            raise ValueError(null_keys_message(config.key_columns))
         if out.num_rows:
             yield out
     closing = engine.advance_watermark(INT64_MAX)

@@ -291,6 +291,11 @@ def checked_gaps(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> 
     return list(table.column(config.gap_column).to_pylist())
 
 
+def null_keys_message(key_columns: list[str]) -> str:
+    """The refusal of a static input with a null key (every front end of it says this)."""
+    return f"key column(s) {key_columns} hold nulls; sessionize needs every key set"
+
+
 def check_gap_bound(config: SessionizeConfig, table: pa.Table | pa.RecordBatch) -> None:
     """Refuse a per-row gap over ``max_gap`` before any row of ``table`` reaches the engine.
 

@@ -32,6 +32,7 @@ from .config import (
     SessionizeConfig,
     duration_us,
     engine_arguments,
+    null_keys_message,
 )
 from .provider import open_filesystem
 from .state import canonical_settings, config_digest
@@ -251,7 +252,9 @@ def sessionize(
     Raises:
         ValueError: a missing column, a non-timestamp time column, a bad gap or aggregation, a
             column type an aggregation cannot use (naming the column and its type), a streaming
-            input without ``watermark_delay``, null keys in a static input, a per-row gap on a
+            input without ``watermark_delay``, null keys in a static input (the Arrow engine's
+            tasks raise it when the job runs, naming the key columns, so that no extra pass
+            reads the input; ``engine="processor"`` checks in the call), a per-row gap on a
             stream without ``max_gap`` or of a type that is no duration (naming it), a gap,
             ``max_gap``, ``max_duration`` or ``watermark_delay`` so large that the state's
             retention would not fit int64 (naming them).
@@ -342,16 +345,14 @@ def sessionize(
     config.extra[static_columnar.PARTS_KEY] = [
         (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
     if not df.isStreaming:
-        nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
-            if len(key_columns) > 1 else df.filter(F.col(key_columns[0]).isNull()).limit(1).count()
-        if nulls:
-            raise ValueError(f"key column(s) {key_columns} hold nulls; sessionize needs every "
-                             f"key set")
         if engine == "processor":
+            _refuse_null_keys(df, key_columns)
             from .processor import static_frames
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
             return bucketed.groupBy(BUCKET_COLUMN).applyInPandas(
                 static_frames(config), config.output_schema())
+        # the Arrow engine's tasks refuse a null key themselves (arrow.static_partition):
+        # checking here would read the whole input once more, which native does not
         return selected.repartition(partitions, *key_columns).mapInArrow(
             partial(arrow.static_partition, config), config.output_schema())
 
@@ -419,6 +420,14 @@ def sessionize(
 
 
 BUCKET_COLUMN = "sessionstore_bucket"
+
+
+def _refuse_null_keys(df: DataFrame, key_columns: list[str]) -> None:
+    """Raises ValueError (naming the key columns) when a static input holds a null key."""
+    nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
+        if len(key_columns) > 1 else df.filter(F.col(key_columns[0]).isNull()).limit(1).count()
+    if nulls:
+        raise ValueError(null_keys_message(key_columns))
 
 
 def _check_engine(config: SessionizeConfig, store_retention_us: int,

@@ -1,5 +1,6 @@
-"""The Arrow engine's columnar path: a partition's Arrow batches go to the engine's
-``process_table`` whole, never as Python rows, in static queries and in streaming ones.
+"""The Arrow engine's columnar path: a partition's Arrow batches go to the engine whole, never
+as Python rows: in streaming queries to the engine's ``process_table``, in static ones (all
+rows there) to its bounded path, ``sessionstore.sessionize``, on the same prepared columns.
 
 It serves the common case, every aggregation ``count`` or ``sum``/``min``/``max`` over an integer
 or floating column, with the default emission (each session once, when it is complete). The
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,16 +36,17 @@ from sessionstore.timeutil import INT64_MAX
 
 from . import columns
 from .config import (
+    SESSION_END,
+    SESSION_START,
     STATIC_RETENTION_US,
     SessionizeConfig,
     check_gap_bound,
     engine_arguments,
+    null_keys_message,
 )
 
 #: ``SessionizeConfig.extra`` key under which ``sessionize`` leaves ``[(name, kind, column)]``.
 PARTS_KEY = "static_parts"
-#: Rows fed to the engine at once: a partition's batches are gathered up to this many.
-CHUNK_ROWS = 1 << 20
 _KINDS = ("count", "sum", "min", "max")
 _NUMERIC = (*columns.INTEGRAL, *columns.FRACTIONAL)
 _KEY_TYPES = (*columns.INTEGRAL, *columns.FRACTIONAL, T.StringType, T.BinaryType, T.BooleanType,
@@ -129,6 +132,39 @@ class ColumnarRunner:
             RuntimeError: the engine emitted while taking rows, which it cannot with a
                 watermark that only :meth:`SessionAggregator.advance_watermark` moves.
         """
+        prepared, counts = self.engine_input(table)
+        if prepared is None:
+            return counts, None
+        return counts, self.feed_prepared(prepared)
+
+    def feed_prepared(self, prepared: pa.Table) -> int:
+        """:meth:`feed` of what :meth:`engine_input` made (rows left); returns the largest
+        event time fed (us)."""
+        try:
+            emitted = self.engine.process_table(prepared, key=self.key_names, time=_TIME,
+                                                gap=None if self.config.gap_column is None
+                                                else _GAP)
+        except aggregations.SumOverflowError as exc:
+            # name the user's output, not the engine column that carries it
+            names = {f"{_PREFIX}v{i}": part.name for i, part in enumerate(self.parts)}
+            if exc.aggregation not in names:
+                raise
+            raise exc.naming(names[exc.aggregation]) from None
+        if emitted.num_rows:
+            raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
+                               f"watermark moved")
+        return int(pc.max(prepared.column(_TIME)).as_py())
+
+    def engine_input(self, table: pa.Table) -> tuple[pa.Table | None, dict[str, int]]:
+        """The engine's columns for ``table`` (None when no row is left) and the counts of the
+        rows dropped for a null time or key: the keys in the engine's codecs as
+        ``key_names``, the time in us, the gap in us when it is per row, and per part its
+        value (a null as the operation's identity) and whether it was present (see the module
+        docstring).
+
+        Raises:
+            ValueError: a row's gap exceeds ``max_gap`` (see :func:`check_gap_bound`).
+        """
         cfg = self.config
         valid = pc.is_valid(table.column(cfg.time_column))
         null_times = table.num_rows - int(pc.sum(valid).as_py() or 0)
@@ -140,13 +176,12 @@ class ColumnarRunner:
             table = table.filter(valid)
         counts = {"null_times_dropped": null_times, "null_keys_dropped": null_keys}
         if not kept:
-            return counts, None
-        times = table.column(cfg.time_column).cast(pa.int64())
+            return None, counts
         arrays: dict[str, pa.ChunkedArray] = {}
         for name, column, data_type in zip(self.key_names, cfg.key_columns, cfg.key_types,
                                            strict=True):
             arrays[name] = _engine_key(table.column(column), data_type)
-        arrays[_TIME] = times
+        arrays[_TIME] = table.column(cfg.time_column).cast(pa.int64())
         if cfg.gap_column is not None:  # a gap per row (us); over max_gap is refused, naming it
             check_gap_bound(cfg, table)
             arrays[_GAP] = table.column(cfg.gap_column)
@@ -160,20 +195,7 @@ class ColumnarRunner:
             fill = pa.scalar(_identity(part.kind, floating), target)
             arrays[f"{_PREFIX}v{i}"] = pc.fill_null(values.cast(target), fill)
             arrays[f"{_PREFIX}n{i}"] = pc.is_valid(values).cast(pa.int64())
-        try:
-            emitted = self.engine.process_table(pa.table(arrays), key=self.key_names,
-                                                time=_TIME,
-                                                gap=None if cfg.gap_column is None else _GAP)
-        except aggregations.SumOverflowError as exc:
-            # name the user's output, not the engine column that carries it
-            names = {f"{_PREFIX}v{i}": part.name for i, part in enumerate(self.parts)}
-            if exc.aggregation not in names:
-                raise
-            raise exc.naming(names[exc.aggregation]) from None
-        if emitted.num_rows:
-            raise RuntimeError(f"sessionize: {emitted.num_rows} sessions emitted before the "
-                               f"watermark moved")
-        return counts, int(pc.max(times).as_py())
+        return pa.table(arrays), counts
 
     def rows(self, emits: list[Emit]) -> pa.RecordBatch:
         """The output rows of ``emits`` (sessions the engine closed)."""
@@ -207,30 +229,89 @@ def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArra
 def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
     """The columnar ``mapInArrow`` function for a static partition, or None when the
-    configuration needs the row path."""
+    configuration needs the row path.
+
+    The partition's rows are all there, so they take the engine's bounded path
+    (``sessionstore.sessionize``: sort by key and time, one scan, array reductions), which is
+    exact whatever the row order and gives the sessions the streaming engine gives once its
+    watermark has passed every row, with no Python object per session. A key type whose
+    equality the bounded path's encoding may not share with Spark's (floating keys: -0.0, NaN)
+    and a failure (a sum leaving int64) take the streaming engine on an in-memory store
+    instead, which raises the error in the adapter's terms.
+
+    Raises:
+        ValueError: a key column holds a null (naming the key columns), as ``sessionize``
+            refuses null keys in a static input.
+    """
     parts = columnar_parts(config)
     if parts is None:
         return None
+    return _run(config, parts, batches)
+
+
+def _engine_runner(config: SessionizeConfig, parts: list[_Part]) -> ColumnarRunner:
     engine = SessionAggregator(
         InMemorySessionStore(**engine_arguments(retention_us=STATIC_RETENTION_US)),
         config.windows(),
         columnar_aggregation(parts), watermark="external", **config.engine_options(),
     )
-    return _run(ColumnarRunner(config, parts, engine), config, batches)
+    return ColumnarRunner(config, parts, engine)
 
 
-def _run(runner: ColumnarRunner, config: SessionizeConfig,
+def _run(config: SessionizeConfig, parts: list[_Part],
          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        pending.append(batch)
-        rows += batch.num_rows
-        if rows >= CHUNK_ROWS:
-            runner.feed(config.input_table(pending))
-            pending, rows = [], 0
-    if rows:
-        runner.feed(config.input_table(pending))
-    out = runner.rows(runner.engine.advance_watermark(INT64_MAX))
+    runner = _engine_runner(config, parts)
+    prepared, counts = runner.engine_input(config.input_table(batches))
+    if counts["null_keys_dropped"]:
+        raise ValueError(null_keys_message(config.key_columns))
+    if prepared is None:
+        return
+    out = None
+    if not any(isinstance(t, columns.FRACTIONAL) for t in config.key_types):
+        try:
+            out = _bounded_rows(config, parts, runner.key_names, prepared)
+        except ValueError:  # the engine below raises it naming the user's output
+            out = None
+    if out is None:
+        runner.feed_prepared(prepared)
+        out = runner.rows(runner.engine.advance_watermark(INT64_MAX))
     if out.num_rows:
         yield out
+
+
+def _bounded_rows(config: SessionizeConfig, parts: list[_Part], key_names: list[str],
+                  prepared: pa.Table) -> pa.RecordBatch:
+    """The output rows of ``prepared`` (:meth:`ColumnarRunner.engine_input`) by the bounded
+    path, with the same engine columns and the same null rule as the streaming engine's.
+
+    Raises:
+        ValueError: the bounded path refuses the rows (a sum leaving int64).
+    """
+    from sessionstore.bounded import sessionize as bounded_sessionize
+
+    specs: dict[str, Any] = {}
+    for i, part in enumerate(parts):
+        if part.kind == "count":
+            specs[f"{_PREFIX}v{i}"] = "count"
+        else:
+            specs[f"{_PREFIX}v{i}"] = (part.kind, f"{_PREFIX}v{i}")
+            specs[f"{_PREFIX}n{i}"] = ("sum", f"{_PREFIX}n{i}")
+    # times and gaps are int64 microseconds: integer gaps share the time column's unit
+    sessions = bounded_sessionize(
+        prepared, key=key_names, time=_TIME,
+        gap=config.gap_us if config.gap_column is None else _GAP,
+        aggregations=specs, max_duration=config.max_duration_us,
+        inclusive_gap=config.inclusive_gap)
+    schema = config.arrow_output_schema()
+    arrays: list[pa.Array | pa.ChunkedArray] = [
+        sessions.column(name) for name in [*key_names, SESSION_START, SESSION_END]]
+    for i, part in enumerate(parts):
+        values = sessions.column(f"{_PREFIX}v{i}")
+        if part.kind != "count":  # a session of nulls only gives null, as Spark's
+            present = pc.greater(sessions.column(f"{_PREFIX}n{i}"), 0)
+            values = pc.if_else(present, values, pa.scalar(None, values.type))
+        arrays.append(values)
+    return pa.RecordBatch.from_arrays(
+        [column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+         for column in (a.cast(f.type) for a, f in zip(arrays, schema, strict=True))],
+        schema=schema)

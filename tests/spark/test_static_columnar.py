@@ -105,11 +105,10 @@ def rows_of(batches: Any) -> list[tuple]:
 
 
 @pytest.mark.parametrize("keys", [["user"], ["day", "at", "user"]])
-def test_columnar_path_equals_row_path_on_the_same_batches(spark, monkeypatch, keys):
+def test_columnar_path_equals_row_path_on_the_same_batches(spark, keys):
     config = config_for(spark, keys, AGGS)
     assert static_columnar.static_partition(config, iter([])) is not None  # columnar here
     rows = make_rows(3000, seed=7)
-    monkeypatch.setattr(static_columnar, "CHUNK_ROWS", 700)  # several feeds per partition
     columnar = rows_of(arrow.static_partition(config, iter(arrow_batches(spark, config, rows,
                                                                           256))))
     del config.extra[static_columnar.PARTS_KEY]  # the row path
@@ -159,3 +158,56 @@ def test_columnar_runner_drops_rows_with_a_null_in_any_key_column(spark, null_in
     closing = arrow.emits_batch(config, row_engine.advance_watermark(1 << 62))
     assert row_counts["null_keys_dropped"] == len(holes)
     assert got == rows_of([out, closing]) and got
+
+
+@pytest.mark.parametrize(("keys", "gap_us", "inclusive", "max_duration_us"), [
+    (["user"], 10_000_000, True, None),
+    (["day", "at", "user"], 10_000_000, False, None),
+    (["user"], 25_000_000, True, 40_000_000),
+    (["at"], 9_999_999, False, 30_000_000),
+])
+def test_bounded_path_equals_the_engine_on_the_same_rows(spark, keys, gap_us, inclusive,
+                                                         max_duration_us):
+    """A static partition's rows take the bounded path (``sessionstore.sessionize``), a
+    specialisation of the streaming engine for rows that are all there: on the same prepared
+    columns it must give the engine's sessions (null rule, inclusive gap, max_duration)."""
+    config = config_for(spark, keys, AGGS)
+    config.gap_us = config.max_gap_us = gap_us
+    config.inclusive_gap = inclusive
+    config.max_duration_us = max_duration_us
+    parts = static_columnar.columnar_parts(config)
+    assert parts is not None
+    rows = make_rows(2500, seed=gap_us % 97)
+    runner = static_columnar._engine_runner(config, parts)
+    prepared, counts = runner.engine_input(pa.Table.from_batches(arrow_batches(spark, config,
+                                                                               rows, 500)))
+    assert prepared is not None and counts["null_keys_dropped"] == 0
+    bounded = static_columnar._bounded_rows(config, parts, runner.key_names, prepared)
+    assert bounded.schema == config.arrow_output_schema()
+    runner.feed_prepared(prepared)
+    engine = runner.rows(runner.engine.advance_watermark(1 << 62))
+    assert rows_of([bounded]) == rows_of([engine]) and bounded.num_rows > 30
+
+
+def test_a_static_partition_takes_the_bounded_path(spark, monkeypatch):
+    """The engine is only the fallback (floating keys, a refused sum): with it disabled, a
+    static partition still gives its sessions."""
+    config = config_for(spark, ["user", "day"], AGGS)
+    rows = make_rows(400, seed=5)
+    expected = rows_of(arrow.static_partition(config, iter(arrow_batches(spark, config, rows,
+                                                                         100))))
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the engine fed a static partition")
+
+    monkeypatch.setattr(static_columnar.ColumnarRunner, "feed_prepared", refuse)
+    got = rows_of(arrow.static_partition(config, iter(arrow_batches(spark, config, rows, 100))))
+    assert got == expected and len(got) > 10
+
+
+def test_a_null_key_in_a_static_partition_is_refused_naming_the_key(spark):
+    config = config_for(spark, ["user", "day"], AGGS)
+    rows = make_rows(50, seed=2)
+    rows[7] = (rows[7][0], None, *rows[7][2:])
+    with pytest.raises(ValueError, match=r"key column\(s\) \['user', 'day'\] hold nulls"):
+        list(arrow.static_partition(config, iter(arrow_batches(spark, config, rows, 16))))
