@@ -184,11 +184,12 @@ def _sort_output(parts: list[pa.Table], keys: list[str]) -> pa.Table:
 
 
 def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
-                 spill_dir: str | Path | None) -> Iterator[pa.Table]:
+                 spill_dir: str | Path | None, row_column: str) -> Iterator[pa.Table]:
     """The sessions of each partition of ``spill``; a partition still over the memory limit is
-    split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
+    split again (a new hash salt), up to :data:`MAX_SPLITS` deep. ``row_column`` holds each
+    row's input row number."""
     for _, table in spill.read():
-        rows = as_numpy(table.column(ROW_COLUMN))
+        rows = as_numpy(table.column(row_column))
         working = working_bytes(table.nbytes, table.num_rows)
         if depth < MAX_SPLITS and table.num_rows > 1 and \
                 working > max(options.memory_limit, MIN_SPLIT_BYTES):
@@ -198,7 +199,8 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
                     inner.write(batch)
                 del table
                 stats.spilled_bytes += inner.bytes_written
-                yield from _partitioned(inner, options, stats, depth + 1, spill_dir)
+                yield from _partitioned(inner, options, stats, depth + 1, spill_dir,
+                                        row_column)
             continue
         stats.partitions += 1
         builder = FrameBuilder(table.schema, options.columns)
@@ -282,13 +284,16 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
     partitions = min(MAX_PARTITIONS, max(8, math.ceil(
         16 * working_bytes(held.nbytes, held.rows) / options.memory_limit)))
     first = held.batches()
+    row_column = ROW_COLUMN
+    while row_column in held.names:  # an input column may have that name
+        row_column = "_" + row_column
     schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(
-        pa.field(ROW_COLUMN, pa.int64()))
+        pa.field(row_column, pa.int64()))
     seen = 0
     with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
         def write(batch: pa.RecordBatch) -> None:
             nonlocal seen
-            numbered = batch.append_column(ROW_COLUMN, arrow_of(
+            numbered = batch.append_column(row_column, arrow_of(
                 np.arange(seen, seen + batch.num_rows, dtype=np.int64), pa.int64()))
             spill.write(numbered)
             seen += batch.num_rows
@@ -302,7 +307,7 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
             if progress is not None:
                 progress(stats.events_in)
         stats.spilled_bytes += spill.bytes_written
-        tables = list(_partitioned(spill, options, stats, 0, spill_dir))
+        tables = list(_partitioned(spill, options, stats, 0, spill_dir, row_column))
     if not tables:
         raise AssertionError("spilled input produced no partition")  # pragma: no cover
     table = _sort_output(tables, options.keys)

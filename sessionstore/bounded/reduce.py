@@ -88,11 +88,14 @@ def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
                                                     strict=True)]
         try:
             result = aggspec.from_engine(totals, out_type)
-        except (pa.ArrowInvalid, ValueError) as exc:
-            raise ValueError(f"aggregation {name!r}: a session's sum does not fit in "
-                             f"{out_type}: {exc}") from None
+        except (pa.ArrowInvalid, ValueError):
+            raise _too_large(name, totals, out_type, np.flatnonzero(nonempty),
+                             describe) from None
         return _spread(result, nonempty)
     data = _numpy(present)
+    if data.dtype == np.uint64 and len(data) and int(data.max()) > np.iinfo(np.int64).max:
+        # an unsigned value past int64 makes its session's sum pass it (no value is < 0)
+        raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe)
     groups = kernels.EventGroups(np.arange(len(data), dtype=np.int64), offsets)
     try:
         sums = folds.sum_per_session(groups, data)
@@ -112,6 +115,18 @@ def _overflow(name: str, data: npt.NDArray[Any], offsets: Int64Array,
             return ValueError(f"aggregation {name!r}: the sum of {describe(int(sessions[j]))} "
                               f"is {exact}, which does not fit in int64 (no silent wrap-around)")
     return ValueError(f"aggregation {name!r}: a sum does not fit in int64")
+
+
+def _too_large(name: str, totals: list[Any], out_type: pa.DataType, sessions: Int64Array,
+               describe: Describe) -> ValueError:
+    """The error for the first session whose decimal sum does not fit in ``out_type``."""
+    for j, total in enumerate(totals):
+        try:
+            aggspec.from_engine([total], out_type)
+        except (pa.ArrowInvalid, ValueError):
+            return ValueError(f"aggregation {name!r}: the sum of {describe(int(sessions[j]))} "
+                              f"is {total}, which does not fit in {out_type}")
+    return ValueError(f"aggregation {name!r}: a sum does not fit in {out_type}")
 
 
 def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
