@@ -37,6 +37,7 @@ from .io import (
     TIME_UNITS,
     InputError,
     InputSource,
+    ReplacedOutput,
     SessionWriter,
     check_gap_column,
     engine_batch,
@@ -327,9 +328,10 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
 
         session_summary = SessionSummary(counts[0], gap_ms=windows.gap_ms) \
             if args.summary else None
-        report = run_bounded(args, source, keys, specs, planned, windows, session_summary,
-                             lambda times, row: _check_latest(times, row, windows, args),
-                             _progress(args.progress, "events"))
+        with ReplacedOutput(args.out) as output:
+            report = run_bounded(args, source, keys, specs, planned, windows, session_summary,
+                                 lambda times, row: _check_latest(times, row, windows, args),
+                                 _progress(args.progress, "events"), output.temporary)
         return _finish(args, report, session_summary, out_path)
     from .engine import EmitStrategy, SessionAggregator
     from .store import SessionStore
@@ -338,6 +340,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
     temp: Path | None = None
+    replaced: ReplacedOutput | None = None  # the output of a run without --state
     state = args.state
     if args.metrics_port is not None or args.metrics_file is not None:
         require_prometheus()  # a missing extra is named before anything is touched
@@ -350,6 +353,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
         state = str(temp)
     try:
+        if temp is not None:
+            replaced = ReplacedOutput(args.out)
         store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
         try:
             engine = SessionAggregator(store, windows, columnar.aggregation, emit=emit,
@@ -362,7 +367,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                                 pa.field("session_end_ms", pa.int64()), *planned.output_fields,
                                 *([pa.field("retracted", pa.bool_())]
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
-            writer = SessionWriter(args.out, keys, planned.output_names,
+            writer = SessionWriter(args.out if replaced is None else replaced.temporary,
+                                   keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
                                    committed.get("output"), schema=schema,
                                    presence={name: hidden for name, (hidden, _)
@@ -381,7 +387,11 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             _close_quietly(store)
             raise
         store.close()
+        if replaced is not None:
+            replaced.commit()
     finally:
+        if replaced is not None:
+            replaced.discard()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
     summary["path"] = "incremental"

@@ -6,18 +6,26 @@ project), and the failures that must change nothing.
 from __future__ import annotations
 
 import decimal
+import json
 import math
+import os
 import random
+import resource
+import signal
 import struct
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import sessionstore
+from sessionstore.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 INT64_MAX = 2**63 - 1
@@ -326,3 +334,82 @@ def test_decimals_of_more_than_28_digits_keep_every_digit(value: decimal.Decimal
 def _exact_double(value: decimal.Decimal) -> decimal.Decimal:
     with decimal.localcontext(decimal.Context(prec=100)):
         return value + value
+
+
+# -- a run without --state that fails changes nothing -------------------------------------------
+
+
+def _file_size_limit() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): (b"" if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("out_name", ["out.jsonl", "out.parquet"])
+@pytest.mark.parametrize("emit", ["final", "update"])
+def test_a_full_disk_without_state_leaves_the_previous_output_as_it_was(tmp_path, out_name,
+                                                                        emit):
+    """Kills: a run without ``--state`` deleting the previous output first and writing the new
+    one in place, so that a full disk (here RLIMIT_FSIZE: EFBIG, as ENOSPC takes the same path)
+    left a truncated output that reads as complete, and the old output gone. ``final`` takes the
+    bounded path, ``update`` the incremental one over a temporary state."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"user": f"u{i % 4000}", "ts": i * 1000,
+                                          "page": "p" * 30}) + "\n" for i in range(16_000)))
+    place = tmp_path / "place"
+    place.mkdir()
+    out = place / out_name
+    if out_name.endswith(".parquet"):
+        out.mkdir()
+        pq.write_table(pa.table({"old": [1]}), out / "part-000000.parquet")
+    else:
+        out.write_text('{"old": 1}\n')
+    before = _listing(place)
+    child = subprocess.run(
+        [sys.executable, "-m", "sessionstore.cli", "sessionize", str(source), "--key", "user",
+         "--time", "ts", "--gap", "30m", "--agg", "pages=collect:page", "--emit", emit,
+         "--out", str(out), "--no-progress"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        preexec_fn=_file_size_limit, timeout=300)
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.startswith("sessionstore: error: ") and child.stderr.count("\n") == 1
+    if emit == "final":  # (the incremental path may fill the disk in its store first)
+        assert child.stderr.startswith(f"sessionstore: error: OSError: [Errno 27] writing the "
+                                       f"output {str(out)!r}: ")
+        assert "File too large" in child.stderr
+    assert _listing(place) == before  # the old output, and nothing beside it
+
+
+def test_a_failed_run_into_a_missing_directory_leaves_no_directory(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"user": "u", "ts": t, "v": 2**62}) + "\n"
+                              for t in range(4)))
+    out = tmp_path / "new" / "deeper" / "out.jsonl"
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--agg", "s=sum:v", "--out", str(out), "--no-progress"]) == 2
+    assert "aggregation 's'" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert [json.loads(line)["events"] for line in out.read_text().splitlines()] == [4]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl"]
+
+
+@pytest.mark.parametrize("emit", ["final", "update"])
+def test_a_successful_run_without_state_replaces_a_larger_previous_output(tmp_path, capsys,
+                                                                          emit):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"user": "u", "ts": t}) + "\n" for t in range(3)))
+    out = tmp_path / "out.parquet"
+    out.mkdir()
+    for part in range(3):  # an older, longer output of several parts
+        pq.write_table(pa.table({"old": [part]}), out / f"part-{part:06d}.parquet")
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--emit", emit, "--out", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet"]
+    assert pq.read_table(out).column("events").to_pylist()[-1] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet"]
