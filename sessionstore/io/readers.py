@@ -268,9 +268,36 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
                              partitioning=partitioning,
                              partition_base_dir=str(root) if root is not None else None)
+        typed = _typed_nulls(dataset)
+        if typed is not None:
+            dataset = ds.dataset([str(f) for f in files], schema=typed, format=file_format_obj,
+                                 partitioning=partitioning,
+                                 partition_base_dir=str(root) if root is not None else None)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise _read_error(spec, fmt, exc) from None
     return InputSource(spec, all_files, fmt, root, dataset, partition_columns)
+
+
+def _typed_nulls(dataset: ds.Dataset) -> pa.Schema | None:
+    """The dataset's schema with each column of type null (no value in the first file, from
+    which pyarrow infers the schema) typed as the first other file that has values in it types
+    it; None when no column is null or no other file types one. A file whose values then do
+    not fit that type fails to read, naming itself, as any file that disagrees does."""
+    nulls = {f.name for f in dataset.schema if pa.types.is_null(f.type)}
+    if not nulls:
+        return None
+    types: dict[str, pa.DataType] = {}
+    for fragment in dataset.get_fragments():
+        physical = fragment.physical_schema
+        for name in nulls - types.keys():
+            index = physical.get_field_index(name)
+            if index >= 0 and not pa.types.is_null(physical.field(index).type):
+                types[name] = physical.field(index).type
+        if len(types) == len(nulls):
+            break
+    if not types:
+        return None
+    return pa.schema([f.with_type(types.get(f.name, f.type)) for f in dataset.schema])
 
 
 def _blank_text_file(path: Path, limit: int = 1 << 16) -> bool:

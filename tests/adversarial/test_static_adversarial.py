@@ -413,3 +413,38 @@ def test_a_successful_run_without_state_replaces_a_larger_previous_output(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet"]
     assert pq.read_table(out).column("events").to_pylist()[-1] == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet"]
+
+
+# -- inputs of several files --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_column_empty_in_the_first_file_takes_its_type_from_the_others(tmp_path, capsys,
+                                                                        fmt):
+    """Kills: the dataset's schema inferred from the first file alone, where a column with no
+    value is of type null, so that a valid directory was refused (the sum "cannot run over
+    column 'amt' of type null", or a CSV "conversion error to null" in the next file)."""
+    rows = [[{"user": "a", "ts": 0, "amt": None}, {"user": "b", "ts": 0, "amt": None}],
+            [{"user": "a", "ts": 5, "amt": 3}, {"user": "b", "ts": 7, "amt": None}],
+            [{"user": "a", "ts": 9, "amt": -1}]]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, part in enumerate(rows):
+        path = folder / f"part-{i}.{fmt}"
+        if fmt == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        elif fmt == "csv":
+            path.write_text("user,ts,amt\n" + "".join(
+                f"{r['user']},{r['ts']},{'' if r['amt'] is None else r['amt']}\n" for r in part))
+        else:
+            amt = pa.array([r["amt"] for r in part],
+                           pa.null() if all(r["amt"] is None for r in part) else pa.int64())
+            pq.write_table(pa.table({"user": [r["user"] for r in part],
+                                     "ts": [r["ts"] for r in part], "amt": amt}), path)
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(folder), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--agg", "s=sum:amt", "--agg", "c=collect:amt", "--out", str(out),
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"user": "a", "session_start_ms": 0, "session_end_ms": 60_009, "s": 2, "c": [3, -1]},
+        {"user": "b", "session_start_ms": 0, "session_end_ms": 60_007, "s": None, "c": []}]
