@@ -5,6 +5,7 @@ project), and the failures that must change nothing.
 
 from __future__ import annotations
 
+import csv
 import decimal
 import json
 import math
@@ -448,3 +449,93 @@ def test_a_column_empty_in_the_first_file_takes_its_type_from_the_others(tmp_pat
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {"user": "a", "session_start_ms": 0, "session_end_ms": 60_009, "s": 2, "c": [3, -1]},
         {"user": "b", "session_start_ms": 0, "session_end_ms": 60_007, "s": None, "c": []}]
+
+
+# -- the CLI without --state against the oracle -------------------------------------------------
+
+CLI_AGGREGATIONS = [("n", "count", None), ("s", "sum", "amt"), ("m", "max", "fl"),
+                    ("c", "collect", "amt"), ("f", "first", "fl"), ("l", "last", "amt"),
+                    ("mn", "min", "fl")]
+CLI_COLUMNS = ["user", "ts", "amt", "fl", "g"]
+
+
+def _write_input(folder: Path, parts: list[list[dict[str, Any]]], fmt: str,
+                 rnd: random.Random) -> None:
+    schema = pa.schema([("user", pa.string()), ("ts", pa.int64()), ("amt", pa.int64()),
+                        ("fl", pa.float64()), ("g", pa.int64())])
+    for i, part in enumerate(parts):
+        path = folder / f"p{i}.{fmt}"
+        newline = rnd.choice(["\n", "\r\n"])
+        if fmt == "parquet":
+            pq.write_table(pa.Table.from_pylist(part, schema=schema), path)
+        elif fmt == "jsonl":
+            path.write_bytes("".join(json.dumps(r) + newline for r in part).encode())
+        else:
+            with open(path, "w", newline="") as handle:
+                writer = csv.writer(handle, delimiter="\t" if fmt == "tsv" else ",",
+                                    lineterminator=newline)
+                writer.writerow(CLI_COLUMNS)
+                writer.writerows([["" if r[c] is None else r[c] for c in CLI_COLUMNS]
+                                  for r in part])
+    if fmt != "parquet" and rnd.random() < 0.3:
+        (folder / f"empty.{fmt}").write_text(rnd.choice(["", "\n", "  \r\n"]))
+
+
+def _read_output(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    numbers = {"session_start_ms", "session_end_ms", "n", "s", "l"}
+    return [{k: (None if v == "" else json.loads(v) if k == "c" else
+                 float(v) if k in ("m", "f", "mn") else int(v) if k in numbers else v)
+             for k, v in row.items()} for row in rows]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_cli_without_state_equals_the_oracle(tmp_path, capsys, seed: int) -> None:
+    """CSV, TSV, JSON Lines and Parquet inputs of several files (CRLF line ends, blank files,
+    keys with commas, quotes and spaces, "007" beside "7"), read as a directory or a glob,
+    written as JSON Lines, CSV or Parquet, in any row order."""
+    rnd = random.Random(seed)
+    n = rnd.choice([1, 3, 10, 40])
+    base = rnd.choice([0, -(10**12), 10**7])
+    rows = [{"user": rnd.choice(["a", "é", "x,y", 'q"t', " sp", "7", "007"]),
+             "ts": base + rnd.randint(0, 50) * rnd.choice([1, 1000, 60_000]),
+             "amt": rnd.choice([1, -5, 2**40, 3, None]),
+             "fl": rnd.choice([0.5, -0.0, 0.0, 1e300, 2.5, None]),
+             "g": rnd.choice([None, 0, -1, 1000, 60_000, 1_800_000])} for _ in range(n)]
+    rows[0]["amt"], rows[0]["fl"] = 1, 0.5  # every column has a value: its type is known
+    fmt = rnd.choice(["csv", "tsv", "jsonl", "parquet"])
+    files = rnd.choice([1, 1, 3])
+    parts = [rows[i::files] for i in range(files)]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write_input(folder, parts, fmt, rnd)
+    out = tmp_path / f"out.{rnd.choice(['jsonl', 'csv', 'parquet'])}"
+    argv = ["sessionize", str(folder) if rnd.random() < 0.5 else str(folder / f"*.{fmt}"),
+            "--key", "user", "--time", "ts", "--out", str(out), "--no-progress"]
+    gap: int | None = None
+    if rnd.random() < 0.3:
+        argv += ["--gap-column", "g", "--max-gap", "1h"]
+    else:
+        name, gap = rnd.choice([("1s", 1000), ("1m", 60_000), ("30m", 1_800_000)])
+        argv += ["--gap", name]
+    max_duration = rnd.choice([None, None, 60_000])
+    if max_duration is not None:
+        argv += ["--max-duration", "1m"]
+    for name, kind, column in CLI_AGGREGATIONS:
+        argv += ["--agg", f"{name}={kind}" + (f":{column}" if column else "")]
+    read_order = [r for part in parts for r in part]
+    expected = oracle([{**r, "t": r["ts"]} for r in read_order], ["user"], gap, max_duration,
+                      True, CLI_AGGREGATIONS)
+    assert main(argv) == 0, capsys.readouterr().err
+    got = sorted(_read_output(out), key=lambda r: (r["user"], r["session_start_ms"]))
+    assert len(got) == len(expected)
+    for row, (key, start, end, values) in zip(got, expected, strict=True):
+        assert (row["user"], row["session_start_ms"], row["session_end_ms"]) == (key[0], start,
+                                                                                 end)
+        for name, value in values.items():
+            assert same(row[name], value), (name, row[name], value)
