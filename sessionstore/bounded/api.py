@@ -228,6 +228,8 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
                        max_gap=max_gap, max_duration=max_duration,
                        inclusive_gap=inclusive_gap, time_unit=time_unit,
                        memory_limit=memory_limit)
+    if spill_dir is not None and not Path(spill_dir).is_dir():
+        raise ValueError(f"spill_dir {str(spill_dir)!r} is not a directory")
     columns = options.columns
     stats = Stats()
     if table is not None:
@@ -354,8 +356,8 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
             a duration is a string or a ``timedelta``).
         memory_limit: bytes (an int, or a string such as ``"1GB"``) the working set may use
             before spilling; default a quarter of physical memory, at most 2 GiB.
-        spill_dir: where spill files go (default: the system's temporary directory); they are
-            removed when the call returns or fails.
+        spill_dir: an existing directory for the spill files (default: the system's temporary
+            directory); they are removed when the call returns or fails.
 
     Returns:
         A ``pyarrow.Table``: the key columns (their input types), ``session_start`` and
@@ -367,7 +369,8 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
     Raises:
         ValueError: a missing column, a null key or time (naming the column and row), a bad
             duration, a gap above ``max_gap``, an integer sum beyond int64 (naming the
-            aggregation, key and session); each names the argument.
+            aggregation, key and session), a ``spill_dir`` that is not a directory; each names
+            the argument.
         TypeError: an unsupported ``data``, time column type or argument type.
     """
     table, _ = run(data, key=key, time=time, gap=gap, aggregations=aggregations,

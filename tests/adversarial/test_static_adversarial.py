@@ -539,3 +539,44 @@ def test_the_cli_without_state_equals_the_oracle(tmp_path, capsys, seed: int) ->
                                                                                  end)
         for name, value in values.items():
             assert same(row[name], value), (name, row[name], value)
+
+
+def test_an_unsigned_gap_beyond_int64_is_an_error_not_a_clamped_gap() -> None:
+    """Kills: a uint64 gap column clamped to the largest int64, so that 2**64 - 1 became
+    2**63 - 1 and the session silently ended there."""
+    table = pa.table({"u": ["a", "a"], "t": [0, 3], "g": pa.array([2**64 - 1, 5], pa.uint64())})
+    with pytest.raises(ValueError, match=r"gap column 'g' holds 18446744073709551615 at row 0, "
+                                         r"beyond int64"):
+        sessionstore.sessionize(table, key="u", time="t", gap="g", aggregations="n=count")
+
+
+def test_a_missing_spill_dir_is_named_before_anything_is_read(tmp_path) -> None:
+    events = pa.table({"u": ["a"] * 10, "t": list(range(10))})
+    read = []
+
+    def batches():
+        read.append(True)
+        yield from events.to_batches()
+
+    reader = pa.RecordBatchReader.from_batches(events.schema, batches())
+    with pytest.raises(ValueError, match=r"spill_dir '.*/missing' is not a directory"):
+        sessionstore.sessionize(reader, key="u", time="t", gap=5, aggregations="n=count",
+                                spill_dir=tmp_path / "missing")
+    assert not read
+
+
+@pytest.mark.parametrize("gap_type", [pa.uint64(), pa.duration("s")])
+def test_a_bad_gap_after_spilling_names_its_input_row(gap_type: pa.DataType) -> None:
+    """Kills: a gap error naming the row's place in its spill partition, not in the input."""
+    n = 400
+    bad = 2**64 - 1 if gap_type == pa.uint64() else 2**62
+    gaps = [5] * n
+    gaps[357] = bad
+    events = pa.table({"u": [i % 9 for i in range(n)],
+                       "t": pa.array(list(range(n)), pa.int64()).cast(pa.timestamp("ns")),
+                       "g": pa.array(gaps, gap_type)})
+    reader = pa.RecordBatchReader.from_batches(events.schema,
+                                               events.to_batches(max_chunksize=40))
+    with pytest.raises(ValueError, match=rf"gap column 'g' holds {bad}\b.* at row 357\b"):
+        sessionstore.sessionize(reader, key="u", time="t", gap="g", aggregations="n=count",
+                                memory_limit=1_000)
