@@ -580,3 +580,21 @@ def test_a_bad_gap_after_spilling_names_its_input_row(gap_type: pa.DataType) -> 
     with pytest.raises(ValueError, match=rf"gap column 'g' holds {bad}\b.* at row 357\b"):
         sessionstore.sessionize(reader, key="u", time="t", gap="g", aggregations="n=count",
                                 memory_limit=1_000)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_an_aggregation_over_a_column_without_a_value_says_why_it_has_no_type(tmp_path, capsys,
+                                                                             fmt):
+    source = tmp_path / f"in.{fmt}"
+    if fmt == "csv":
+        source.write_text("user,ts,amt\na,0,\na,5,\n")
+    else:
+        source.write_text('{"user": "a", "ts": 0, "amt": null}\n{"user": "a", "ts": 5}\n')
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--agg", "s=sum:amt", "--out", str(tmp_path / "out.jsonl"),
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        "sessionstore: error: --agg s=sum:amt: the column 'amt' holds no value where its type "
+        "is inferred (the first 4 MiB of each file), so it has none; an aggregation needs a "
+        "typed column\n")
+    assert not (tmp_path / "out.jsonl").exists()
