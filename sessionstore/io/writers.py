@@ -321,8 +321,9 @@ class ReplacedOutput:
         if kind is None:
             self.commit()
         self.discard()
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            # a full disk while writing: name the output (the error names no file)
+        if isinstance(exc, OSError) and exc.errno is not None and (
+                exc.filename is None or str(exc.filename).startswith(str(self.temporary))):
+            # a full disk while writing names no file, or the hidden one: name the output
             raise OSError(exc.errno, f"writing the output {str(self.path)!r}: "
                                      f"{exc.strerror or first_line(exc)}") from exc
 

@@ -598,3 +598,18 @@ def test_an_aggregation_over_a_column_without_a_value_says_why_it_has_no_type(tm
         "is inferred (the first 4 MiB of each file), so it has none; an aggregation needs a "
         "typed column\n")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_os_error_on_the_hidden_output_names_the_output(tmp_path, fmt) -> None:
+    out = tmp_path / f"out.{fmt}"
+    if fmt == "jsonl":
+        out.write_text("old")
+    else:
+        out.mkdir()
+    refused = pytest.raises(OSError, match=rf"\[Errno 13\] writing the output '{out}': "
+                                           rf"Permission denied$")
+    with refused, sessionstore.io.ReplacedOutput(out) as output:
+        output.temporary.mkdir()
+        raise PermissionError(13, "Permission denied", str(output.temporary / "part"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
