@@ -613,3 +613,17 @@ def test_an_os_error_on_the_hidden_output_names_the_output(tmp_path, fmt) -> Non
         output.temporary.mkdir()
         raise PermissionError(13, "Permission denied", str(output.temporary / "part"))
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("emit", ["final", "update"])
+def test_a_directory_where_a_file_output_goes_is_refused_naming_it(tmp_path, capsys, emit):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"user": "a", "ts": 0}\n')
+    out = tmp_path / "out.jsonl"
+    (out / "inner").mkdir(parents=True)
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--emit", emit, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"sessionstore: error: output {str(out)!r} is a "
+                                       f"directory: a jsonl output is a file\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+    assert [p.name for p in out.iterdir()] == ["inner"]
