@@ -268,6 +268,9 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
                              partitioning=partitioning,
                              partition_base_dir=str(root) if root is not None else None)
+        if partition_columns:
+            assert root is not None
+            _refuse_partition_columns_in_files(dataset, partition_columns, root)
         typed = _typed_nulls(dataset)
         if typed is not None:
             dataset = ds.dataset([str(f) for f in files], schema=typed, format=file_format_obj,
@@ -276,6 +279,28 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise _read_error(spec, fmt, exc) from None
     return InputSource(spec, all_files, fmt, root, dataset, partition_columns)
+
+
+def _refuse_partition_columns_in_files(dataset: ds.Dataset, names: Sequence[str],
+                                       root: Path) -> None:
+    """Refuse a file that holds a column named like one of its partition directories
+    (``user=a/part.jsonl`` with a ``user`` column): pyarrow, as Spark, would silently read the
+    directory's value in place of the file's, so an event of user ``b`` stored there would join
+    user ``a``'s sessions. Each file's schema is read (a Parquet footer, the first block of a
+    text file).
+
+    Raises:
+        InputError: naming the file, the column and the directory level.
+    """
+    for fragment in dataset.get_fragments():
+        held = [n for n in names if n in fragment.physical_schema.names]
+        if held:
+            levels = Path(fragment.path).relative_to(root).parts[:-1]
+            level = next((p for p in levels if p.startswith(f"{held[0]}=")), held[0])
+            raise InputError(f"input file {fragment.path!r} holds a column {held[0]!r}, which "
+                             f"is also its partition ({level}/): which of the two holds the "
+                             f"value is ambiguous; remove the column from the file or the "
+                             f"directory level")
 
 
 def _typed_nulls(dataset: ds.Dataset) -> pa.Schema | None:

@@ -627,3 +627,29 @@ def test_a_directory_where_a_file_output_goes_is_refused_naming_it(tmp_path, cap
                                        f"directory: a jsonl output is a file\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
     assert [p.name for p in out.iterdir()] == ["inner"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_a_file_holding_its_partition_column_is_refused_not_overridden(tmp_path, capsys, fmt):
+    """Kills: a file under ``user=a/`` whose own ``user`` column says ``b`` read as user a (the
+    partition value silently replaced the file's), so that b's events joined a's sessions."""
+    folder = tmp_path / "in"
+    (folder / "user=a").mkdir(parents=True)
+    (folder / "user=c").mkdir()
+    rows = [{"user": "b", "ts": 0}, {"user": "a", "ts": 1000}]
+    for part, data in [("user=a", rows), ("user=c", None)]:
+        path = folder / part / f"p.{fmt}"
+        if fmt == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in data or [{"ts": 5}]))
+        elif fmt == "csv":
+            path.write_text("user,ts\nb,0\na,1000\n" if data else "ts\n5\n")
+        else:
+            pq.write_table(pa.Table.from_pylist(data or [{"ts": 5}]), path)
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(folder), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"sessionstore: error: input file {str(folder / 'user=a' / f'p.{fmt}')!r} holds a "
+        f"column 'user', which is also its partition (user=a/): which of the two holds the "
+        f"value is ambiguous; remove the column from the file or the directory level\n")
+    assert not out.exists()
