@@ -278,6 +278,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         raise CliError(f"--metrics-port must be a TCP port in 1..65535, got {args.metrics_port}")
     if args.summary_png is not None and not args.summary:
         raise CliError("--summary-png names where --summary writes its histogram: add --summary")
+    if args.summary_png is not None:  # checked now: the histogram is drawn after the run
+        if Path(args.summary_png).suffix.lower() != ".png":
+            raise CliError(f"--summary-png {args.summary_png!r}: the histogram is a PNG; name "
+                           f"a .png file")
+        if Path(args.summary_png).is_dir():
+            raise CliError(f"--summary-png {args.summary_png!r}: a directory; name a .png "
+                           f"file")
     try:
         specs = aggspec.parse_specs(args.agg)
     except ValueError as exc:
@@ -809,7 +816,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--summary", action="store_true",
                    help="print the longest and busiest sessions and write a histogram PNG")
     s.add_argument("--summary-png", metavar="PATH",
-                   help="where --summary writes its histogram (default: beside --out)")
+                   help="the .png file where --summary writes its histogram (default: beside "
+                        "--out)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar on stderr")
     s.set_defaults(func=cmd_sessionize)

@@ -653,3 +653,22 @@ def test_a_file_holding_its_partition_column_is_refused_not_overridden(tmp_path,
         f"column 'user', which is also its partition (user=a/): which of the two holds the "
         f"value is ambiguous; remove the column from the file or the directory level\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("png", ["hist.txt", "hist", "folder.png"])
+@pytest.mark.parametrize("state", [False, True])
+def test_a_bad_summary_png_is_refused_before_the_run(tmp_path, capsys, png, state):
+    """Kills: ``--summary-png hist.txt`` (or a directory) failing in matplotlib after the run,
+    with exit status 2 ("nothing was done") though the output was written and the state
+    committed, and a message that did not name the flag."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"user": "a", "ts": 0}\n')
+    (tmp_path / "folder.png").mkdir()
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--summary", "--summary-png", str(tmp_path / png), "--out", str(out),
+                 "--no-progress", *(["--state", str(tmp_path / "st")] if state else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sessionstore: error: --summary-png {str(tmp_path / png)!r}: ")
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.png", "in.jsonl"]
