@@ -672,3 +672,20 @@ def test_a_bad_summary_png_is_refused_before_the_run(tmp_path, capsys, png, stat
     assert err.startswith(f"sessionstore: error: --summary-png {str(tmp_path / png)!r}: ")
     assert err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.png", "in.jsonl"]
+
+
+@pytest.mark.parametrize("text", ['{"user": "a", "ts": 5}', '\n{"user": "a", "ts": 5}',
+                                  '{"user": "a", "ts": 5}   '])
+def test_a_json_lines_file_of_one_record_without_a_final_newline_is_read(tmp_path, capsys,
+                                                                        text):
+    """Kills: pyarrow's dataset reader (newlines_in_values=False) reading a file of one record
+    and no final newline as one row of nulls, refused as 'key column is null'."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"user": "a", "ts": 0}\n{"user": "b", "ts": 1}')
+    (folder / "b.jsonl").write_text(text)
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(folder), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    assert [(r["user"], r["events"]) for r in map(json.loads, out.read_text().splitlines())] \
+        == [("a", 2), ("b", 1)]
