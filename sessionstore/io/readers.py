@@ -38,6 +38,11 @@ MAX_JSON_DEPTH = 1000
 #: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
 KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _BLOCK = 1 << 22
+#: The CSV fields read as null: pyarrow's defaults but the spellings of NaN ("NaN", "nan" and
+#: their negatives), which are float values (a NaN makes a sum NaN, as Spark reads them) and are
+#: how sessionstore's own CSV output writes NaN.
+CSV_NULLS = [v for v in pacsv.ConvertOptions().null_values
+             if v.lower().lstrip("-") != "nan"]
 
 
 class InputError(ValueError):
@@ -247,7 +252,7 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
             read_options=pacsv.ReadOptions(block_size=_BLOCK),
             parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(files, delimiter)),
             convert_options=pacsv.ConvertOptions(
-                column_types={k: key_arrow for k in key_columns}))
+                column_types={k: key_arrow for k in key_columns}, null_values=CSV_NULLS))
     else:
         for f in files:
             check_json_depth(f)

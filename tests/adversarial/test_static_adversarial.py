@@ -689,3 +689,17 @@ def test_a_json_lines_file_of_one_record_without_a_final_newline_is_read(tmp_pat
                  "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
     assert [(r["user"], r["events"]) for r in map(json.loads, out.read_text().splitlines())] \
         == [("a", 2), ("b", 1)]
+
+
+def test_nan_in_a_csv_float_column_is_nan_not_a_missing_value(tmp_path, capsys) -> None:
+    """Kills: pyarrow's CSV default of reading "NaN" and "nan" as null, so that a NaN (a value,
+    which makes a sum NaN, as in Spark) was skipped as missing; sessionstore's own CSV output
+    writes NaN that way. Empty fields and NULL-like markers stay null."""
+    source = tmp_path / "in.csv"
+    source.write_text("user,ts,v\na,0,1.5\na,1,NaN\na,2,\na,3,NULL\nb,0,nan\nb,1,-2\nc,0,-nan\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--agg", "s=sum:v", "--agg", "c=collect:v", "--out", str(out),
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert [(r["user"], r["s"], r["c"]) for r in map(json.loads, out.read_text().splitlines())] \
+        == [("a", "NaN", [1.5, "NaN"]), ("b", "NaN", ["NaN", -2.0]), ("c", "NaN", ["NaN"])]
