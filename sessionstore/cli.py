@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
+from .fsutil import pid_alive
 from .io import (
     KEY_TYPES,
     TIME_UNITS,
@@ -127,16 +128,6 @@ def check_paths(source: InputSource, out: str, state: str | None) -> None:
                        f"places")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def sweep_stale_temp_states(root: Path | None = None) -> int:
     """Remove temporary state directories left by CLI runs that died (SIGKILL, power loss).
 
@@ -148,7 +139,7 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
     folder = Path(root or tempfile.gettempdir())
     for entry in folder.glob(_TEMP_PREFIX + "*"):
         match = _TEMP_NAME.match(entry.name)
-        if match and entry.is_dir() and not _pid_alive(int(match.group(1))) \
+        if match and entry.is_dir() and not pid_alive(int(match.group(1))) \
                 and not is_locked(entry / "LOCK"):
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1

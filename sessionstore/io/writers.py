@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..aggspec import from_engine, needs_codec
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, pid_alive
 from .readers import InputError, file_format, first_line
 
 if TYPE_CHECKING:
@@ -284,8 +284,19 @@ class ReplacedOutput:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.temporary = self.path.parent / (f".{self.path.name}.inprogress-{os.getpid()}"
                                              f"{self.path.suffix}")
-        _remove(self.temporary)  # left by a killed run that had this process id
+        self._sweep()
         self.done = False
+
+    def _sweep(self) -> None:
+        """Remove what runs killed while writing this output left (SIGKILL, power loss): the
+        hidden siblings of processes that are gone."""
+        left = re.compile(re.escape(f".{self.path.name}.") + r"(?:inprogress|replaced)-(\d+)"
+                          + f"(?:{re.escape(self.path.suffix)})?")
+        for entry in self.path.parent.iterdir():
+            match = left.fullmatch(entry.name)
+            if match and (int(match.group(1)) == os.getpid()
+                          or not pid_alive(int(match.group(1)))):
+                _remove(entry)
 
     def commit(self) -> None:
         """Put what was written to :attr:`temporary` in the output's place, durably."""

@@ -703,3 +703,24 @@ def test_nan_in_a_csv_float_column_is_nan_not_a_missing_value(tmp_path, capsys) 
                  "--no-progress"]) == 0, capsys.readouterr().err
     assert [(r["user"], r["s"], r["c"]) for r in map(json.loads, out.read_text().splitlines())] \
         == [("a", "NaN", [1.5, "NaN"]), ("b", "NaN", ["NaN", -2.0]), ("c", "NaN", ["NaN"])]
+
+
+def test_what_a_killed_run_left_beside_the_output_is_swept_by_the_next(tmp_path, capsys):
+    """A run SIGKILLed while writing leaves its hidden sibling; the next run without --state to
+    the same output removes those of processes that are gone, and keeps a live one's."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"user": "a", "ts": 0}\n')
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    live = str(os.getppid())
+    left = [tmp_path / f".out.parquet.inprogress-{gone}.parquet",
+            tmp_path / f".out.parquet.replaced-{gone}"]
+    for folder in left:
+        folder.mkdir()
+        (folder / "part-000000.parquet").write_bytes(b"partial")
+    running = tmp_path / f".out.parquet.inprogress-{live}.parquet"
+    running.mkdir()
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["in.jsonl", "out.parquet", running.name])
