@@ -307,8 +307,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         if untyped:  # say why the column has no type: where its type is inferred, it is empty
             raise CliError(f"--agg {untyped[0].name}={untyped[0].kind}:{untyped[0].column}: "
                            f"the column {untyped[0].column!r} holds no value where its type is "
-                           f"inferred (the first 4 MiB of each file), so it has none; an "
-                           f"aggregation needs a typed column") from None
+                           f"read (a Parquet schema, or the first 4 MiB of each text file), so "
+                           f"it has none; an aggregation needs a typed column") from None
         raise CliError(f"--agg: {exc}") from None
     clash = [s.name for s in specs if s.name in keys or s.name in _SESSION_COLUMNS]
     if clash:

@@ -595,8 +595,8 @@ def test_an_aggregation_over_a_column_without_a_value_says_why_it_has_no_type(tm
                  "--no-progress"]) == 2
     assert capsys.readouterr().err == (
         "sessionstore: error: --agg s=sum:amt: the column 'amt' holds no value where its type "
-        "is inferred (the first 4 MiB of each file), so it has none; an aggregation needs a "
-        "typed column\n")
+        "is read (a Parquet schema, or the first 4 MiB of each text file), so it has none; an "
+        "aggregation needs a typed column\n")
     assert not (tmp_path / "out.jsonl").exists()
 
 
