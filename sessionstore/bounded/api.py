@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from .core import ROW_COLUMN, Part, sessionize_table
-from .frame import FrameBuilder, arrow_of, as_numpy
+from .frame import FrameBuilder, arrow_of, as_numpy, first_null
 from .options import (
     SESSION_COLUMNS,
     Options,
@@ -260,11 +260,10 @@ def _check_nulls(batch: pa.RecordBatch, options: Options, first_row: int) -> Non
     """Refuse a null key or time in a batch of a stream, naming its input row (once spilled,
     a partition's rows no longer say where they came from)."""
     for what, name in [*(("key", k) for k in options.keys), ("time", options.time)]:
-        column = batch.column(name)
-        if column.null_count:
-            row = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
-            raise ValueError(f"{what} column {name!r} is null at row {row}: every event needs "
-                             f"a {what}")
+        row = first_null(batch.column(name))
+        if row is not None:
+            raise ValueError(f"{what} column {name!r} is null at row {first_row + row}: every "
+                             f"event needs a {what}")
 
 
 def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:

@@ -724,3 +724,25 @@ def test_what_a_killed_run_left_beside_the_output_is_swept_by_the_next(tmp_path,
                  "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["in.jsonl", "out.parquet", running.name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_null_in_a_dictionary_keys_values_is_a_null_key_named_at_its_row(stream: bool) -> None:
+    """Kills: a null key that sits in a dictionary column's values (Arrow's ``null_count``
+    counts only null indices) passing the null-key check and failing later in numpy with an
+    IndexError that names nothing."""
+    keys = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1, 0], pa.int32()),
+                                          pa.array(["a", None]))
+    table = pa.table({"k": keys, "t": [0, 1, 2, 3]})
+    data: Any = table
+    if stream:
+        data = pa.RecordBatchReader.from_batches(table.schema,
+                                                 table.to_batches(max_chunksize=2))
+    with pytest.raises(ValueError, match=r"key column 'k' is null at row 2: every event needs "
+                                         r"a key"):
+        sessionstore.sessionize(data, key="k", time="t", gap=5, aggregations="n=count",
+                                memory_limit=1 if stream else None)
+    # a dictionary holding a null that no row uses has no null key
+    unused = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a", None]))
+    assert sessionstore.sessionize(pa.table({"k": unused, "t": [0, 1]}), key="k", time="t",
+                                   gap=5, aggregations="n=count").column("n").to_pylist() == [2]
