@@ -74,9 +74,11 @@ def working_bytes(nbytes: int, rows: int) -> int:
 Batches = Callable[[list[str]], Iterator[pa.RecordBatch]]
 
 
-def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
+def _source(data: Any, keys: Sequence[str]
+            ) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
     """``data`` as a table in memory, or as a stream of batches of the columns asked for:
-    ``(table, batches, schema)``."""
+    ``(table, batches, schema)``, views and dictionary value columns decoded (see
+    :func:`_without_views`)."""
     module = type(data).__module__.split(".")[0]
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
@@ -91,29 +93,36 @@ def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
                             f"(collect a LazyFrame first)")
         data = data.to_arrow()
     if isinstance(data, pa.Table):
-        plain = _without_views(data.schema)
+        plain = _without_views(data.schema, keys)
         return (data if plain is None else data.cast(plain)), None, plain or data.schema
     if isinstance(data, pa.RecordBatchReader):
         reader = data
-        plain = _without_views(reader.schema)
+        plain = _without_views(reader.schema, keys)
         return None, lambda columns: (_plain(b.select(columns), plain) for b in reader), \
             plain or reader.schema
     if module == "pyarrow" and hasattr(data, "to_batches") and hasattr(data, "count_rows"):
         dataset = data
-        plain = _without_views(dataset.schema)
+        plain = _without_views(dataset.schema, keys)
         return None, lambda columns: (_plain(b, plain) for b in dataset.to_batches(
             columns=columns)), plain or dataset.schema
     raise TypeError(f"data must be a pyarrow Table, RecordBatchReader or Dataset, or a pandas "
                     f"or polars DataFrame, got {type(data).__module__}.{type(data).__name__}")
 
 
-def _without_views(schema: pa.Schema) -> pa.Schema | None:
+def _without_views(schema: pa.Schema, keys: Sequence[str]) -> pa.Schema | None:
     """``schema`` with string and binary views as large strings and binaries (which Arrow's
-    sort and take kernels handle), or None when it has no view."""
+    sort and take kernels handle), and dictionary columns other than ``keys`` (pandas'
+    categoricals) as their values, which the aggregations take; None when nothing changes."""
     views = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
-    if not any(str(f.type) in views for f in schema):
+
+    def plain(field: pa.Field) -> pa.DataType:
+        if pa.types.is_dictionary(field.type) and field.name not in keys:
+            return plain(field.with_type(field.type.value_type))
+        return views.get(str(field.type), field.type)
+
+    if all(plain(f) == f.type for f in schema):
         return None
-    return pa.schema([f.with_type(views.get(str(f.type), f.type)) for f in schema])
+    return pa.schema([f.with_type(plain(f)) for f in schema])
 
 
 def _plain(batch: pa.RecordBatch, plain: pa.Schema | None) -> pa.RecordBatch:
@@ -223,7 +232,7 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
     ``progress``, when given, is called with the number of input rows read so far, after
     each batch.
     """
-    table, make_batches, schema = _source(data)
+    table, make_batches, schema = _source(data, key_list(key))
     options = _options(schema, key=key, time=time, gap=gap, aggregations=aggregations,
                        max_gap=max_gap, max_duration=max_duration,
                        inclusive_gap=inclusive_gap, time_unit=time_unit,

@@ -280,8 +280,8 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         if partition_columns:
             assert root is not None
             _refuse_partition_columns_in_files(dataset, partition_columns, root)
-        typed = _typed_nulls(dataset)
-        if typed is not None:
+        typed = _decoded(_typed_nulls(dataset) or dataset.schema)
+        if typed != dataset.schema:
             dataset = ds.dataset([str(f) for f in files], schema=typed, format=file_format_obj,
                                  partitioning=partitioning,
                                  partition_base_dir=str(root) if root is not None else None)
@@ -332,6 +332,13 @@ def _typed_nulls(dataset: ds.Dataset) -> pa.Schema | None:
     if not types:
         return None
     return pa.schema([f.with_type(types.get(f.name, f.type)) for f in dataset.schema])
+
+
+def _decoded(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with dictionary columns (pandas' categoricals, kept in pandas' Parquet files)
+    read as their values, which keys and aggregations take."""
+    return pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                      for f in schema], metadata=schema.metadata)
 
 
 def _blank_text_file(path: Path, limit: int = 1 << 16) -> bool:

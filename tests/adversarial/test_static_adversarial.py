@@ -746,3 +746,28 @@ def test_a_null_in_a_dictionary_keys_values_is_a_null_key_named_at_its_row(strea
     unused = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a", None]))
     assert sessionstore.sessionize(pa.table({"k": unused, "t": [0, 1]}), key="k", time="t",
                                    gap=5, aggregations="n=count").column("n").to_pylist() == [2]
+
+
+def test_categorical_value_columns_are_aggregated_as_their_values(tmp_path, capsys) -> None:
+    """Kills: a dictionary-encoded value column (pandas' categorical, which pandas' Parquet
+    files keep) refused as 'only atomic columns' by the CLI and by sessionize."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"user": pd.Categorical(["a", "b", "a"]), "ts": [0, 1000, 2000],
+                          "page": pd.Categorical(["x", "y", None])})
+    aggregations = ["f=first:page", "c=collect:page", "m=max:page"]
+    got = sessionstore.sessionize(frame, key="user", time="ts", gap=60_000,
+                                  aggregations=aggregations)
+    assert got.select(["f", "c", "m"]).to_pylist() == [
+        {"f": "x", "c": ["x"], "m": "x"}, {"f": "y", "c": ["y"], "m": "y"}]
+    assert got.schema.field("user").type == pa.dictionary(pa.int8(), pa.string())
+    source = tmp_path / "in.parquet"
+    frame.to_parquet(source)
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 *(f"--agg={a}" for a in aggregations), "--out", str(out),
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"user": "a", "session_start_ms": 0, "session_end_ms": 62_000, "f": "x", "c": ["x"],
+         "m": "x"},
+        {"user": "b", "session_start_ms": 1000, "session_end_ms": 61_000, "f": "y", "c": ["y"],
+         "m": "y"}]
