@@ -11,6 +11,7 @@ integer sum that does not fit in int64 is an error.
 
 from __future__ import annotations
 
+import decimal
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -124,8 +125,9 @@ def _too_large(name: str, totals: list[Any], out_type: pa.DataType, sessions: In
         try:
             aggspec.from_engine([total], out_type)
         except (pa.ArrowInvalid, ValueError):
+            shown = decimal.Decimal(total).scaleb(-out_type.scale, aggspec.EXACT_DECIMALS)
             return ValueError(f"aggregation {name!r}: the sum of {describe(int(sessions[j]))} "
-                              f"is {total}, which does not fit in {out_type}")
+                              f"is {shown}, which does not fit in {out_type}")
     return ValueError(f"aggregation {name!r}: a sum does not fit in {out_type}")
 
 
