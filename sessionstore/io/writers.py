@@ -266,15 +266,17 @@ class ReplacedOutput:
     when the block succeeds and discards otherwise.
 
     Args:
-        path: the output (.jsonl, .csv, or a .parquet directory).
+        path: the output (.jsonl, .csv, or a .parquet directory); through a symlink, the place
+            it points to.
 
     Raises:
         InputError: the output's place does not suit it (:func:`check_output_place`).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.format = file_format(self.path, "output")
+        # an output through a symlink is written where the link points; the link stays
+        self.path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+        self.format = file_format(path, "output")
         check_output_place(self.path, self.format)
         self.created: list[Path] = []  # the missing directories made for it, outermost first
         missing = self.path.parent
@@ -306,7 +308,7 @@ class ReplacedOutput:
             os.rename(self.path, aside)
             os.rename(self.temporary, self.path)
             fsync_dir(self.path.parent)
-            shutil.rmtree(aside)
+            _remove(aside)
         else:
             os.replace(self.temporary, self.path)
         fsync_dir(self.path.parent)

@@ -771,3 +771,27 @@ def test_categorical_value_columns_are_aggregated_as_their_values(tmp_path, caps
          "m": "x"},
         {"user": "b", "session_start_ms": 1000, "session_end_ms": 61_000, "f": "y", "c": ["y"],
          "m": "y"}]
+
+
+@pytest.mark.parametrize("out_name", ["out.jsonl", "out.parquet"])
+def test_an_output_through_a_symlink_is_written_where_the_link_points(tmp_path, capsys,
+                                                                      out_name):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"user": "a", "ts": 0}\n')
+    target = tmp_path / "elsewhere" / out_name
+    target.parent.mkdir()
+    if out_name.endswith(".parquet"):
+        target.mkdir()
+        pq.write_table(pa.table({"old": [1]}), target / "part-000000.parquet")
+    else:
+        target.write_text("old\n")
+    link = tmp_path / out_name
+    link.symlink_to(target)
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1m",
+                 "--out", str(link), "--no-progress"]) == 0, capsys.readouterr().err
+    assert link.is_symlink()
+    table = pq.read_table(target) if out_name.endswith(".parquet") else None
+    events = table.column("events").to_pylist() if table is not None else \
+        [json.loads(line)["events"] for line in target.read_text().splitlines()]
+    assert events == [1]
+    assert sorted(p.name for p in target.parent.iterdir()) == [out_name]
