@@ -744,8 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(Hive partitions name=value/ included), or a quoted glob")
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
-                   help="event-time column: integers (ms, or see --time-unit), timestamps or "
-                        "ISO-8601 strings")
+                   help="event-time column: integers (ms, or see --time-unit), timestamps, "
+                        "dates (their midnight, UTC) or ISO-8601 strings")
     s.add_argument("--time-unit", choices=list(TIME_UNITS),
                    help="the unit of an integer --time column: s, ms, us or ns. Without it "
                         "integers are milliseconds, and a column whose values look like epoch "

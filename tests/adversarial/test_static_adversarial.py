@@ -795,3 +795,22 @@ def test_an_output_through_a_symlink_is_written_where_the_link_points(tmp_path, 
         [json.loads(line)["events"] for line in target.read_text().splitlines()]
     assert events == [1]
     assert sorted(p.name for p in target.parent.iterdir()) == [out_name]
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_iso_dates_in_a_csv_time_column_are_read_as_midnight(tmp_path, capsys, state):
+    """Kills: a CSV time column of ISO dates, which pyarrow reads as date32, refused ('not
+    date32[day]') though the help promises ISO-8601 strings and the same dates in JSON Lines
+    (strings) are read."""
+    source = tmp_path / "in.csv"
+    source.write_text("user,ts\na,2024-01-01\na,2024-01-02\nb,2024-01-05\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap", "1d",
+                 "--out", str(out), "--no-progress",
+                 *(["--state", str(tmp_path / "st")] if state else [])]) == 0, \
+        capsys.readouterr().err
+    day = 86_400_000
+    first = 19_723 * day  # 2024-01-01
+    assert sorted((r["user"], r["session_start_ms"], r["session_end_ms"], r["events"])
+                  for r in map(json.loads, out.read_text().splitlines())) == [
+        ("a", first, first + 2 * day, 2), ("b", first + 4 * day, first + 5 * day, 1)]
