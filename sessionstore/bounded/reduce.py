@@ -211,7 +211,8 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
             if folded is None:
                 assert custom is not None
                 folded = [custom(j) for j in range(len(first_rows))]
-            out.append(pa.array([json.dumps(row[spec.name]) for row in folded], pa.string()))
+            out.append(pa.array([_json_text(spec.name, row[spec.name], j, describe)
+                                 for j, row in enumerate(folded)], pa.string()))
             continue
         assert spec.column is not None
         values = columns.column(spec.column)
@@ -230,6 +231,19 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
         else:  # pragma: no cover - aggspec.KINDS and this list are the same kinds
             raise ValueError(f"aggregation {spec.name!r}: unknown kind {spec.kind!r}")
     return out
+
+
+def _json_text(name: str, value: Any, session: int, describe: Describe) -> str:
+    """A custom aggregation's result for session ``session`` as JSON text.
+
+    Raises:
+        ValueError: the result has no JSON form, naming the aggregation and the session.
+    """
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"aggregation {name!r}: the result for {describe(session)} has no "
+                         f"JSON form: {exc}") from None
 
 
 def fold_custom(columns: Sorted, bounds: Int64Array, planned: aggspec.AggPlan,

@@ -814,3 +814,12 @@ def test_iso_dates_in_a_csv_time_column_are_read_as_midnight(tmp_path, capsys, s
     assert sorted((r["user"], r["session_start_ms"], r["session_end_ms"], r["events"])
                   for r in map(json.loads, out.read_text().splitlines())) == [
         ("a", first, first + 2 * day, 2), ("b", first + 4 * day, first + 5 * day, 1)]
+
+
+def test_a_custom_result_without_a_json_form_names_the_aggregation_and_session() -> None:
+    """Kills: json.dumps' bare TypeError ('Object of type bytes is not JSON serializable')."""
+    table = pa.table({"k": ["a", "a"], "t": [0, 1], "b": [b"x", b"y"]})
+    collect = sessionstore.aggregations.collect(lambda v: v["b"])
+    with pytest.raises(ValueError, match=r"aggregation 'c': the result for key 'a', session "
+                                         r"\[0, 6\) has no JSON form: Object of type bytes"):
+        sessionstore.sessionize(table, key="k", time="t", gap=5, aggregations={"c": collect})
