@@ -27,6 +27,9 @@ CUSTOM = "custom"
 
 
 MAX_DECIMAL_PRECISION = 38
+#: Decimal arithmetic without rounding for every Arrow decimal (decimal256 holds 76 digits, and
+#: a sum a few more): Python's default context keeps 28 significant digits and would round.
+EXACT_DECIMALS = decimal.Context(prec=100, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 
 
 def is_simple(data_type: pa.DataType) -> bool:
@@ -409,13 +412,15 @@ def to_engine(array: pa.Array | pa.ChunkedArray) -> Any:
         return array
     if pa.types.is_decimal(data_type):
         scale = data_type.scale
-        return [None if v is None else int(v.scaleb(scale)) for v in array.to_pylist()]
+        return [None if v is None else int(v.scaleb(scale, EXACT_DECIMALS))
+                for v in array.to_pylist()]
     if pa.types.is_timestamp(data_type) or pa.types.is_date(data_type):
         return array.cast(_int_type(data_type))
     inner = data_type.value_type
     if pa.types.is_decimal(inner):
         scale = inner.scale
-        return [None if row is None else [None if v is None else int(v.scaleb(scale))
+        return [None if row is None else [None if v is None
+                                          else int(v.scaleb(scale, EXACT_DECIMALS))
                                           for v in row] for row in array.to_pylist()]
     return array.cast(pa.list_(_int_type(inner))).to_pylist()
 
@@ -423,7 +428,8 @@ def to_engine(array: pa.Array | pa.ChunkedArray) -> Any:
 def from_engine(values: list[Any], data_type: pa.DataType) -> pa.Array:
     """An Arrow column of ``data_type`` from engine values (the inverse of :func:`to_engine`)."""
     if pa.types.is_decimal(data_type):
-        return pa.array([None if v is None else decimal.Decimal(v).scaleb(-data_type.scale)
+        return pa.array([None if v is None
+                         else decimal.Decimal(v).scaleb(-data_type.scale, EXACT_DECIMALS)
                          for v in values], data_type)
     if pa.types.is_timestamp(data_type) or pa.types.is_date(data_type):
         return pa.array(values, _int_type(data_type)).cast(data_type)

@@ -32,11 +32,13 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
+from .fsutil import pid_alive
 from .io import (
     KEY_TYPES,
     TIME_UNITS,
     InputError,
     InputSource,
+    ReplacedOutput,
     SessionWriter,
     check_gap_column,
     engine_batch,
@@ -126,16 +128,6 @@ def check_paths(source: InputSource, out: str, state: str | None) -> None:
                        f"places")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def sweep_stale_temp_states(root: Path | None = None) -> int:
     """Remove temporary state directories left by CLI runs that died (SIGKILL, power loss).
 
@@ -147,7 +139,7 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
     folder = Path(root or tempfile.gettempdir())
     for entry in folder.glob(_TEMP_PREFIX + "*"):
         match = _TEMP_NAME.match(entry.name)
-        if match and entry.is_dir() and not _pid_alive(int(match.group(1))) \
+        if match and entry.is_dir() and not pid_alive(int(match.group(1))) \
                 and not is_locked(entry / "LOCK"):
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
@@ -277,6 +269,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         raise CliError(f"--metrics-port must be a TCP port in 1..65535, got {args.metrics_port}")
     if args.summary_png is not None and not args.summary:
         raise CliError("--summary-png names where --summary writes its histogram: add --summary")
+    if args.summary_png is not None:  # checked now: the histogram is drawn after the run
+        if Path(args.summary_png).suffix.lower() != ".png":
+            raise CliError(f"--summary-png {args.summary_png!r}: the histogram is a PNG; name "
+                           f"a .png file")
+        if Path(args.summary_png).is_dir():
+            raise CliError(f"--summary-png {args.summary_png!r}: a directory; name a .png "
+                           f"file")
     try:
         specs = aggspec.parse_specs(args.agg)
     except ValueError as exc:
@@ -303,6 +302,13 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     try:
         planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
     except ValueError as exc:
+        untyped = [s for s in specs if s.column in source.schema.names
+                   and pa.types.is_null(source.schema.field(s.column).type)]
+        if untyped:  # say why the column has no type: where its type is inferred, it is empty
+            raise CliError(f"--agg {untyped[0].name}={untyped[0].kind}:{untyped[0].column}: "
+                           f"the column {untyped[0].column!r} holds no value where its type is "
+                           f"read (a Parquet schema, or the first 4 MiB of each text file), so "
+                           f"it has none; an aggregation needs a typed column") from None
         raise CliError(f"--agg: {exc}") from None
     clash = [s.name for s in specs if s.name in keys or s.name in _SESSION_COLUMNS]
     if clash:
@@ -327,9 +333,10 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
 
         session_summary = SessionSummary(counts[0], gap_ms=windows.gap_ms) \
             if args.summary else None
-        report = run_bounded(args, source, keys, specs, planned, windows, session_summary,
-                             lambda times, row: _check_latest(times, row, windows, args),
-                             _progress(args.progress, "events"))
+        with ReplacedOutput(args.out) as output:
+            report = run_bounded(args, source, keys, specs, planned, windows, session_summary,
+                                 lambda times, row: _check_latest(times, row, windows, args),
+                                 _progress(args.progress, "events"), output.temporary)
         return _finish(args, report, session_summary, out_path)
     from .engine import EmitStrategy, SessionAggregator
     from .store import SessionStore
@@ -338,6 +345,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     options = _options_fingerprint(args, keys, specs, [*described_windows, lateness])
     identity = input_identity(source)
     temp: Path | None = None
+    replaced: ReplacedOutput | None = None  # the output of a run without --state
     state = args.state
     if args.metrics_port is not None or args.metrics_file is not None:
         require_prometheus()  # a missing extra is named before anything is touched
@@ -350,6 +358,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-"))
         state = str(temp)
     try:
+        if temp is not None:
+            replaced = ReplacedOutput(args.out)
         store = SessionStore(state, retention_ms=windows.retention_ms + lateness)
         try:
             engine = SessionAggregator(store, windows, columnar.aggregation, emit=emit,
@@ -362,7 +372,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                                 pa.field("session_end_ms", pa.int64()), *planned.output_fields,
                                 *([pa.field("retracted", pa.bool_())]
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
-            writer = SessionWriter(args.out, keys, planned.output_names,
+            writer = SessionWriter(args.out if replaced is None else replaced.temporary,
+                                   keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
                                    committed.get("output"), schema=schema,
                                    presence={name: hidden for name, (hidden, _)
@@ -381,7 +392,11 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             _close_quietly(store)
             raise
         store.close()
+        if replaced is not None:
+            replaced.commit()
     finally:
+        if replaced is not None:
+            replaced.discard()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
     summary["path"] = "incremental"
@@ -729,8 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(Hive partitions name=value/ included), or a quoted glob")
     s.add_argument("--key", required=True, help="key column, or several separated by commas")
     s.add_argument("--time", required=True,
-                   help="event-time column: integers (ms, or see --time-unit), timestamps or "
-                        "ISO-8601 strings")
+                   help="event-time column: integers (ms, or see --time-unit), timestamps, "
+                        "dates (their midnight, UTC) or ISO-8601 strings")
     s.add_argument("--time-unit", choices=list(TIME_UNITS),
                    help="the unit of an integer --time column: s, ms, us or ns. Without it "
                         "integers are milliseconds, and a column whose values look like epoch "
@@ -792,7 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--summary", action="store_true",
                    help="print the longest and busiest sessions and write a histogram PNG")
     s.add_argument("--summary-png", metavar="PATH",
-                   help="where --summary writes its histogram (default: beside --out)")
+                   help="the .png file where --summary writes its histogram (default: beside "
+                        "--out)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar on stderr")
     s.set_defaults(func=cmd_sessionize)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -100,9 +101,10 @@ class _Reader:
 def run_bounded(args: argparse.Namespace, source: InputSource, keys: list[str],
                 specs: Sequence[AggSpec], planned: AggPlan, windows: SessionWindows,
                 summary: SessionSummary | None,
-                check_latest: Callable[[pa.Array, int], None], progress: Any
-                ) -> dict[str, Any]:
-    """Sessionize ``source`` on the bounded path and write every session to ``args.out``.
+                check_latest: Callable[[pa.Array, int], None], progress: Any,
+                write_to: Path) -> dict[str, Any]:
+    """Sessionize ``source`` on the bounded path and write every session to ``write_to`` (the
+    place of ``args.out`` until the run succeeds: see :class:`sessionstore.io.ReplacedOutput`).
 
     Returns:
         The run's report (printed as JSON by the CLI).
@@ -143,7 +145,7 @@ def run_bounded(args: argparse.Namespace, source: InputSource, keys: list[str],
         names = [*keys, "session_start_ms", "session_end_ms", summary.count_output]
         summary.add_table(pa.table({**{n: rows.column(n) for n in names},
                                     LAST_EVENT_COLUMN: sessions.column(hidden)}), keys)
-    writer = SessionWriter(args.out, keys, planned.output_names, False, None, schema=schema)
+    writer = SessionWriter(write_to, keys, planned.output_names, False, None, schema=schema)
     writer.write_table(rows)
     elapsed = time.perf_counter() - started
     return {

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .. import aggspec
 from .core import ROW_COLUMN, Part, sessionize_table
-from .frame import FrameBuilder, arrow_of, as_numpy
+from .frame import FrameBuilder, arrow_of, as_numpy, first_null
 from .options import (
     SESSION_COLUMNS,
     Options,
@@ -74,9 +74,11 @@ def working_bytes(nbytes: int, rows: int) -> int:
 Batches = Callable[[list[str]], Iterator[pa.RecordBatch]]
 
 
-def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
+def _source(data: Any, keys: Sequence[str]
+            ) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
     """``data`` as a table in memory, or as a stream of batches of the columns asked for:
-    ``(table, batches, schema)``."""
+    ``(table, batches, schema)``, views and dictionary value columns decoded (see
+    :func:`_without_views`)."""
     module = type(data).__module__.split(".")[0]
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
@@ -91,29 +93,36 @@ def _source(data: Any) -> tuple[pa.Table | None, Batches | None, pa.Schema]:
                             f"(collect a LazyFrame first)")
         data = data.to_arrow()
     if isinstance(data, pa.Table):
-        plain = _without_views(data.schema)
+        plain = _without_views(data.schema, keys)
         return (data if plain is None else data.cast(plain)), None, plain or data.schema
     if isinstance(data, pa.RecordBatchReader):
         reader = data
-        plain = _without_views(reader.schema)
+        plain = _without_views(reader.schema, keys)
         return None, lambda columns: (_plain(b.select(columns), plain) for b in reader), \
             plain or reader.schema
     if module == "pyarrow" and hasattr(data, "to_batches") and hasattr(data, "count_rows"):
         dataset = data
-        plain = _without_views(dataset.schema)
+        plain = _without_views(dataset.schema, keys)
         return None, lambda columns: (_plain(b, plain) for b in dataset.to_batches(
             columns=columns)), plain or dataset.schema
     raise TypeError(f"data must be a pyarrow Table, RecordBatchReader or Dataset, or a pandas "
                     f"or polars DataFrame, got {type(data).__module__}.{type(data).__name__}")
 
 
-def _without_views(schema: pa.Schema) -> pa.Schema | None:
+def _without_views(schema: pa.Schema, keys: Sequence[str]) -> pa.Schema | None:
     """``schema`` with string and binary views as large strings and binaries (which Arrow's
-    sort and take kernels handle), or None when it has no view."""
+    sort and take kernels handle), and dictionary columns other than ``keys`` (pandas'
+    categoricals) as their values, which the aggregations take; None when nothing changes."""
     views = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
-    if not any(str(f.type) in views for f in schema):
+
+    def plain(field: pa.Field) -> pa.DataType:
+        if pa.types.is_dictionary(field.type) and field.name not in keys:
+            return plain(field.with_type(field.type.value_type))
+        return views.get(str(field.type), field.type)
+
+    if all(plain(f) == f.type for f in schema):
         return None
-    return pa.schema([f.with_type(views.get(str(f.type), f.type)) for f in schema])
+    return pa.schema([f.with_type(plain(f)) for f in schema])
 
 
 def _plain(batch: pa.RecordBatch, plain: pa.Schema | None) -> pa.RecordBatch:
@@ -184,11 +193,12 @@ def _sort_output(parts: list[pa.Table], keys: list[str]) -> pa.Table:
 
 
 def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
-                 spill_dir: str | Path | None) -> Iterator[pa.Table]:
+                 spill_dir: str | Path | None, row_column: str) -> Iterator[pa.Table]:
     """The sessions of each partition of ``spill``; a partition still over the memory limit is
-    split again (a new hash salt), up to :data:`MAX_SPLITS` deep."""
+    split again (a new hash salt), up to :data:`MAX_SPLITS` deep. ``row_column`` holds each
+    row's input row number."""
     for _, table in spill.read():
-        rows = as_numpy(table.column(ROW_COLUMN))
+        rows = as_numpy(table.column(row_column))
         working = working_bytes(table.nbytes, table.num_rows)
         if depth < MAX_SPLITS and table.num_rows > 1 and \
                 working > max(options.memory_limit, MIN_SPLIT_BYTES):
@@ -198,7 +208,8 @@ def _partitioned(spill: Spill, options: Options, stats: Stats, depth: int,
                     inner.write(batch)
                 del table
                 stats.spilled_bytes += inner.bytes_written
-                yield from _partitioned(inner, options, stats, depth + 1, spill_dir)
+                yield from _partitioned(inner, options, stats, depth + 1, spill_dir,
+                                        row_column)
             continue
         stats.partitions += 1
         builder = FrameBuilder(table.schema, options.columns)
@@ -221,11 +232,13 @@ def run(data: Any, *, key: str | Sequence[str], time: str, gap: Any, aggregation
     ``progress``, when given, is called with the number of input rows read so far, after
     each batch.
     """
-    table, make_batches, schema = _source(data)
+    table, make_batches, schema = _source(data, key_list(key))
     options = _options(schema, key=key, time=time, gap=gap, aggregations=aggregations,
                        max_gap=max_gap, max_duration=max_duration,
                        inclusive_gap=inclusive_gap, time_unit=time_unit,
                        memory_limit=memory_limit)
+    if spill_dir is not None and not Path(spill_dir).is_dir():
+        raise ValueError(f"spill_dir {str(spill_dir)!r} is not a directory")
     columns = options.columns
     stats = Stats()
     if table is not None:
@@ -256,11 +269,10 @@ def _check_nulls(batch: pa.RecordBatch, options: Options, first_row: int) -> Non
     """Refuse a null key or time in a batch of a stream, naming its input row (once spilled,
     a partition's rows no longer say where they came from)."""
     for what, name in [*(("key", k) for k in options.keys), ("time", options.time)]:
-        column = batch.column(name)
-        if column.null_count:
-            row = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
-            raise ValueError(f"{what} column {name!r} is null at row {row}: every event needs "
-                             f"a {what}")
+        row = first_null(batch.column(name))
+        if row is not None:
+            raise ValueError(f"{what} column {name!r} is null at row {first_row + row}: every "
+                             f"event needs a {what}")
 
 
 def _finish(part: Part, stats: Stats) -> tuple[pa.Table, Stats]:
@@ -282,13 +294,16 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
     partitions = min(MAX_PARTITIONS, max(8, math.ceil(
         16 * working_bytes(held.nbytes, held.rows) / options.memory_limit)))
     first = held.batches()
+    row_column = ROW_COLUMN
+    while row_column in held.names:  # an input column may have that name
+        row_column = "_" + row_column
     schema = pa.schema([pa.field(n, held.types[n]) for n in held.names]).append(
-        pa.field(ROW_COLUMN, pa.int64()))
+        pa.field(row_column, pa.int64()))
     seen = 0
     with Spill(schema, options.keys, partitions, 0, spill_dir) as spill:
         def write(batch: pa.RecordBatch) -> None:
             nonlocal seen
-            numbered = batch.append_column(ROW_COLUMN, arrow_of(
+            numbered = batch.append_column(row_column, arrow_of(
                 np.arange(seen, seen + batch.num_rows, dtype=np.int64), pa.int64()))
             spill.write(numbered)
             seen += batch.num_rows
@@ -302,7 +317,7 @@ def _spilled(held: FrameBuilder, rest: Iterator[pa.RecordBatch], options: Option
             if progress is not None:
                 progress(stats.events_in)
         stats.spilled_bytes += spill.bytes_written
-        tables = list(_partitioned(spill, options, stats, 0, spill_dir))
+        tables = list(_partitioned(spill, options, stats, 0, spill_dir, row_column))
     if not tables:
         raise AssertionError("spilled input produced no partition")  # pragma: no cover
     table = _sort_output(tables, options.keys)
@@ -349,8 +364,8 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
             a duration is a string or a ``timedelta``).
         memory_limit: bytes (an int, or a string such as ``"1GB"``) the working set may use
             before spilling; default a quarter of physical memory, at most 2 GiB.
-        spill_dir: where spill files go (default: the system's temporary directory); they are
-            removed when the call returns or fails.
+        spill_dir: an existing directory for the spill files (default: the system's temporary
+            directory); they are removed when the call returns or fails.
 
     Returns:
         A ``pyarrow.Table``: the key columns (their input types), ``session_start`` and
@@ -362,7 +377,8 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
     Raises:
         ValueError: a missing column, a null key or time (naming the column and row), a bad
             duration, a gap above ``max_gap``, an integer sum beyond int64 (naming the
-            aggregation, key and session); each names the argument.
+            aggregation, key and session), a ``spill_dir`` that is not a directory; each names
+            the argument.
         TypeError: an unsupported ``data``, time column type or argument type.
     """
     table, _ = run(data, key=key, time=time, gap=gap, aggregations=aggregations,

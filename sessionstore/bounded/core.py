@@ -38,14 +38,21 @@ class Part:
     invalid_gap_dropped: int
 
 
-def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Array:
-    """The gap column in ticks, with 0 for a null (a dropped row).
+def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options,
+               rows: Int64Array | None = None) -> Int64Array:
+    """The gap column in ticks, with 0 for a null (a dropped row); ``rows`` gives each row's
+    input row number for messages (default: its position).
 
     Raises:
         TypeError: not an integer or duration column. ValueError: an Arrow duration for plain
-            integer times, or one that is not a whole number of ticks.
+            integer times, one that is not a whole number of ticks or does not fit in int64
+            ticks, or an unsigned gap beyond int64.
     """
     name = options.gap_column
+
+    def shown(row: int) -> int:
+        return row if rows is None else int(rows[row])
+
     data_type = column.type
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -64,21 +71,24 @@ def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options) -> Int64Arr
             if over.any():
                 row = int(np.argmax(over))
                 raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at "
-                                 f"row {row}, which does not fit in int64 {unit}")
+                                 f"row {shown(row)}, which does not fit in int64 {unit}")
             # a negative gap drops its row: 0 keeps it dropped rather than wrapped
             return cast(Int64Array, np.maximum(raw, np.int64(0)) * np.int64(factor))
         ticks, rest = np.divmod(raw, np.int64(have // want))
         if rest.any():
             row = int(np.argmax(rest != 0))
             raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at row "
-                             f"{row}, not a whole number of {unit} (the time column's unit)")
+                             f"{shown(row)}, not a whole number of {unit} (the time column's "
+                             f"unit)")
         return ticks
     if not pa.types.is_integer(data_type):
         raise TypeError(f"gap column {name!r} has type {data_type}: it must hold integers (in "
                         f"the time column's units) or durations")
     values = as_numpy(column.fill_null(0))
-    if values.dtype == np.uint64:
-        values = np.minimum(values, INT64_MAX)
+    if values.dtype == np.uint64 and len(values) and int(values.max()) > INT64_MAX:
+        row = int(np.argmax(values > INT64_MAX))
+        raise ValueError(f"gap column {name!r} holds {values[row]} at row {shown(row)}, beyond "
+                         f"int64")
     return cast(Int64Array, values.astype(np.int64, copy=False))
 
 
@@ -103,7 +113,7 @@ def sessionize_table(table: pa.Table | Frame, options: Options,
     codes, count = key_codes(frame, options.keys)
     own_key = _own_codes(frame, options)
     if options.gap_column is not None:
-        gaps = gaps_ticks(frame.arrow(options.gap_column), options)
+        gaps = gaps_ticks(frame.arrow(options.gap_column), options, rows)
         valid = gaps > 0
         if options.max_gap_ticks is not None:
             over = gaps > options.max_gap_ticks

@@ -41,6 +41,17 @@ def as_numpy(array: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
     return cast(npt.NDArray[Any], array.to_numpy(zero_copy_only=False))
 
 
+def first_null(column: pa.Array | pa.ChunkedArray) -> int | None:
+    """The first row of ``column`` that is null, None when no row is. A null among a dictionary
+    column's values counts: Arrow's ``null_count`` counts only null indices."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if not column.null_count and not (pa.types.is_dictionary(column.type) and any(
+            c.dictionary.null_count for c in chunks)):
+        return None
+    nulls = column.is_null().to_numpy(zero_copy_only=False)
+    return int(np.argmax(nulls)) if nulls.any() else None  # (a dictionary's null unused)
+
+
 def _numpy_dtype(data_type: pa.DataType) -> np.dtype[Any] | None:
     """The numpy type of a fixed-width Arrow type's values, None for other types."""
     t = pa.types

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .frame import Frame, arrow_of, as_numpy
+from .frame import Frame, arrow_of, as_numpy, first_null
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -38,8 +38,8 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
                     if column.dtype.kind == "i" else (column - low).astype(np.int64, copy=False)
                 return codes, span + 1
         column = arrow_of(column, data_type)
-    if column.null_count:
-        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+    row = first_null(column)
+    if row is not None:
         raise ValueError(f"key column {name!r} is null at row {row}: every event needs a key "
                          f"(as in the CLI and the engine, a null key is refused, not dropped)")
     if not _orderable(data_type):

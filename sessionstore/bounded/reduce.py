@@ -11,6 +11,7 @@ integer sum that does not fit in int64 is an error.
 
 from __future__ import annotations
 
+import decimal
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,11 +89,14 @@ def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
                                                     strict=True)]
         try:
             result = aggspec.from_engine(totals, out_type)
-        except (pa.ArrowInvalid, ValueError) as exc:
-            raise ValueError(f"aggregation {name!r}: a session's sum does not fit in "
-                             f"{out_type}: {exc}") from None
+        except (pa.ArrowInvalid, ValueError):
+            raise _too_large(name, totals, out_type, np.flatnonzero(nonempty),
+                             describe) from None
         return _spread(result, nonempty)
     data = _numpy(present)
+    if data.dtype == np.uint64 and len(data) and int(data.max()) > np.iinfo(np.int64).max:
+        # an unsigned value past int64 makes its session's sum pass it (no value is < 0)
+        raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe)
     groups = kernels.EventGroups(np.arange(len(data), dtype=np.int64), offsets)
     try:
         sums = folds.sum_per_session(groups, data)
@@ -112,6 +116,19 @@ def _overflow(name: str, data: npt.NDArray[Any], offsets: Int64Array,
             return ValueError(f"aggregation {name!r}: the sum of {describe(int(sessions[j]))} "
                               f"is {exact}, which does not fit in int64 (no silent wrap-around)")
     return ValueError(f"aggregation {name!r}: a sum does not fit in int64")
+
+
+def _too_large(name: str, totals: list[Any], out_type: pa.DataType, sessions: Int64Array,
+               describe: Describe) -> ValueError:
+    """The error for the first session whose decimal sum does not fit in ``out_type``."""
+    for j, total in enumerate(totals):
+        try:
+            aggspec.from_engine([total], out_type)
+        except (pa.ArrowInvalid, ValueError):
+            shown = decimal.Decimal(total).scaleb(-out_type.scale, aggspec.EXACT_DECIMALS)
+            return ValueError(f"aggregation {name!r}: the sum of {describe(int(sessions[j]))} "
+                              f"is {shown}, which does not fit in {out_type}")
+    return ValueError(f"aggregation {name!r}: a sum does not fit in {out_type}")
 
 
 def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
@@ -194,7 +211,8 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
             if folded is None:
                 assert custom is not None
                 folded = [custom(j) for j in range(len(first_rows))]
-            out.append(pa.array([json.dumps(row[spec.name]) for row in folded], pa.string()))
+            out.append(pa.array([_json_text(spec.name, row[spec.name], j, describe)
+                                 for j, row in enumerate(folded)], pa.string()))
             continue
         assert spec.column is not None
         values = columns.column(spec.column)
@@ -213,6 +231,19 @@ def reduce_sessions(columns: Sorted, bounds: Int64Array, specs: Sequence[aggspec
         else:  # pragma: no cover - aggspec.KINDS and this list are the same kinds
             raise ValueError(f"aggregation {spec.name!r}: unknown kind {spec.kind!r}")
     return out
+
+
+def _json_text(name: str, value: Any, session: int, describe: Describe) -> str:
+    """A custom aggregation's result for session ``session`` as JSON text.
+
+    Raises:
+        ValueError: the result has no JSON form, naming the aggregation and the session.
+    """
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"aggregation {name!r}: the result for {describe(session)} has no "
+                         f"JSON form: {exc}") from None
 
 
 def fold_custom(columns: Sorted, bounds: Int64Array, planned: aggspec.AggPlan,

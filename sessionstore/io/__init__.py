@@ -6,7 +6,8 @@ One concern per module:
   the JSON depth check;
 - :mod:`.identity`: the input's identity, which a resumed run must find again;
 - :mod:`.columns`: time, gap, key and value columns as the engine reads them;
-- :mod:`.writers`: :class:`SessionWriter`, the resumable output.
+- :mod:`.writers`: :class:`SessionWriter`, the resumable output, and
+  :class:`ReplacedOutput`, the output of a run without state.
 
 The names below are re-exported so that ``from sessionstore.io import X`` keeps working.
 """
@@ -39,7 +40,7 @@ from .readers import (
     open_input,
     resolve_files,
 )
-from .writers import SessionWriter
+from .writers import ReplacedOutput, SessionWriter, check_output_place
 
 __all__ = [
     "FORMATS",
@@ -50,10 +51,12 @@ __all__ = [
     "EngineBatch",
     "InputError",
     "InputSource",
+    "ReplacedOutput",
     "SessionWriter",
     "TimeColumn",
     "check_gap_column",
     "check_json_depth",
+    "check_output_place",
     "csv_delimiter",
     "engine_batch",
     "engine_columns",

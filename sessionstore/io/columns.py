@@ -44,8 +44,8 @@ def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0,
 
     Integers are in ``unit`` (``s``, ``ms``, ``us`` or ``ns``). Without one they are
     milliseconds, and a batch whose every time looks like epoch seconds, microseconds or
-    nanoseconds (see :data:`_LOOKS_LIKE`) is refused. Timestamps of any unit, and ISO-8601
-    strings, are converted. Times finer than ms (µs, ns), are floored to the millisecond they
+    nanoseconds (see :data:`_LOOKS_LIKE`) is refused. Timestamps of any unit, ISO-8601
+    strings, and dates (as their midnight, UTC) are converted. Times finer than ms (µs, ns), are floored to the millisecond they
     fall in (towards the past, also before 1970), and the count of such rows is returned.
 
     Args:
@@ -79,12 +79,15 @@ def time_column_ms(batch: pa.RecordBatch, name: str, first_row: int = 0,
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             values = pc.cast(values, pa.timestamp("ns"))
             kind = values.type
+        elif pa.types.is_date(kind):  # ISO dates in CSV are read as dates: their midnight
+            values = pc.cast(values, pa.timestamp("ms"))
+            kind = values.type
         if pa.types.is_timestamp(kind):
             return _ticks_to_ms(pc.cast(values, pa.int64()), kind.unit)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InputError(f"time column {name!r}: {first_line(exc)}") from None
     raise InputError(f"time column {name!r} must hold integers (milliseconds, or the unit "
-                     f"--time-unit names), timestamps or ISO-8601 strings, not {kind}")
+                     f"--time-unit names), timestamps, dates or ISO-8601 strings, not {kind}")
 
 
 def _ticks_to_ms(raw: pa.Array, unit: str) -> TimeColumn:

@@ -38,6 +38,11 @@ MAX_JSON_DEPTH = 1000
 #: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
 KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _BLOCK = 1 << 22
+#: The CSV fields read as null: pyarrow's defaults but the spellings of NaN ("NaN", "nan" and
+#: their negatives), which are float values (a NaN makes a sum NaN, as Spark reads them) and are
+#: how sessionstore's own CSV output writes NaN.
+CSV_NULLS = [v for v in pacsv.ConvertOptions().null_values
+             if v.lower().lstrip("-") != "nan"]
 
 
 class InputError(ValueError):
@@ -247,11 +252,15 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
             read_options=pacsv.ReadOptions(block_size=_BLOCK),
             parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(files, delimiter)),
             convert_options=pacsv.ConvertOptions(
-                column_types={k: key_arrow for k in key_columns}))
+                column_types={k: key_arrow for k in key_columns}, null_values=CSV_NULLS))
     else:
         for f in files:
             check_json_depth(f)
-        file_format_obj = ds.JsonFileFormat(read_options=pajson.ReadOptions(block_size=_BLOCK))
+        # newlines_in_values: without it, pyarrow's dataset reader reads a file holding one
+        # record and no final newline as one row of nulls (pyarrow 26); measured at no cost
+        file_format_obj = ds.JsonFileFormat(
+            read_options=pajson.ReadOptions(block_size=_BLOCK),
+            parse_options=pajson.ParseOptions(newlines_in_values=True))
     partitioning = None
     partition_columns: list[str] = []
     try:
@@ -268,9 +277,68 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
         dataset = ds.dataset([str(f) for f in files], format=file_format_obj,
                              partitioning=partitioning,
                              partition_base_dir=str(root) if root is not None else None)
+        if partition_columns:
+            assert root is not None
+            _refuse_partition_columns_in_files(dataset, partition_columns, root)
+        typed = _decoded(_typed_nulls(dataset) or dataset.schema)
+        if typed != dataset.schema:
+            dataset = ds.dataset([str(f) for f in files], schema=typed, format=file_format_obj,
+                                 partitioning=partitioning,
+                                 partition_base_dir=str(root) if root is not None else None)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise _read_error(spec, fmt, exc) from None
     return InputSource(spec, all_files, fmt, root, dataset, partition_columns)
+
+
+def _refuse_partition_columns_in_files(dataset: ds.Dataset, names: Sequence[str],
+                                       root: Path) -> None:
+    """Refuse a file that holds a column named like one of its partition directories
+    (``user=a/part.jsonl`` with a ``user`` column): pyarrow, as Spark, would silently read the
+    directory's value in place of the file's, so an event of user ``b`` stored there would join
+    user ``a``'s sessions. Each file's schema is read (a Parquet footer, the first block of a
+    text file).
+
+    Raises:
+        InputError: naming the file, the column and the directory level.
+    """
+    for fragment in dataset.get_fragments():
+        held = [n for n in names if n in fragment.physical_schema.names]
+        if held:
+            levels = Path(fragment.path).relative_to(root).parts[:-1]
+            level = next((p for p in levels if p.startswith(f"{held[0]}=")), held[0])
+            raise InputError(f"input file {fragment.path!r} holds a column {held[0]!r}, which "
+                             f"is also its partition ({level}/): which of the two holds the "
+                             f"value is ambiguous; remove the column from the file or the "
+                             f"directory level")
+
+
+def _typed_nulls(dataset: ds.Dataset) -> pa.Schema | None:
+    """The dataset's schema with each column of type null (no value in the first file, from
+    which pyarrow infers the schema) typed as the first other file that has values in it types
+    it; None when no column is null or no other file types one. A file whose values then do
+    not fit that type fails to read, naming itself, as any file that disagrees does."""
+    nulls = {f.name for f in dataset.schema if pa.types.is_null(f.type)}
+    if not nulls:
+        return None
+    types: dict[str, pa.DataType] = {}
+    for fragment in dataset.get_fragments():
+        physical = fragment.physical_schema
+        for name in nulls - types.keys():
+            index = physical.get_field_index(name)
+            if index >= 0 and not pa.types.is_null(physical.field(index).type):
+                types[name] = physical.field(index).type
+        if len(types) == len(nulls):
+            break
+    if not types:
+        return None
+    return pa.schema([f.with_type(types.get(f.name, f.type)) for f in dataset.schema])
+
+
+def _decoded(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with dictionary columns (pandas' categoricals, kept in pandas' Parquet files)
+    read as their values, which keys and aggregations take."""
+    return pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                      for f in schema], metadata=schema.metadata)
 
 
 def _blank_text_file(path: Path, limit: int = 1 << 16) -> bool:

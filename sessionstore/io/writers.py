@@ -3,7 +3,9 @@
 Outputs are written so that a run resumed from its committed state neither loses nor duplicates
 rows: a JSON Lines or CSV file is truncated back to the size recorded at the last commit, and a
 Parquet output is a directory of one part per commit. Everything written is fsynced, with its
-directory, before the caller commits the state that records it.
+directory, before the caller commits the state that records it. A run that has no state to
+resume from writes beside the output and replaces it only when it succeeds
+(:class:`ReplacedOutput`).
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..aggspec import from_engine, needs_codec
-from ..fsutil import fsync_dir
-from .readers import InputError, file_format
+from ..fsutil import fsync_dir, pid_alive
+from .readers import InputError, file_format, first_line
 
 if TYPE_CHECKING:
     from ..engine import Emit
@@ -106,21 +110,7 @@ class SessionWriter:
             self.size = size
 
     def _check_foreign(self) -> None:
-        """Refuse a Parquet output directory holding anything sessionstore did not write (a
-        Spark dataset's ``part-00000-<uuid>.snappy.parquet``, ``_SUCCESS``, other files): a run
-        replaces its own parts, and must neither delete nor mix with anyone else's."""
-        if not self.path.exists():
-            return
-        if not self.path.is_dir():
-            raise InputError(f"output {str(self.path)!r} exists and is not a directory: a "
-                             f"Parquet output is a directory of parts")
-        foreign = sorted(e.name for e in self.path.iterdir()
-                         if not (_OWN_PART.fullmatch(e.name) or _OWN_TEMPORARY.fullmatch(e.name)))
-        if foreign:
-            raise InputError(f"output {str(self.path)!r} holds {len(foreign)} file(s) "
-                             f"sessionstore did not write ({foreign[0]!r}"
-                             f"{', ...' if len(foreign) > 1 else ''}); give a new or empty "
-                             f"directory")
+        check_output_place(self.path, self.format)
 
     def _check_parts(self, sized: bool) -> None:
         """Refuse to resume when a committed Parquet part is gone or resized: its sessions
@@ -234,6 +224,128 @@ class SessionWriter:
         if self.format == "parquet":
             return {"format": "parquet", "parts": self.parts, "part_bytes": list(self.part_bytes)}
         return {"format": self.format, "bytes": self.size}
+
+
+def check_output_place(path: Path, fmt: str) -> None:
+    """Refuse an output place that is not the output's kind: a directory where a JSON Lines or
+    CSV file goes, a file where a Parquet output (a directory of parts) goes, or a Parquet
+    directory holding anything sessionstore did not write (a Spark dataset's
+    ``part-00000-<uuid>.snappy.parquet``, ``_SUCCESS``, other files): a run replaces its own
+    parts, and must neither delete nor mix with anyone else's.
+
+    Raises:
+        InputError: naming the output.
+    """
+    if not path.exists():
+        return
+    if fmt != "parquet":
+        if path.is_dir():
+            raise InputError(f"output {str(path)!r} is a directory: a {fmt} output is a file")
+        return
+    if not path.is_dir():
+        raise InputError(f"output {str(path)!r} exists and is not a directory: a "
+                         f"Parquet output is a directory of parts")
+    foreign = sorted(e.name for e in path.iterdir()
+                     if not (_OWN_PART.fullmatch(e.name) or _OWN_TEMPORARY.fullmatch(e.name)))
+    if foreign:
+        raise InputError(f"output {str(path)!r} holds {len(foreign)} file(s) "
+                         f"sessionstore did not write ({foreign[0]!r}"
+                         f"{', ...' if len(foreign) > 1 else ''}); give a new or empty "
+                         f"directory")
+
+
+class ReplacedOutput:
+    """The output of a run that has no state to resume from, written beside its place and moved
+    there only when the run succeeds, so that a failure (an error, a full disk, Ctrl-C) leaves
+    the previous output as it was and no partial one that reads as complete.
+
+    The run writes to :attr:`temporary`, a hidden sibling (``.NAME.inprogress-PID.EXT``, which
+    Spark and pyarrow skip when they read the directory). :meth:`commit` renames it over the
+    output (a Parquet directory that exists is moved aside first, then removed);
+    :meth:`discard` removes it and the directories made for it. As a context manager it commits
+    when the block succeeds and discards otherwise.
+
+    Args:
+        path: the output (.jsonl, .csv, or a .parquet directory); through a symlink, the place
+            it points to.
+
+    Raises:
+        InputError: the output's place does not suit it (:func:`check_output_place`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # an output through a symlink is written where the link points; the link stays
+        self.path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+        self.format = file_format(path, "output")
+        check_output_place(self.path, self.format)
+        self.created: list[Path] = []  # the missing directories made for it, outermost first
+        missing = self.path.parent
+        while not missing.exists():
+            self.created.insert(0, missing)
+            missing = missing.parent
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.temporary = self.path.parent / (f".{self.path.name}.inprogress-{os.getpid()}"
+                                             f"{self.path.suffix}")
+        self._sweep()
+        self.done = False
+
+    def _sweep(self) -> None:
+        """Remove what runs killed while writing this output left (SIGKILL, power loss): the
+        hidden siblings of processes that are gone."""
+        left = re.compile(re.escape(f".{self.path.name}.") + r"(?:inprogress|replaced)-(\d+)"
+                          + f"(?:{re.escape(self.path.suffix)})?")
+        for entry in self.path.parent.iterdir():
+            match = left.fullmatch(entry.name)
+            if match and (int(match.group(1)) == os.getpid()
+                          or not pid_alive(int(match.group(1)))):
+                _remove(entry)
+
+    def commit(self) -> None:
+        """Put what was written to :attr:`temporary` in the output's place, durably."""
+        if self.format == "parquet" and self.path.exists():
+            aside = self.path.parent / f".{self.path.name}.replaced-{os.getpid()}"
+            _remove(aside)
+            os.rename(self.path, aside)
+            os.rename(self.temporary, self.path)
+            fsync_dir(self.path.parent)
+            _remove(aside)
+        else:
+            os.replace(self.temporary, self.path)
+        fsync_dir(self.path.parent)
+        self.done = True
+
+    def discard(self) -> None:
+        """Remove what was written and the directories made for it (nothing once committed)."""
+        if self.done:
+            return
+        _remove(self.temporary)
+        for folder in reversed(self.created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # something else was put there meanwhile: keep it
+        self.done = True
+
+    def __enter__(self) -> ReplacedOutput:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if kind is None:
+            self.commit()
+        self.discard()
+        if isinstance(exc, OSError) and exc.errno is not None and (
+                exc.filename is None or str(exc.filename).startswith(str(self.temporary))):
+            # a full disk while writing names no file, or the hidden one: name the output
+            raise OSError(exc.errno, f"writing the output {str(self.path)!r}: "
+                                     f"{exc.strerror or first_line(exc)}") from exc
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _as_type(column: pa.Array, data_type: pa.DataType) -> pa.Array:
