@@ -172,8 +172,9 @@ class _Sum(Aggregation):
     def add_run(
         self, key: Any, values: list[Any], times_ms: list[int], seqs: list[int], acc: Any
     ) -> Any:
-        # the same left-to-right additions as add(); the sum kept is the run's total
-        total = sum(map(self.fn, values), acc)
+        # the same left-to-right additions as add(); the sum kept is the run's total. Not
+        # sum(): from Python 3.12 it adds floats with compensation, a different result.
+        total = functools.reduce(operator.add, map(self.fn, values), acc)
         return int64_sum(total, key, times_ms[-1] if times_ms else None, self)
 
     @property
