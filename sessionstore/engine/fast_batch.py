@@ -28,6 +28,7 @@ from ..timeutil import INT64_MIN
 from . import planner
 from .columnar import (
     NUMERIC_KINDS,
+    NotColumnar,
     SessionRows,
     aggregate_plan,
     needs_time_order,
@@ -79,8 +80,14 @@ def part_values_of_list(engine: EngineHost, values: Any) -> list[Any]:
         if isinstance(values, np.ndarray) and (column is not None or kind not in NUMERIC_KINDS):
             values = values.tolist()  # Python values, as the event path would hold them
         items = values if column is None else _items(values, column)
-        out.append(numeric_column(items, "values") if kind in NUMERIC_KINDS
-                   else object_array(items))
+        if kind in NUMERIC_KINDS:
+            out.append(numeric_column(items, "values"))
+            continue
+        if any(map(operator.is_, items, itertools.repeat(None))):
+            # a null may be no input at all (Spark's rule, aggspec.SkipNullColumn): only the
+            # exact path asks the aggregation what it does with it
+            raise NotColumnar(f"a null in the values of the {kind!r} aggregation")
+        out.append(object_array(items))
     return out
 
 
