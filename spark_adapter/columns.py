@@ -33,6 +33,9 @@ from pyspark.sql import types as T
 
 from sessionstore import aggspec
 
+# decimals are converted exactly (the default context rounds to 28 digits; Spark keeps 38)
+_EXACT = aggspec.EXACT_DECIMALS
+
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 FRACTIONAL = (T.FloatType, T.DoubleType)
 TIMES = (T.TimestampType, T.TimestampNTZType)
@@ -107,7 +110,7 @@ def to_engine(array: pa.Array | pa.ChunkedArray, data_type: T.DataType) -> list[
         return list(array.cast(pa.int32()).to_pylist())
     if isinstance(data_type, T.DecimalType):
         scale = data_type.scale
-        return [None if v is None else int(v.scaleb(scale)) for v in array.to_pylist()]
+        return [None if v is None else int(v.scaleb(scale, _EXACT)) for v in array.to_pylist()]
     if isinstance(data_type, T.ArrayType):
         element = data_type.elementType
         if isinstance(element, TIMES):
@@ -117,7 +120,7 @@ def to_engine(array: pa.Array | pa.ChunkedArray, data_type: T.DataType) -> list[
         if isinstance(element, T.DecimalType):
             scale = element.scale
             return [None if row is None else
-                    [None if v is None else int(v.scaleb(scale)) for v in row]
+                    [None if v is None else int(v.scaleb(scale, _EXACT)) for v in row]
                     for row in array.to_pylist()]
     return list(array.to_pylist())
 
@@ -152,7 +155,7 @@ def from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.A
         return pa.array(values, pa.int32()).cast(target)
     if isinstance(data_type, T.DecimalType):
         scale = data_type.scale
-        return pa.array([None if v is None else decimal.Decimal(v).scaleb(-scale)
+        return pa.array([None if v is None else decimal.Decimal(v).scaleb(-scale, _EXACT)
                          for v in values], target)
     if isinstance(data_type, T.ArrayType):
         element = data_type.elementType
