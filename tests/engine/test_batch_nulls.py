@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from sessionstore import (EmitStrategy, InMemorySessionStore, SessionAggregator, SessionWindows,
-                          aggregations)
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionWindows,
+    aggregations,
+)
 from sessionstore.aggspec import SkipNullColumn
 
 ROWS = [("a", 0, "x"), ("a", 1000, None), ("a", 2000, "y"), ("b", 500, None),
