@@ -16,7 +16,8 @@ from ..timeutil import INT64_MAX, INT64_MIN
 from .columnar import SessionRows
 from .config import expiry_cap_ms
 from .record import SessionRecord, check_encodable
-from .table import OpenSessions, load_open_sessions
+from .table import OpenSessions
+from .table_load import load_open_sessions
 from .time import TimeKeeper
 
 if TYPE_CHECKING:

@@ -362,7 +362,7 @@ def test_the_engines_cut_is_the_sorted_rule(case: tuple[list[list[Any]], int, bo
     # the engine's per-key re-cut (engine/max_duration.py) is a second form of the rule for
     # sorted events; this pins the two together
     from sessionstore.bounded.scan import session_bounds
-    from sessionstore.engine.max_duration import cut
+    from sessionstore.engine.cuts import cut
 
     events, max_duration, inclusive = case
     times = np.array([e[0] for e in events], dtype=np.int64)

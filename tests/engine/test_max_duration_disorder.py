@@ -26,7 +26,7 @@ from sessionstore import (
 )
 from sessionstore.bounded import sessionize
 from sessionstore.engine import max_duration as md_module
-from sessionstore.engine.max_duration import cut, cut_pieces
+from sessionstore.engine.cuts import cut, cut_pieces
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
 from tests.engine.test_engine_properties import as_rows, changelog_table, cuts_strategy

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore.engine.columnar import PartColumns, SessionRows
-from sessionstore.engine.table import KeyIndex, OpenSessions, unique_keys
+from sessionstore.engine.key_index import KeyIndex, unique_keys
+from sessionstore.engine.table import OpenSessions
 
 KINDS = ["count", "sum", "first", "collect"]
 KEY_POOL: list[Any] = [0, 1, 2, True, False, "a", "b", b"a", (1, "a"), (1, True), -5, 2**40]

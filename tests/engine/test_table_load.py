@@ -30,12 +30,8 @@ from hypothesis import strategies as st
 from sessionstore import InMemorySessionStore, SessionStore
 from sessionstore.engine.columnar import NotColumnar, PartColumns, SessionRows
 from sessionstore.engine.record import plain_record
-from sessionstore.engine.table import (
-    OpenSessions,
-    load_open_sessions,
-    table_from_columns,
-    table_from_rows,
-)
+from sessionstore.engine.table import OpenSessions
+from sessionstore.engine.table_load import load_open_sessions, table_from_columns, table_from_rows
 from sessionstore.keyschema import encode_key
 from sessionstore.packing import PackedValues, pack_session_records
 from sessionstore.store.caching import CachingSessionStore
