@@ -190,18 +190,25 @@ def _signed_zero_tie(a: Any, b: Any) -> float:
 
 
 def smaller(a: Any, b: Any) -> Any:
-    """``min(a, b)`` (``a`` on a tie: the first seen), except that -0.0 is below 0.0, as in IEEE
-    754's minimum: the rule of ``min_of`` on every path, so that the sign of a zero minimum does
-    not depend on arrival order or batching (the columnar kernels follow it:
-    :func:`sessionstore.folds.signed_zero_extremes`)."""
+    """``min(a, b)`` (``a`` on a tie: the first seen) in a total order of floats: -0.0 is below
+    0.0 (IEEE 754's minimum) and NaN is above every other value, as in Spark's ordering of
+    doubles (so a session's minimum is NaN only when every value is). That is the rule of
+    ``min_of`` on every path: the result does not depend on arrival order or batching (the
+    columnar kernels follow it: :func:`sessionstore.folds.signed_zero_extremes`; the columnar
+    batch path refuses NaN and leaves it to this function)."""
     if b < a:
+        return b
+    if a != a:  # NaN (only NaN differs from itself): anything else is smaller
         return b
     return b if b == 0 and a == 0 and _signed_zero_tie(a, b) < 0 else a
 
 
 def larger(a: Any, b: Any) -> Any:
-    """``max(a, b)`` (``a`` on a tie), except that 0.0 is above -0.0 (IEEE 754's maximum)."""
+    """``max(a, b)`` (``a`` on a tie) in the total order of :func:`smaller`: 0.0 is above -0.0
+    and NaN above everything (a session's maximum is NaN when any value is NaN, as in Spark)."""
     if b > a:
+        return b
+    if b != b and a == a:  # b is NaN and a is not
         return b
     return b if b == 0 and a == 0 and _signed_zero_tie(a, b) > 0 else a
 

@@ -20,7 +20,8 @@ from .kernels import EventGroups, SessionPlan, compiled
 # np.add.reduceat cannot be used for floats: it sums pairwise in blocks, which is not a left
 # fold (measured: it differs from the fold in the last bits on long segments). Integer sums do
 # not depend on the order: they are computed modulo 2**64 and checked to fit in int64.
-# min/max propagate NaN (np.minimum/np.maximum), so their result does not depend on order either.
+# min/max order NaN above every value (a minimum skips NaN unless all are NaN: np.fmin; a
+# maximum is NaN when one is: np.maximum), so their result does not depend on order either.
 
 
 def group_events(
@@ -149,8 +150,8 @@ def _reduce_per_session(groups: EventGroups, values: Any,
 
 
 def min_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:
-    """The smallest event value of each session; NaN if any value is NaN."""
-    return _reduce_per_session(groups, values, np.minimum)
+    """The smallest event value of each session; NaN only if every value is NaN."""
+    return _reduce_per_session(groups, values, np.fmin)
 
 
 def max_per_session(groups: EventGroups, values: Any) -> npt.NDArray[Any]:

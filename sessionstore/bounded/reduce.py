@@ -4,8 +4,8 @@ Rows arrive sorted by (key, time, arrival); session ``j`` holds rows ``bounds[j]
 Each kind has the semantics of :mod:`sessionstore.aggspec` (Spark's null rule: ``sum``, ``min``,
 ``max`` and ``collect`` skip nulls, ``first`` and ``last`` keep them) and gives exactly what the
 streaming paths give for the same events: a float sum is a left fold in (time, arrival) order
-(``folds.sum_per_session``), a float ``min``/``max`` is NaN when the session's first value is NaN
-and otherwise takes -0.0 below 0.0 (the engine's rule, ``aggregations.smaller``/``larger``), an
+(``folds.sum_per_session``), a float ``min``/``max`` orders NaN above every value and -0.0 below
+0.0 (the engine's rule, ``aggregations.smaller``/``larger``, and Spark's for NaN), an
 integer sum that does not fit in int64 is an error.
 """
 
@@ -156,9 +156,10 @@ def _extreme(kind: str, values: Any, bounds: Int64Array, out_type: pa.DataType
 def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
                    ) -> npt.NDArray[Any]:
     """The engine's ``min``/``max`` (:func:`sessionstore.aggregations.smaller` and ``larger``)
-    over each session's values in order: the first value is kept unless a later one is strictly
-    smaller (larger), so a NaN counts only as the first value, and a zero result is -0.0 for
+    over each session's values: NaN is above every other value (a minimum is NaN only when
+    every value is, a maximum whenever one is, as in Spark), and a zero result is -0.0 for
     ``min`` (0.0 for ``max``) when the session holds that zero, whatever the order."""
+    # fmin skips NaN unless both are NaN: exactly the minimum with NaN greatest
     result = (np.fmin if kind == "min" else np.fmax).reduceat(data, starts)
     if (result == 0).any():
         from ..folds import signed_zero_extremes  # numpy only; imported when a zero needs it
@@ -166,8 +167,9 @@ def _float_extreme(kind: str, data: npt.NDArray[Any], starts: Int64Array
         owner = np.repeat(np.arange(len(starts), dtype=np.int64),
                           np.diff(np.append(starts, len(data))))
         result = signed_zero_extremes(result, kind, [(owner, data)])
-    first = data[starts]
-    result[np.isnan(first)] = first[np.isnan(first)]
+    if kind == "max":
+        any_nan = np.logical_or.reduceat(np.isnan(data), starts)
+        result[any_nan] = np.nan
     return result
 
 

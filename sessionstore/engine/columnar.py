@@ -451,7 +451,7 @@ def aggregate_plan(
             sources = [(plan.event_session, values)]
             if len(owner):
                 absorbed_values = part.value[absorbed.order]
-                (np.minimum if kind == "min" else np.maximum).at(best, owner, absorbed_values)
+                (np.fmin if kind == "min" else np.maximum).at(best, owner, absorbed_values)
                 sources.append((owner, absorbed_values))
             out.append(PartColumns(kind, folds.signed_zero_extremes(best, kind, sources)))
         elif kind in ("first", "last"):

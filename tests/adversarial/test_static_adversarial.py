@@ -64,7 +64,11 @@ def _fold(kind: str, values: list[Any]) -> Any:
         return acc
     best = present[0]
     for v in present[1:]:
-        if (v < best) if kind == "min" else (v > best):
+        if isinstance(v, float) and isinstance(best, float) and (v != v or best != best):
+            # NaN is above every value (Spark's order of doubles)
+            if (best != best and v == v) if kind == "min" else (v != v and best == best):
+                best = v
+        elif (v < best) if kind == "min" else (v > best):
             best = v
         elif isinstance(v, float) and v == 0 and best == 0:  # IEEE: -0.0 < 0.0
             below = math.copysign(1, v) < math.copysign(1, best)

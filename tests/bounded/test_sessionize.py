@@ -219,15 +219,15 @@ def test_output_types_are_the_cli_types() -> None:
 
 def test_float_min_and_max_follow_the_engine_order_rule() -> None:
     # the engine's min/max over values in time order: -0.0 is below 0.0 whatever the order
-    # (aggregations.smaller/larger), and NaN counts only as a session's first value
+    # (aggregations.smaller/larger), and NaN is above every value, as in Spark
     table = pa.table({"k": ["z", "z", "n", "n", "m", "m"], "t": [0, 1, 0, 1, 0, 1],
                       "x": [0.0, -0.0, float("nan"), 1.0, 2.0, float("nan")]})
     out = sessionize(table, key="k", time="t", gap=5,
                      aggregations=["lo=min:x", "hi=max:x"]).to_pylist()
     by_key = {r["k"]: r for r in out}
     assert math.copysign(1, by_key["z"]["lo"]) == -1 and math.copysign(1, by_key["z"]["hi"]) == 1
-    assert math.isnan(by_key["n"]["lo"]) and math.isnan(by_key["n"]["hi"])
-    assert by_key["m"]["lo"] == 2.0 and by_key["m"]["hi"] == 2.0
+    assert by_key["n"]["lo"] == 1.0 and math.isnan(by_key["n"]["hi"])
+    assert by_key["m"]["lo"] == 2.0 and math.isnan(by_key["m"]["hi"])
     # long sessions too, where numpy's vectorised fmin/fmax pick either zero
     for first, second in ((0.0, -0.0), (-0.0, 0.0)):
         long = pa.table({"k": ["z"] * 40, "t": list(range(40)),

@@ -128,7 +128,7 @@ def _loop_and_batch(agg, keys, values, times, emit=EmitStrategy.ON_WINDOW_CLOSE)
 
 @pytest.mark.parametrize("values", [
     [1, 2.5, 3, 4],              # ints and floats: Python's own arithmetic decides
-    [1.0, float("nan"), 2.0, 0.5],  # NaN: Python's min/max depend on the order
+    [1.0, float("nan"), 2.0, 0.5],  # NaN: left to the exact rule (aggregations.smaller)
 ])  # (an integer sum beyond int64 is an error on every path: tests/engine/test_sum_overflow.py)
 def test_batches_the_fast_path_cannot_take_exactly_take_the_exact_path(values):
     agg = aggregations.combine({"sum": aggregations.sum_of(), "min": aggregations.min_of()})
