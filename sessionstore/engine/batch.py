@@ -247,15 +247,11 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
     clock = engine.times
     metrics = engine.metrics
     n = len(times)
-    before = clock.watermarks_before(times)
-    late = clock.late_in_batch(before, ends)
-    closed_before = clock.closed_before_in_batch(before)
-    accepted = np.flatnonzero(~late)
+    late, closed_before, accepted, seqs = clock.arrive_batch(times, ends)
     m = len(accepted)
     acc_codes = codes[accepted]
     acc_times = times[accepted]
     acc_closed = closed_before[accepted]
-    seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
 
     # the open sessions of the batch's keys, as columns
     state = engine.cache

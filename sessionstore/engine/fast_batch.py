@@ -116,14 +116,10 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     kinds = engine.columnar_kinds
     assert kinds is not None
     n = len(times)
-    before = clock.watermarks_before(times)
-    late = clock.late_in_batch(before, ends)
-    closed_before = clock.closed_before_in_batch(before)
-    accepted = np.flatnonzero(~late)
+    late, closed_before, accepted, seqs = clock.arrive_batch(times, ends)
     m = len(accepted)
     acc_codes = codes[accepted]
     acc_times = times[accepted]
-    seqs = clock.seq + 1 + np.arange(m, dtype=np.int64)
     table = engine.open_table()
     acc_values = [None if v is None else v[accepted] for v in part_values]
     table.check(acc_values)

@@ -724,11 +724,8 @@ class MaxDuration:
         n = len(times)
         if n == 0:
             return
-        before = clock.watermarks_before(times)
         own = times + np.minimum(ends - times, md)  # own_window_end, without overflow
-        late = clock.late_in_batch(before, own)
-        closed_before = clock.closed_before_in_batch(before)
-        accepted = np.flatnonzero(~late)
+        late, closed_before, accepted, _ = clock.arrive_batch(times, own)
         m = len(accepted)
         seq0 = clock.seq + 1
         acc_codes = codes[accepted]

@@ -11,12 +11,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..timeutil import check_int64
 from .config import NO_WATERMARK, EngineConfig
+
+
+class BatchArrival(NamedTuple):
+    """What each event of a batch meets on arrival, as a loop of events would
+    (:meth:`TimeKeeper.arrive_batch`)."""
+
+    late: np.ndarray
+    """:meth:`TimeKeeper.is_late` of each event (bool)."""
+    closed_before: np.ndarray
+    """:meth:`TimeKeeper.closed_before` each event meets (int64)."""
+    accepted: np.ndarray
+    """The indexes of the events that are not late, in arrival order."""
+    seqs: np.ndarray
+    """The arrival numbers the accepted events get (the clock's ``seq`` is not advanced)."""
 
 
 class TimeKeeper:
@@ -61,6 +75,16 @@ class TimeKeeper:
         grace = self.config.grace_ms
         return np.asarray(np.maximum(np.maximum(watermarks_before, NO_WATERMARK + grace) - grace,
                                      self.last_close), dtype=np.int64)
+
+    def arrive_batch(self, times_ms: np.ndarray, own_ends_ms: np.ndarray) -> BatchArrival:
+        """The late rule and the close cursor for a batch (``own_ends_ms``: each event's own
+        window end, see :meth:`is_late`), against the watermark each event meets on arrival.
+        Every batch path starts here."""
+        before = self.watermarks_before(times_ms)
+        late = self.late_in_batch(before, own_ends_ms)
+        accepted = np.flatnonzero(~late)
+        return BatchArrival(late, self.closed_before_in_batch(before), accepted,
+                            self.seq + 1 + np.arange(len(accepted), dtype=np.int64))
 
     def observe(self, t_ms: int) -> bool:
         """Account an accepted event; True when the event-time watermark moved."""
