@@ -122,7 +122,8 @@ def _skipping(make: Callable[[], Aggregation]) -> Callable[[Callable[[Any], Any]
 
 class _NullableSum(Aggregation):
     """Spark's ``sum`` behind :class:`SkipNulls`: None until a value comes (a session of nulls
-    sums to null), then the sum, with the one int64 check of every integer sum."""
+    sums to null), then the sum from 0, as Spark adds (so a session of -0.0 sums to 0.0), with
+    the one int64 check of every integer sum."""
 
     name = "sum"
 
@@ -131,7 +132,7 @@ class _NullableSum(Aggregation):
 
     def add(self, key: Any, value: Any, timestamp_ms: int, seq: int, acc: Any) -> Any:
         if acc is None:
-            return value
+            return 0 + value  # Spark's coalesce(sum, 0) + value: -0.0 becomes 0.0
         return aggregations.int64_sum(acc + value, key, timestamp_ms, self)
 
     def merge(self, key: Any, acc1: Any, acc2: Any) -> Any:

@@ -100,6 +100,11 @@ def _sum(name: str, values: Any, bounds: Int64Array, out_type: pa.DataType,
     groups = kernels.EventGroups(np.arange(len(data), dtype=np.int64), offsets)
     try:
         sums = folds.sum_per_session(groups, data)
+        if sums.dtype.kind == "f":
+            # a sum starts from 0, as Spark's and the engine's do: 0 + -0.0 is 0.0, and no sum
+            # from there is -0.0; the fold from the first value is -0.0 exactly when every
+            # value is -0.0
+            sums[sums == 0] = 0.0
     except OverflowError:
         raise _overflow(name, data, offsets, np.flatnonzero(nonempty), describe) from None
     except (TypeError, ValueError) as exc:

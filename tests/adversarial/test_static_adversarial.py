@@ -58,8 +58,8 @@ def _fold(kind: str, values: list[Any]) -> Any:
             if not -(2**63) <= total <= INT64_MAX:
                 raise SumOverflow(total)
             return total
-        acc = present[0]
-        for v in present[1:]:
+        acc = 0  # from 0, as Spark adds: a sum of -0.0 is 0.0
+        for v in present:
             acc = acc + v
         return acc
     best = present[0]

@@ -18,7 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sessionstore
-from sessionstore import aggregations, aggspec
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionWindows,
+    aggregations,
+    aggspec,
+)
 from sessionstore.bounded import run, sessionize
 from sessionstore.bounded.scan import scan_sessions, session_starts
 
@@ -374,3 +381,28 @@ def test_the_engines_cut_is_the_sorted_rule(case: tuple[list[list[Any]], int, bo
     cuts = cut(events, max_duration, inclusive)
     assert [(c[0], c[1]) for c in cuts] == list(zip(start.tolist(), end.tolist(), strict=True))
     assert [c[3] for c in cuts] == [*starts_at[1:].tolist(), len(events)]
+
+
+def test_a_float_sum_of_negative_zeros_is_zero_as_spark_adds() -> None:
+    # Spark's sum is coalesce(sum, 0) + value: 0 + -0.0 is 0.0; so are the engine's sum_of and
+    # the CLI's, on every path
+    table = pa.table({"k": ["a", "a", "b", "c", "c"], "t": [0, 1, 0, 0, 1],
+                      "x": [-0.0, -0.0, -0.0, -0.0, 1.5]})
+    out = {r["k"]: r["s"] for r in sessionize(table, key="k", time="t", gap=5,
+                                              aggregations=["s=sum:x"]).to_pylist()}
+    assert [repr(out[k]) for k in "abc"] == ["0.0", "0.0", "1.5"]
+    planned = aggspec.plan(aggspec.from_mapping({"s": ("sum", "x")}), table.schema)
+    rows = table.to_pylist()
+    for batched in (False, True):
+        windows = SessionWindows(5)
+        engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                                   windows, planned.aggregation,
+                                   emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="external")
+        values = [tuple(r[c] for c in planned.value_columns) for r in rows]
+        if batched:
+            engine.process_batch([r["k"] for r in rows], values, [r["t"] for r in rows])
+        else:
+            for r, v in zip(rows, values, strict=True):
+                engine.process(r["k"], v, r["t"])
+        got = {e.session.key: e.value["s"] for e in engine.advance_watermark(100)}
+        assert [repr(got[k]) for k in "abc"] == ["0.0", "0.0", "1.5"], batched

@@ -124,7 +124,7 @@ def expected_outputs(members: list[dict[str, Any]]) -> dict[str, Any]:
         return [m[column] for m in members if m[column] is not None]
 
     def fold(values: list[Any]) -> Any:
-        return functools.reduce(lambda a, b: a + b, values) if values else None
+        return functools.reduce(lambda a, b: a + b, values, 0) if values else None  # from 0
 
     def below(a: Any, b: Any) -> bool:
         if isinstance(a, float) and isinstance(b, float) and (math.isnan(a) or math.isnan(b)):
