@@ -133,10 +133,15 @@ def test_float_sums_are_a_left_fold_not_numpy_pairwise() -> None:
     assert not same_float(float(np.add.reduceat(values, [0])[0]), acc)  # the trap is real
 
 
-def test_nan_propagates_through_min_and_max() -> None:
+def test_nan_is_above_every_value_in_min_and_max() -> None:
+    # Spark's order of doubles (aggregations.smaller/larger): a minimum skips NaN unless every
+    # value is NaN, a maximum is NaN when any value is
     groups = folds.group_events([0, 0, 0], [1, 2, 3], 1)
-    assert math.isnan(folds.min_per_session(groups, [1.0, math.nan, 0.5])[0])
+    assert folds.min_per_session(groups, [1.0, math.nan, 0.5])[0] == 0.5
+    assert folds.min_per_session(groups, [math.nan, 1.0, 0.5])[0] == 0.5
+    assert math.isnan(folds.min_per_session(groups, [math.nan] * 3)[0])
     assert math.isnan(folds.max_per_session(groups, [math.nan, 1.0, 0.5])[0])
+    assert math.isnan(folds.max_per_session(groups, [1.0, 0.5, math.nan])[0])
 
 
 def test_open_sessions_group_by_the_session_that_absorbed_them() -> None:
