@@ -123,7 +123,7 @@ from .emit import Emit
 from .max_duration_batch import BatchStep
 from .max_duration_held import HeldKeys
 from .max_duration_order import OpenOrders
-from .max_duration_state import ChangeLog, DurationState
+from .max_duration_state import ChangeLog, DurationState, own_window_end
 from .max_duration_step import EventStep
 from .max_duration_write import emit_log
 
@@ -147,7 +147,8 @@ class MaxDuration:
         ValueError: the engine has a trigger (not supported with a maximum duration).
     """
 
-    __slots__ = ("max_duration_ms", "held", "_state", "_orders", "_event", "_batch")
+    __slots__ = ("max_duration_ms", "held", "_engine", "_lazy", "_state", "_orders", "_event",
+                 "_batch")
 
     def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         if engine.trigger is not None:
@@ -157,7 +158,9 @@ class MaxDuration:
                 "emit=ON_WINDOW_UPDATE or ON_WINDOW_CLOSE"
             )
         self.max_duration_ms = max_duration_ms
+        self._engine = engine
         state = DurationState(engine, max_duration_ms)
+        self._lazy = state.lazy
         self._state = state
         self._orders = OpenOrders(state)
         self.held = HeldKeys(state, self._orders)
@@ -187,8 +190,28 @@ class MaxDuration:
 
     def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
                 log: ChangeLog | None = None) -> None:
-        """Add one validated event: :meth:`.EventStep.process` (same arguments)."""
-        self._event.process(key, value, t, own_end, out, log)
+        """Add one validated event (the event path's step; a batch with a write cache loops
+        over it): the late rule, then :meth:`.EventStep.step`.
+
+        Args:
+            key, value, t: the event.
+            own_end: the end of its own window, ``t + gap(event)``.
+            out: emits are appended here (closing, and ``ON_WINDOW_UPDATE`` without ``log``).
+            log: with ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded here instead of
+                emitted (:meth:`emit_log` emits them at the end of the batch).
+        """
+        engine = self._engine
+        engine.metrics.records_in += 1
+        times = engine.times
+        if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
+            engine.drop(key, value, t)
+            return
+        closed_before = times.closed_before()
+        self._event.step(key, value, t, own_end, closed_before, out, log, times.seq + 1,
+                         self._lazy)
+        times.seq += 1
+        if times.observe(t):
+            engine.on_watermark(out)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
@@ -200,7 +223,7 @@ class MaxDuration:
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them
         (:func:`.max_duration_write.emit_log`)."""
-        emit_log(self._state.engine, log, out)
+        emit_log(self._engine, log, out)
 
     def write_upto(self, upto: int, out: list[Emit]) -> None:
         """Write every held key whose bound is at or before ``upto`` (the engine calls this

@@ -60,9 +60,9 @@ class BatchStep:
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None) -> None:
-        """Add a batch of validated events (arrival order) as a loop of the event step's
-        ``process`` would, without a write cache (whose evictions forward changes in loop
-        order).
+        """Add a batch of validated events (arrival order) as a loop of
+        :meth:`.MaxDuration.process` would, without a write cache (whose evictions forward
+        changes in loop order).
 
         Args:
             keys, values, times: the events; ``codes`` numbers their keys (equal keys, equal

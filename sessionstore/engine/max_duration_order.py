@@ -59,16 +59,6 @@ class OpenOrders:
             orders[key] = (view, order)
         return order
 
-    def take(self, key: Any) -> tuple[Any, list[tuple[int, int]]] | None:
-        """Remove and return ``key``'s kept entry (None without one), to :meth:`put_back`
-        once a write succeeded: a write that fails leaves the order dropped, to be read again
-        from the view."""
-        return self._orders.pop(key, None)
-
-    def put_back(self, key: Any, entry: tuple[Any, list[tuple[int, int]]]) -> None:
-        """Keep again an entry :meth:`take` returned."""
-        self._orders[key] = entry
-
     def forget(self, key: Any) -> None:
         """Drop ``key``'s order: it is read again from the view at the key's next step."""
         self._orders.pop(key, None)

@@ -27,7 +27,8 @@ from .record import acc_of, check_encodable
 
 
 class EventStep:
-    """The per-event step.
+    """The per-event step (:meth:`.MaxDuration.process` takes an event's lateness and
+    cursors, then calls :meth:`step`).
 
     Args:
         state: the shared state of the maximum-duration step.
@@ -36,7 +37,7 @@ class EventStep:
             a held key before it steps an event of it that is not held.
     """
 
-    __slots__ = ("_state", "_orders", "_held_keys", "_engine", "_md", "_lazy", "_holdable",
+    __slots__ = ("_state", "_orders", "_held_keys", "_engine", "_md", "_holdable",
                  "_incremental", "_fixed_gap", "_order_free_adds")
 
     def __init__(self, state: DurationState, orders: OpenOrders, held: HeldKeys) -> None:
@@ -45,35 +46,10 @@ class EventStep:
         self._held_keys = held
         self._engine = state.engine
         self._md = state.max_duration_ms
-        self._lazy = state.lazy
         self._holdable = state.incremental  # only built-in accumulators are held
         self._incremental = state.incremental
         self._fixed_gap = state.fixed_gap
         self._order_free_adds = state.order_free_adds
-
-    def process(self, key: Any, value: Any, t: int, own_end: int, out: list[Emit],
-                log: ChangeLog | None = None) -> None:
-        """Add one validated event (the event path's step; the batch path loops over it).
-
-        Args:
-            key, value, t: the event.
-            own_end: the end of its own window, ``t + gap(event)``.
-            out: emits are appended here (closing, and ``ON_WINDOW_UPDATE`` without ``log``).
-            log: with ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded here instead of
-                emitted (:func:`~sessionstore.engine.max_duration_write.emit_log` emits them
-                at the end of the batch).
-        """
-        engine = self._engine
-        engine.metrics.records_in += 1
-        times = engine.times
-        if times.is_late(own_window_end(t, own_end, self._md)):
-            engine.drop(key, value, t)
-            return
-        closed_before = times.closed_before()
-        self.step(key, value, t, own_end, closed_before, out, log, times.seq + 1, self._lazy)
-        times.seq += 1
-        if times.observe(t):
-            engine.on_watermark(out)
 
     def step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
              out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool) -> None:
@@ -81,7 +57,12 @@ class EventStep:
         ``seq``, meeting ``closed_before``) and apply the difference (the caller advances the
         engine's arrival counter); with ``lazy``, hold the event instead
         (:class:`~sessionstore.engine.max_duration_held.HeldKeys`) unless it comes after
-        every open event of its key. ``out`` and ``log`` as :meth:`process`.
+        every open event of its key.
+
+        Emits are appended to ``out`` (closing, and ``ON_WINDOW_UPDATE`` without ``log``); with
+        ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded in ``log`` instead
+        (:func:`~sessionstore.engine.max_duration_write.emit_log` emits them at the end of the
+        batch).
 
         No session this creates is closed on creation. The first re-cut session starts at an
         open session's first event (it keeps all that session's events, so it ends no earlier,
@@ -206,13 +187,13 @@ class EventStep:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content (a store failure while the cache
-        # writes leaves the key's order dropped: it is read again from the view)
-        orders = self._orders
-        entry = orders.take(key)
-        write_changes(engine, key, removed, added)
-        reindex(bounds, removed, added, recut)
-        if entry is not None:
-            orders.put_back(key, entry)
+        # writes drops the key's order: it is read again from the view)
+        try:
+            write_changes(engine, key, removed, added)
+            reindex(bounds, removed, added, recut)
+        except BaseException:
+            self._orders.forget(key)
+            raise
         publish_changes(engine, key, removed, added, out, log)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
