@@ -77,11 +77,14 @@ class HeldKeys:
         events_held: the events held over all keys.
     """
 
-    __slots__ = ("_state", "_orders", "by_key", "events_held", "_due", "_tie")
+    __slots__ = ("_state", "_orders", "_md", "_magnitude", "by_key", "events_held", "_due",
+                 "_tie")
 
     def __init__(self, state: DurationState, orders: OpenOrders) -> None:
         self._state = state
         self._orders = orders
+        self._md = state.max_duration_ms
+        self._magnitude = state.magnitude  # once per held event
         self.by_key: dict[Any, Held] = {}
         self.events_held = 0
         self._due: list[tuple[int, int, Any, Held]] = []  # (bound, tie, key, entry), a heap
@@ -153,12 +156,12 @@ class HeldKeys:
         adds could fail or its sums could leave int64. When more than
         :data:`HELD_EVENTS_LIMIT` events are held, every key is written (:meth:`write_all`,
         with ``out`` and ``log``)."""
-        magnitude = self._state.magnitude(event[3])
+        magnitude = self._magnitude(event[3])
         if magnitude is None or held.magnitude + magnitude > INT64_MAX:
             return False
         held.magnitude += magnitude
         held.events.append(event)
-        end = own_window_end(event[0], event[2], self._state.max_duration_ms)
+        end = own_window_end(event[0], event[2], self._md)
         if end < held.floor:
             end = held.floor
         if end < held.bound:
