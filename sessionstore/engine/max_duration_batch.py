@@ -213,7 +213,8 @@ class BatchStep:
                 cur[3].append([t, seq, own_end, value])
                 if own_end > cur[2]:
                     cur[2] = own_end
-                    end = own_window_end(cur[0], own_end, md)
+                    cap = cur[0] + md  # own_window_end(cur[0], own_end, md), inline: per event
+                    end = own_end if own_end < cap else cap
                     if end != cur[1]:
                         cur[1] = end
                         fresh.append(end)

@@ -104,7 +104,8 @@ class EventStep:
                 # after every open event of the key: it extends the last session or starts one
                 if t < start + md and reaches(max_end, t, inclusive):
                     new_max = own_end if own_end > max_end else max_end
-                    end = own_window_end(start, new_max, md)
+                    cap = start + md  # own_window_end(start, new_max, md), inline: per event
+                    end = new_max if new_max < cap else cap
                     acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event,
                                              len(events))
                     moved = end != b[1]
@@ -144,7 +145,7 @@ class EventStep:
                 # (the run and the limit only move back): only that session's bounds change
                 acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0)
                 removed.append((b, acc_of(raw)))
-                added.append((t, own_window_end(t, max_end, md), acc, events, max_end,
+                added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
                               True, None))
             else:
                 appended = False
