@@ -42,7 +42,7 @@ from .batch_gaps import count_invalid_gaps, event_gaps
 from .columnar import NotColumnar
 from .emit import Emit, make_emit
 from .fast_batch import collector_paused, fast_batch, part_values_of_list
-from .max_duration import ChangeLog
+from .max_duration_state import ChangeLog
 from .record import SessionRecord, check_encodable, first_unencodable
 
 if TYPE_CHECKING:

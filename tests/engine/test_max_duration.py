@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -21,7 +22,8 @@ from sessionstore import (
     aggregations,
 )
 from sessionstore.engine import required_retention_ms
-from sessionstore.timeutil import INT64_MAX
+from sessionstore.engine.max_duration_state import own_window_end, own_window_ends
+from sessionstore.timeutil import INT64_MAX, INT64_MIN
 from tests import oracle
 from tests.engine.test_engine_properties import (
     Driver,
@@ -326,3 +328,41 @@ def test_a_refused_accumulator_changes_nothing():
     out = engine.process("k", "c", 3)
     assert [(e.session.start, e.session.end, e.value) for e in out if not e.retraction] == [
         (3, 13, ["c", "a"]), (15, 25, ["b"])]
+
+
+@pytest.mark.parametrize("max_duration_ms", [1, 2, 7, 1 << 40, 1 << 62])
+def test_the_batch_form_of_the_capped_own_window_end_is_the_event_form(max_duration_ms: int
+                                                                       ) -> None:
+    """The batch path's late rule takes :func:`own_window_ends`, the event path's
+    :func:`own_window_end`: both are ``t + min(gap, max_duration)`` (Python ints here, which
+    never wrap), at int64's edges too. Kills an array form that adds ``t + max_duration``
+    first (it wraps past INT64_MAX where an event's own window does not) and either form
+    taking the larger end."""
+    rng = random.Random(max_duration_ms)
+    times: list[int] = []
+    ends: list[int] = []
+    for gap in (1, 2, 7, 1 << 40, 1 << 62):
+        for t in (INT64_MIN, INT64_MIN + 1, -1, 0, 1, INT64_MAX - gap - 1, INT64_MAX - gap,
+                  *(rng.randint(INT64_MIN, INT64_MAX - gap) for _ in range(20))):
+            times.append(t)
+            ends.append(t + gap)
+    want = [t + min(end - t, max_duration_ms) for t, end in zip(times, ends, strict=True)]
+    assert [own_window_end(t, end, max_duration_ms)
+            for t, end in zip(times, ends, strict=True)] == want
+    got = own_window_ends(np.array(times, dtype=np.int64), np.array(ends, dtype=np.int64),
+                          max_duration_ms)
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_the_maximum_duration_modules_import_only_the_ones_before_them() -> None:
+    """The order :mod:`sessionstore.engine.max_duration` states (state, order, write, held,
+    step, batch, then the façade): a part that imports a later one (the held keys calling back
+    into the event step, say) fails here before it can form a circle elsewhere."""
+    from tests.engine.test_imports import engine_imports
+
+    layers = ["max_duration_state", "max_duration_order", "max_duration_write",
+              "max_duration_held", "max_duration_step", "max_duration_batch", "max_duration"]
+    edges = engine_imports()
+    assert {name for name in edges if name.startswith("max_duration")} == set(layers)
+    for i, name in enumerate(layers):
+        assert edges[name] & set(layers) <= set(layers[:i]), name

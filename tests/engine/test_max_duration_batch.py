@@ -19,7 +19,7 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
-from sessionstore.engine import max_duration as md_module
+from sessionstore.engine.max_duration_step import EventStep
 from sessionstore.timeutil import INT64_MAX
 from tests.engine.test_engine_properties import AGG_ALL, as_rows, changelog_table, check_table_path
 from tests.engine.test_max_duration import (
@@ -123,13 +123,13 @@ def _engine(max_duration_ms: int = 25) -> SessionAggregator:
 
 def _count_steps(monkeypatch: Any) -> list[int]:
     calls: list[int] = []
-    step = md_module.MaxDuration._step
+    step = EventStep.step
 
     def counted(self: Any, *args: Any) -> None:
         calls.append(1)
         step(self, *args)
 
-    monkeypatch.setattr(md_module.MaxDuration, "_step", counted)
+    monkeypatch.setattr(EventStep, "step", counted)
     return calls
 
 

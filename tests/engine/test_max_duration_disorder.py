@@ -25,7 +25,7 @@ from sessionstore import (
     aggregations,
 )
 from sessionstore.bounded import sessionize
-from sessionstore.engine import max_duration as md_module
+from sessionstore.engine import max_duration_held
 from sessionstore.engine.cuts import cut, cut_pieces
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
@@ -313,11 +313,11 @@ def test_a_watermark_that_closes_part_of_a_held_key_closes_only_what_ended():
     engine = engine_for(100, 1_000, 10_000, aggregations.count())
     for t in reversed(range(0, 4_000, 10)):
         engine.process("k", None, t)
-    assert engine._core.max_duration is not None and engine._core.max_duration._pending
+    assert engine._core.max_duration is not None and engine._core.max_duration.held.by_key
     closed = engine.advance_watermark(2_000)  # W - grace reaches 2,000 (no grace)
     assert [(e.session.start, e.session.end, e.value) for e in closed] == [
         (0, 1_000, 100), (1_000, 2_000, 100)]
-    assert not engine._core.max_duration._pending
+    assert not engine._core.max_duration.held.by_key
     engine.process("k", None, 2_005)  # inside the third: held again
     # not late (its own window [1995, 2095) ends after the cursor, 2,000), before the closed
     # ones' end: it becomes the first event of the third session, which moves the cut
@@ -341,14 +341,14 @@ def test_a_commit_holds_every_held_session_and_an_abort_drops_held_events(tmp_pa
     times = list(reversed(range(0, 4_000, 10)))
     for t in times[:200]:
         engine.process("k", t * 0.1 + 0.3, t)
-    assert engine._core.max_duration is not None and engine._core.max_duration._pending
+    assert engine._core.max_duration is not None and engine._core.max_duration.held.by_key
     engine.commit({"offset": 200})
-    assert not engine._core.max_duration._pending
+    assert not engine._core.max_duration.held.by_key
     for t in times[200:300]:
         engine.process("k", t * 0.1 + 0.3, t)
-    assert engine._core.max_duration._pending
+    assert engine._core.max_duration.held.by_key
     engine.abort()  # back to the commit: the 100 held events are gone
-    assert not engine._core.max_duration._pending
+    assert not engine._core.max_duration.held.by_key
     engine.store.close()
     reopened = engine_on(tmp_path / "s")
     assert reopened.committed_metadata == {"offset": 200}
@@ -362,7 +362,7 @@ def test_held_events_are_bounded_and_flush_writes_them(monkeypatch):
     # kills: held events without a limit (memory grows with the input until a close); a
     # flush that leaves keys held. Two keys newest first, a limit of 25 held events: every
     # key is written when it is passed, and the sessions are the oracle's
-    monkeypatch.setattr(md_module, "HELD_EVENTS_LIMIT", 25)
+    monkeypatch.setattr(max_duration_held, "HELD_EVENTS_LIMIT", 25)
     engine = engine_for(100, 300, 10_000)
     steps_ = [("event", key, i, t) for i, (key, t) in
               enumerate((k, t) for t in reversed(range(0, 2_000, 10)) for k in "ab")]
@@ -370,9 +370,9 @@ def test_held_events_are_bounded_and_flush_writes_them(monkeypatch):
     for _, key, value, t in steps_:
         engine.process(key, value, t)
         assert engine._core.max_duration is not None
-        most = max(most, engine._core.max_duration._held)
+        most = max(most, engine._core.max_duration.held.events_held)
     assert 0 < most <= 25
-    assert engine.flush() == [] and not engine._core.max_duration._pending
+    assert engine.flush() == [] and not engine._core.max_duration.held.by_key
     out = engine.advance_watermark(INT64_MAX)
     want, _ = oracle.sessionize_max_duration(steps_, 100, 300, 0, True, 10_000)
     assert sorted(((e.session.key, e.session.start, e.session.end, e.value["values"])

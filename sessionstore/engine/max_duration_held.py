@@ -1,0 +1,249 @@
+"""Held keys of the maximum-duration step: the events of a key that arrive out of order are held
+in memory and the key is written once, when that is needed (see "Held keys" in
+:mod:`sessionstore.engine.max_duration`).
+
+:class:`HeldKeys` keeps the held keys (:class:`Held`) and a heap of their bounds (no session of
+a held key closes before its bound), and writes a key (:meth:`HeldKeys.write`) when the close
+cursor reaches its bound (:meth:`HeldKeys.write_upto`), before a commit, a flush and a read of
+the key, at the end of a batch with ``ON_WINDOW_UPDATE`` (:meth:`HeldKeys.write_all`,
+:meth:`HeldKeys.write_key`), before a step whose "closed before" reaches its bound, and when
+:data:`HELD_EVENTS_LIMIT` events are held; an abort drops them (:meth:`HeldKeys.forget`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Any
+
+from ..timeutil import INT64_MAX
+from .cuts import Recut, cut_until_unchanged
+from .emit import Emit
+from .max_duration_order import OpenOrders
+from .max_duration_state import (
+    EVENT_ORDER,
+    EVENT_TIME,
+    ChangeLog,
+    DurationState,
+    own_window_end,
+    stored_events,
+)
+from .max_duration_write import diff_cut, publish_changes, write_changes
+
+HELD_EVENTS_LIMIT = 1 << 20
+"""How many events are held unwritten (over all keys) before every held key is written."""
+
+
+def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
+    return int(stored[0][0])
+
+
+class Held:
+    """A key whose open sessions are written lazily.
+
+    Attributes:
+        stored: the open sessions stored when it became held, ``[(bounds, record)]`` in order;
+            they stay as stored until the key is written.
+        events: the events that came since, ``[t, seq, own_end, value]`` in arrival order.
+        bound: a lower bound of the end of every session the key's open events can form: the
+            smallest own-window end over them, or ``floor`` if that is later.
+        floor: the "closed before" when it became held, + 1: no step creates a session closed
+            on creation, so every session of the key ends at or after it.
+        magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
+            a fold can leave int64 while it is at most ``INT64_MAX``).
+    """
+
+    __slots__ = ("stored", "events", "bound", "floor", "magnitude")
+
+    def __init__(self, stored: list[tuple[tuple[int, int], Any]], bound: int, floor: int,
+                 magnitude: int) -> None:
+        self.stored = stored
+        self.events: list[list[Any]] = []
+        self.floor = floor
+        self.bound = bound if bound > floor else floor
+        self.magnitude = magnitude
+
+
+class HeldKeys:
+    """The held keys and the heap of their bounds.
+
+    Args:
+        state: the shared state of the maximum-duration step.
+        orders: the open-session orders (a written key's order is dropped).
+
+    Attributes:
+        by_key: ``{key: Held}``, read by the event step and the batch path to find whether a
+            key is held; changed only through this class.
+        events_held: the events held over all keys.
+    """
+
+    __slots__ = ("_state", "_orders", "_md", "_magnitude", "by_key", "events_held", "_due",
+                 "_tie")
+
+    def __init__(self, state: DurationState, orders: OpenOrders) -> None:
+        self._state = state
+        self._orders = orders
+        self._md = state.max_duration_ms
+        self._magnitude = state.magnitude  # once per held event
+        self.by_key: dict[Any, Held] = {}
+        self.events_held = 0
+        self._due: list[tuple[int, int, Any, Held]] = []  # (bound, tie, key, entry), a heap
+        self._tie = 0
+
+    def start_holding(self, key: Any, view: Any, bounds: list[tuple[int, int]],
+                      event: list[Any], closed_before: int, out: list[Emit],
+                      log: ChangeLog | None) -> bool:
+        """Start holding ``key``'s events, ``event`` first; False (nothing changed) when an
+        open or the new value is one whose adds could fail (see
+        :meth:`~sessionstore.engine.max_duration_state.DurationState.magnitude`).
+
+        Args:
+            key: the key, with open sessions ``bounds`` (in order) in the cache's ``view``.
+            event: ``[t, seq, own_end, value]``, not late.
+            closed_before: the "closed before" the event meets.
+            out, log: as :meth:`hold`.
+
+        The bound is the smallest own-window end over the key's open events: every session
+        of any cut of them starts at one of them and ends at or after its own-window end
+        (``[s, min(max_end, s + max_duration))`` with ``max_end >= s + gap``). With a fixed
+        gap that is the first open event's; with a gap per event, every event is read."""
+        state = self._state
+        md = state.max_duration_ms
+        magnitude = state.magnitude(event[3])
+        if magnitude is None:
+            return False
+        stored = [(b, view[b][0]) for b in bounds]
+        state.recut_steps += len(stored)
+        first = stored_events(stored[0][1], key, bounds[0])[0][0]
+        bound = min(own_window_end(first[0], first[2], md),
+                    own_window_end(event[0], event[2], md))
+        numeric = state.numeric
+        fixed_gap = state.fixed_gap
+        if numeric or not fixed_gap:
+            for b, raw in stored:
+                for e in stored_events(raw, key, b)[0]:
+                    if numeric:
+                        more = state.magnitude(e[3])
+                        if more is None:
+                            return False
+                        magnitude += more
+                    if not fixed_gap:
+                        end = own_window_end(e[0], e[2], md)
+                        if end < bound:
+                            bound = end
+                state.recut_steps += len(stored_events(raw, key, b)[0])
+        if magnitude > INT64_MAX:
+            return False
+        held = Held(stored, bound, closed_before + 1, magnitude)
+        self.by_key[key] = held
+        self._push_due(key, held)
+        return self.hold(key, held, event, out, log)
+
+    def _push_due(self, key: Any, held: Held) -> None:
+        """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
+        the engine on close times (``drain_close_times``) gets the bound as one: no session of
+        the key closes before it, and the wake-up writes the key, whose ends then follow."""
+        self._tie += 1
+        heapq.heappush(self._due, (held.bound, self._tie, key, held))
+        engine = self._state.engine
+        if engine.record_close_times:
+            engine.new_close_times.append(held.bound)
+
+    def hold(self, key: Any, held: Held, event: list[Any], out: list[Emit],
+             log: ChangeLog | None) -> bool:
+        """Hold ``event`` (not late; its key's bound is after its "closed before") for
+        ``key``, whose entry is ``held``; False (nothing changed) when its value is one whose
+        adds could fail or its sums could leave int64. When more than
+        :data:`HELD_EVENTS_LIMIT` events are held, every key is written (:meth:`write_all`,
+        with ``out`` and ``log``)."""
+        magnitude = self._magnitude(event[3])
+        if magnitude is None or held.magnitude + magnitude > INT64_MAX:
+            return False
+        held.magnitude += magnitude
+        held.events.append(event)
+        end = own_window_end(event[0], event[2], self._md)
+        if end < held.floor:
+            end = held.floor
+        if end < held.bound:
+            held.bound = end
+            self._push_due(key, held)
+        self.events_held += 1
+        if self.events_held > HELD_EVENTS_LIMIT:
+            self.write_all(out, log)
+        return True
+
+    def write_upto(self, upto: int, out: list[Emit]) -> None:
+        """Write every held key whose bound is at or before ``upto`` (the engine calls this
+        before it closes the sessions ending up to ``upto``)."""
+        due = self._due
+        pending = self.by_key
+        while due and due[0][0] <= upto:
+            _, _, key, held = heapq.heappop(due)
+            if pending.get(key) is held:
+                self.write(key, out, None)
+
+    def write_all(self, out: list[Emit], log: ChangeLog | None = None) -> None:
+        """Write every held key (before a commit, a flush, at the end of a batch with
+        ``ON_WINDOW_UPDATE``, or when too many events are held)."""
+        for key in list(self.by_key):
+            self.write(key, out, log)
+        self._due.clear()  # every entry is stale
+
+    def write_key(self, key: Any) -> None:
+        """Write ``key`` if it is held (before its sessions are read)."""
+        if key in self.by_key:
+            self.write(key, [], None)
+
+    def forget(self) -> None:
+        """Drop every held event (an abort)."""
+        self.by_key.clear()
+        self._due.clear()
+        self.events_held = 0
+
+    def write(self, key: Any, out: list[Emit], log: ChangeLog | None) -> None:
+        """Cut the held ``key``'s open events (its stored open sessions and its held events)
+        by the rule and write the difference to the stored sessions, as one re-cut (emits to
+        ``out``, or changes to ``log``, as
+        :func:`~sessionstore.engine.max_duration_write.publish_changes` does).
+
+        The sessions before the one the earliest held event falls into cannot change (the
+        cut is a left-to-right scan); from there on, every open event is cut again (in
+        (time, arrival) order). A session of a cut holds exactly the open events in
+        ``[start, end)``, so one with stored bounds and no held event is the stored one.
+        Every other session gets its accumulator folded from its events in (time, arrival)
+        order. If that fails, nothing is written and the key stays held."""
+        state = self._state
+        held = self.by_key[key]
+        engine = state.engine
+        md = state.max_duration_ms
+        stored = held.stored
+        news = sorted(held.events, key=EVENT_ORDER)
+        first = max(bisect.bisect_right(stored, news[0][0], key=_start_of) - 1, 0)
+        last = max(bisect.bisect_right(stored, news[-1][0], key=_start_of) - 1, first)
+        gathered: list[Any] = []
+        for b, raw in stored[first:last + 1]:
+            gathered += stored_events(raw, key, b)[0]
+        gathered += news
+        gathered.sort(key=EVENT_ORDER)  # two sorted runs: one merge
+
+        def events_of(i: int) -> list[Any]:
+            b, raw = stored[last + 1 + i]
+            return stored_events(raw, key, b)[0]
+
+        cuts, used = cut_until_unchanged(gathered, len(stored) - last - 1, events_of, md,
+                                         engine.config.inclusive_gap)
+        state.recut_steps += len(gathered) + last + 1 + used - first
+        new_times = list(map(EVENT_TIME, news))
+        sessions: list[Recut] = []
+        low = 0
+        for start, end, max_end, stop in cuts:
+            at = bisect.bisect_left(new_times, start)  # a held event in [start, end)?
+            sessions.append((start, end, max_end, gathered[low:stop],
+                             at < len(new_times) and new_times[at] < end))
+            low = stop
+        removed, added = diff_cut(state, key, sessions, dict(stored[first:last + 1 + used]))
+        del self.by_key[key]
+        self.events_held -= len(held.events)
+        self._orders.forget(key)  # read again from the view at the key's next step
+        write_changes(engine, key, removed, added)
+        publish_changes(engine, key, removed, added, out, log)

@@ -1,0 +1,172 @@
+"""What every part of the maximum-duration step shares (:mod:`sessionstore.engine.max_duration`
+describes the rule and how the parts fit): the options and what they imply, the work counters,
+the end of a capped window, and the helpers over a session's kept events.
+
+An event is a list ``[t, seq, own_end, value]`` (:data:`EVENT_TIME`, :data:`EVENT_SEQ`,
+:data:`EVENT_VALUE` read it); a session's events are in (time, arrival) order
+(:data:`EVENT_ORDER`). The parts' changes to a key's open sessions are :data:`Removed` and
+:data:`Added` items.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..aggregations import Aggregation, Combined, is_count
+from ..types import Session
+from .columnar import NUMERIC_KINDS, columnar_parts
+from .record import events_of
+
+if TYPE_CHECKING:
+    from .host import EngineHost
+
+EVENT_TIME = operator.itemgetter(0)
+"""An event's time ``t``."""
+EVENT_SEQ = operator.itemgetter(1)
+"""An event's arrival number."""
+EVENT_VALUE = operator.itemgetter(3)
+"""An event's value."""
+EVENT_ORDER = operator.itemgetter(0, 1)
+"""The (time, arrival) order of events."""
+
+ChangeLog = dict[Session, list[Any]]
+"""Per session touched in a batch: ``[accumulator delivered before the batch or None,
+accumulator now or None]``."""
+
+Removed = tuple[tuple[int, int], Any]
+"""A stored open session a step removes: ``(bounds, its accumulator)``."""
+
+Added = tuple[int, int, Any, list[Any], int, bool, Any]
+"""A session a step writes: ``(start, end, acc, events, max_end, whether the bounds are new,
+the old accumulator of a session changed in place)``."""
+
+
+def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
+    """The end of the session an event at ``t_ms`` forms alone: ``t + min(gap, max_duration)``.
+
+    The same capped end, ``min(max_end, start + max_duration)``, is that of any session
+    starting at ``t_ms`` whose events' largest own end is ``own_end_ms``. The late rule
+    (:meth:`~sessionstore.engine.time.TimeKeeper.is_late`) takes it as the event's own window
+    end. :func:`own_window_ends` is its form over arrays.
+    """
+    capped = t_ms + max_duration_ms
+    return own_end_ms if own_end_ms < capped else capped
+
+
+def own_window_ends(times_ms: np.ndarray, own_ends_ms: np.ndarray, max_duration_ms: int
+                    ) -> np.ndarray:
+    """:func:`own_window_end` of each event of a batch (int64 arrays), without overflowing
+    int64 where ``t + max_duration`` would (``own_end - t`` is the event's gap, at most
+    ``max_gap_ms``)."""
+    return np.asarray(times_ms + np.minimum(own_ends_ms - times_ms, max_duration_ms))
+
+
+def stored_events(raw: Any, key: Any, bounds: tuple[int, int]) -> tuple[list[Any], int]:
+    """The events and largest own end the stored record ``raw`` of ``key``'s session
+    ``bounds`` keeps.
+
+    Raises:
+        ValueError: the record was written without ``max_duration_ms`` (or is damaged).
+    """
+    kept = events_of(raw)
+    if kept is None:
+        raise ValueError(
+            f"session {Session(key, *bounds)} was stored without max_duration_ms (its record "
+            f"keeps no events); open this store with the windows it was written with"
+        )
+    return kept
+
+
+def fold_events(agg: Aggregation, key: Any, events: list[Any]) -> Any:
+    """The accumulator of ``events`` (in (time, arrival) order): ``initial()``, then each
+    event's ``add`` (``add_run`` gives the same by its contract; count's ``add_run`` is the
+    number of events, which needs no lists)."""
+    if is_count(agg):
+        return agg.initial() + len(events)
+    return agg.add_run(key, list(map(EVENT_VALUE, events)), list(map(EVENT_TIME, events)),
+                       list(map(EVENT_SEQ, events)), agg.initial())
+
+
+class DurationState:
+    """The state the maximum-duration parts share.
+
+    Args:
+        engine: the engine served (its store, cursors, aggregation and emission).
+        max_duration_ms: the maximum session duration.
+
+    Attributes:
+        engine, max_duration_ms: as given.
+        incremental: the aggregation is a built-in one (or a combination of them): a session's
+            accumulator extends a copy of the stored one (merge into ``initial()`` copies it
+            exactly), and its keys may be held (their adds cannot fail on ints and floats
+            whose sums stay in int64, and their accumulators of encodable values encode);
+            any other aggregation is folded again from the events, so that only its
+            initializer and aggregator are used, on fresh accumulators, and fails at the
+            event that breaks it.
+        fixed_gap: every event has the windows' fixed gap.
+        lazy: the event path holds keys (``ON_WINDOW_CLOSE``); a batch holds keys with either
+            emission.
+        numeric: ``(is a sum, column, index in the accumulator or None)`` of the parts whose
+            adds look at the value's number.
+        order_free_adds: no such part: the adds of the other built-ins (count, first, last,
+            collect) give the fold in (time, arrival) order whatever order they come in.
+        recut_events: the events of the sessions re-cuts wrote (each is copied into its record
+            and folded).
+        recut_steps: the steps of re-cuts done one by one in Python: binary searches (or,
+            with a gap per event, events scanned) and sessions written (operation counts:
+            tests bound the work of disordered input with them, without timing).
+    """
+
+    __slots__ = ("engine", "max_duration_ms", "incremental", "fixed_gap", "lazy", "numeric",
+                 "order_free_adds", "recut_events", "recut_steps")
+
+    def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
+        self.engine = engine
+        self.max_duration_ms = max_duration_ms
+        parts = columnar_parts(engine.aggregation)
+        self.incremental = parts is not None
+        self.fixed_gap = not engine.config.dynamic
+        self.lazy = not engine.updates
+        combined = isinstance(engine.aggregation, Combined)
+        self.numeric = [(kind == "sum", column, i if combined else None)
+                        for i, (kind, column) in enumerate(parts or []) if kind in NUMERIC_KINDS]
+        self.order_free_adds = not self.numeric
+        self.recut_events = 0
+        self.recut_steps = 0
+
+    def magnitude(self, value: Any) -> int | None:
+        """The sum of the magnitudes of ``value``'s int numbers that sums add; None when a
+        number the aggregation looks at is not an int or a float (or is missing): the event
+        then takes the exact step, whose add fails at that event if it must."""
+        total = 0
+        for is_sum, column, _ in self.numeric:
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return None
+            kind = type(number)
+            if kind is int:
+                if is_sum:
+                    total += number if number >= 0 else -number
+            elif kind is not float:
+                return None
+        return total
+
+    def ints_only(self, acc: Any, value: Any) -> bool:
+        """Whether the sums, minima and maxima of ``acc`` and ``value`` are all ints, so that
+        an ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and
+        the minimum of ints is the same whichever equal int is seen first (a sum stays an int
+        only while every value added was one)."""
+        for _, column, index in self.numeric:
+            if type(acc if index is None else acc[index]) is not int:
+                return False
+            try:
+                number = value if column is None else value[column]
+            except (KeyError, TypeError, IndexError):
+                return False
+            if type(number) is not int:
+                return False
+        return True

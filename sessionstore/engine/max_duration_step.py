@@ -1,0 +1,222 @@
+"""The event step of the maximum-duration engine: one event re-cuts its key's open sessions, or
+is held (see "Re-cut per event" and "Held keys" in :mod:`sessionstore.engine.max_duration`)."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from ..gap_boundary import reaches
+from ..types import Session
+from .cuts import Recut, cut_pieces, cut_until_unchanged
+from .emit import Emit
+from .max_duration_held import HeldKeys
+from .max_duration_order import OpenOrders, OrderChange, reindex
+from .max_duration_state import (
+    EVENT_TIME,
+    Added,
+    ChangeLog,
+    DurationState,
+    Removed,
+    fold_events,
+    own_window_end,
+    stored_events,
+)
+from .max_duration_write import diff_cut, publish_changes, write_changes
+from .record import acc_of, check_encodable
+
+
+class EventStep:
+    """The per-event step (:meth:`.MaxDuration.process` takes an event's lateness and
+    cursors, then calls :meth:`step`).
+
+    Args:
+        state: the shared state of the maximum-duration step.
+        orders: the open-session orders, updated as the step changes a key's sessions.
+        held: the held keys: the step holds an event out of order (with ``lazy``), and writes
+            a held key before it steps an event of it that is not held.
+    """
+
+    __slots__ = ("_state", "_orders", "_held_keys", "_engine", "_md", "_holdable",
+                 "_incremental", "_fixed_gap", "_order_free_adds")
+
+    def __init__(self, state: DurationState, orders: OpenOrders, held: HeldKeys) -> None:
+        self._state = state
+        self._orders = orders
+        self._held_keys = held
+        self._engine = state.engine
+        self._md = state.max_duration_ms
+        self._holdable = state.incremental  # only built-in accumulators are held
+        self._incremental = state.incremental
+        self._fixed_gap = state.fixed_gap
+        self._order_free_adds = state.order_free_adds
+
+    def step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
+             out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool) -> None:
+        """Re-cut the key's open sessions with the new event (not late; arrival number
+        ``seq``, meeting ``closed_before``) and apply the difference (the caller advances the
+        engine's arrival counter); with ``lazy``, hold the event instead
+        (:class:`~sessionstore.engine.max_duration_held.HeldKeys`) unless it comes after
+        every open event of its key.
+
+        Emits are appended to ``out`` (closing, and ``ON_WINDOW_UPDATE`` without ``log``); with
+        ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded in ``log`` instead
+        (:func:`~sessionstore.engine.max_duration_write.emit_log` emits them at the end of the
+        batch).
+
+        No session this creates is closed on creation. The first re-cut session starts at an
+        open session's first event (it keeps all that session's events, so it ends no earlier,
+        after ``closed_before``) or at the new event (it ends at ``t + min(gap, max_duration)``
+        or later, after ``closed_before`` since the event is not late). Every later one starts
+        at an event at or past the end of the one before, so after ``closed_before`` too.
+        """
+        engine = self._engine
+        md = self._md
+        inclusive = engine.config.inclusive_gap
+        agg = engine.aggregation
+        event = [t, seq, own_end, value]
+        held_keys = self._held_keys
+        pending = held_keys.by_key
+        if pending and key in pending:
+            held = pending[key]
+            if lazy and held.bound > closed_before and held_keys.hold(key, held, event, out,
+                                                                       log):
+                return
+            held_keys.write(key, out, log)  # the key may close: write it, then step
+        view = engine.cache.sessions_of(key, closed_before)
+        bounds = self._orders.bounds(key, view, closed_before)
+        j = bisect.bisect_right(bounds, t, key=EVENT_TIME) - 1
+        if lazy and self._holdable and bounds and (
+                j != len(bounds) - 1
+                or t < stored_events(view[bounds[j]][0], key, bounds[j])[0][-1][0]
+        ) and held_keys.start_holding(key, view, bounds, event, closed_before, out, log):
+            return  # held: before the last open event of its key
+        removed: list[Removed] = []
+        added: list[Added] = []
+        last = len(bounds) - 1
+        appended = True  # the cases that need no re-cut
+        if j >= 0:
+            b = bounds[j]
+            raw = view[b][0]
+            events, max_end = stored_events(raw, key, b)
+            start = b[0]
+            if j == last and t >= events[-1][0]:
+                # after every open event of the key: it extends the last session or starts one
+                if t < start + md and reaches(max_end, t, inclusive):
+                    new_max = own_end if own_end > max_end else max_end
+                    cap = start + md  # own_window_end(start, new_max, md), inline: per event
+                    end = new_max if new_max < cap else cap
+                    acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event,
+                                             len(events))
+                    moved = end != b[1]
+                    if moved:
+                        removed.append((b, acc_of(raw)))
+                    added.append((start, end, acc, events, new_max, moved,
+                                  None if moved else acc_of(raw)))
+                else:
+                    added.append((t, own_window_end(t, own_end, md),
+                                  agg.add(key, value, t, seq, agg.initial()), [event], own_end,
+                                  True, None))
+            elif t < events[-1][0] and own_end <= max_end:
+                # inside a session, before its last event, reaching no further than it does:
+                # it joins that session (the events around it are connected, and stay so) and
+                # no bound or later cut moves, so it is an update in place, not a re-cut
+                pos = bisect.bisect_right(events, t, key=EVENT_TIME)  # after equal times
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, pos)
+                added.append((start, b[1], acc, events, max_end, False, acc_of(raw)))
+            else:
+                appended = False
+        elif bounds:
+            # before every open session of the key; the scan from t meets the first one
+            b = bounds[0]
+            raw = view[b][0]
+            events, max_end = stored_events(raw, key, b)
+            limit = t + md
+            first_t = b[0]  # its first event's time
+            if first_t >= limit or not reaches(own_end, first_t, inclusive):
+                # the scan stops before the first open event: a session of its own, and the
+                # cut from that event on is the one stored
+                added.append((t, own_window_end(t, own_end, md),
+                              agg.add(key, value, t, seq, agg.initial()), [event], own_end,
+                              True, None))
+            elif own_end <= max_end and events[-1][0] < limit:
+                # it becomes the first event of the first session, which keeps every event
+                # (their runs only grow, all are before the new limit) and reaches no further
+                # (the run and the limit only move back): only that session's bounds change
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0)
+                removed.append((b, acc_of(raw)))
+                added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
+                              True, None))
+            else:
+                appended = False
+        else:  # no open session
+            added.append((t, own_window_end(t, own_end, md),
+                          agg.add(key, value, t, seq, agg.initial()), [event], own_end, True,
+                          None))
+        recut: OrderChange | None = None
+        if not appended:
+            # the event falls at or after the start of bounds[first] and before the next one
+            first = j if j > 0 else 0
+            stored = stored_events(view[bounds[first]][0], key, bounds[first])[0]
+            pos = bisect.bisect_right(stored, t, key=EVENT_TIME)  # after equal times: arrival
+            following = len(bounds) - first - 1
+
+            def events_of(i: int) -> list[Any]:
+                b = bounds[first + 1 + i]
+                return stored_events(view[b][0], key, b)[0]
+
+            sessions: list[Recut]
+            if self._fixed_gap:
+                pieces = [part for part in (stored[:pos], [event], stored[pos:]) if part]
+                sessions, used, searches = cut_pieces(pieces, 1 if pos else 0, following,
+                                                      events_of, md, inclusive)
+                self._state.recut_steps += searches
+            else:  # a gap per event: whether events reach each other depends on the start
+                gathered = [*stored[:pos], event, *stored[pos:]]
+                cuts, used = cut_until_unchanged(gathered, following, events_of, md, inclusive)
+                self._state.recut_steps += len(gathered)
+                sessions = []
+                low = 0
+                for start, end, max_end, stop in cuts:
+                    sessions.append((start, end, max_end, gathered[low:stop],
+                                     low <= pos < stop))
+                    low = stop
+            removed, added = diff_cut(self._state, key, sessions, {
+                b: view[b][0] for b in bounds[first:first + 1 + used]})
+            recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
+        if engine.check_acc:
+            for start, end, acc, *_ in added:
+                check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
+        # apply: nothing below fails on the event's content (a store failure while the cache
+        # writes drops the key's order: it is read again from the view)
+        try:
+            write_changes(engine, key, removed, added)
+            reindex(bounds, removed, added, recut)
+        except BaseException:
+            self._orders.forget(key)
+            raise
+        publish_changes(engine, key, removed, added, out, log)
+
+    def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
+              event: list[Any], pos: int) -> tuple[Any, list[Any]]:
+        """A session's accumulator and events with ``event`` inserted at ``pos`` (its place in
+        (time, arrival) order), changing nothing until the caller applies them.
+
+        The accumulator is the fold of the events in (time, arrival) order: an add extends it
+        at the end, or anywhere for the built-ins whose adds keep that order themselves;
+        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again,
+        unless they see only ints
+        (:meth:`~sessionstore.engine.max_duration_state.DurationState.ints_only`)."""
+        agg = self._engine.aggregation
+        if not self._incremental or (pos < len(events) and not self._order_free_adds
+                                     and not self._state.ints_only(acc, value)):
+            events = [*events[:pos], event, *events[pos:]]
+            self._state.recut_events += len(events)
+            return fold_events(agg, key, events), events
+        acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
+        if self._engine.check_acc:  # the accumulator check may still refuse: copy
+            return acc, [*events[:pos], event, *events[pos:]]
+        # in place (O(1) at the end): only the record this step replaces holds the list, and
+        # nothing after this can fail on the event (the store copies what it writes)
+        events.insert(pos, event)
+        return acc, events
