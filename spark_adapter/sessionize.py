@@ -257,7 +257,8 @@ def sessionize(
             reads the input; ``engine="processor"`` checks in the call), a per-row gap on a
             stream without ``max_gap`` or of a type that is no duration (naming it), a gap,
             ``max_gap``, ``max_duration`` or ``watermark_delay`` so large that the state's
-            retention would not fit int64 (naming them).
+            retention would not fit int64 (naming them), an input column named like one of
+            the hidden columns sessionize adds (naming it).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
