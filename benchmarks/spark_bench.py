@@ -55,6 +55,7 @@ ARROW = "sessionize (arrow)"
 PROCESSOR = "sessionize (processor)"
 Builder = Callable[[Any, "str | None"], Any]  # (input frame, watermark delay) -> sessions
 FLUSH_USER = "flush"  # the far-future event's user: its own session never closes
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 def spark_session(partitions: int, confs: dict[str, str] | None = None) -> Any:
@@ -77,7 +78,9 @@ def spark_session(partitions: int, confs: dict[str, str] | None = None) -> Any:
         .config("spark.driver.memory", "4g")
         # every micro-batch's progress, not the default last 100
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        # Spark's RocksDB state store (the processor engine needs it) unless --conf names
+        # another: the Arrow engine and native run on Spark's default one too
+        .config(PROVIDER_CONF, (confs or {}).get(PROVIDER_CONF, ROCKSDB_PROVIDER))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

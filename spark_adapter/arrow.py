@@ -27,8 +27,8 @@ published reuses the ``W_b`` recorded there.
 
 **Why every micro-batch runs.** A query with no stateful operator runs no "no-data" batch, so
 after the last input the watermark would never close the last sessions. ``sessionize`` therefore
-unions the output with an always-empty streaming aggregation over the same (reused) shuffle: its
-watermark makes Spark run a no-data batch exactly when native ``session_window`` would.
+unions the output with an always-empty streaming deduplication over the same (reused) shuffle:
+its watermark makes Spark run a no-data batch exactly when native ``session_window`` would.
 """
 
 from __future__ import annotations

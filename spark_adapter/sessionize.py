@@ -222,7 +222,7 @@ def sessionize(
             Processing-time sub-triggers are evaluated at micro-batch boundaries.
         accumulation: the trigger's ``AccumulationMode`` (DISCARDING by default).
         engine: ``"arrow"`` (default: ``mapInArrow`` over the key-partitioned input, state in
-            this project's versioned store; Spark >= 3.3) or ``"processor"``
+            this project's versioned store; Spark >= 3.5, static input 3.3) or ``"processor"``
             (``transformWithStateInPandas`` with Spark-managed timers; Spark >= 4). Both give
             the same rows on the same input.
         max_gap: with a per-row gap on a streaming DataFrame, required: the largest gap a row
@@ -257,7 +257,8 @@ def sessionize(
             reads the input; ``engine="processor"`` checks in the call), a per-row gap on a
             stream without ``max_gap`` or of a type that is no duration (naming it), a gap,
             ``max_gap``, ``max_duration`` or ``watermark_delay`` so large that the state's
-            retention would not fit int64 (naming them).
+            retention would not fit int64 (naming them), an input column named like one of
+            the hidden columns sessionize adds (naming it).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark DataFrame, got {type(df).__name__}")
@@ -402,24 +403,34 @@ def sessionize(
     if engine == "arrow" and static_columnar.columnar_parts(config) is not None:
         # the stored accumulators are the columnar path's (see static_columnar)
         pinned["state_layout"] = "columnar"
+    if engine == "arrow":
+        # which keys each partition's store holds: PARTITION_COLUMN's hash of the key (earlier
+        # versions hashed the key columns themselves, so their state is refused, never misread)
+        pinned["partitioning"] = "hash-of-key-hash"
     config.layout_digest = config_digest(pinned)
     config.layout_settings = canonical_settings(pinned)
     if engine == "processor":
         return _processor_stream(spark, selected, config, n_buckets)
     # Spark's own watermark is declared on the event time, as for native session_window: it
     # reports it in the query progress and drives the no-data batches (see spark_adapter.arrow)
+    if PARTITION_COLUMN in selected.columns:
+        raise ValueError(f"the DataFrame has a column named {PARTITION_COLUMN!r}, which "
+                         f"sessionize uses to partition a stream; rename it")
     watermarked = selected.withWatermark(timestamp, f"{delay_ms} milliseconds")
-    shuffled = watermarked.repartition(partitions, *key_columns)
+    # partitioned by a hash of the key in one int column, which the ticker also keys on
+    keyed = watermarked.withColumn(PARTITION_COLUMN, F.hash(*[F.col(_quote(k))
+                                                             for k in key_columns]))
+    shuffled = keyed.repartition(partitions, PARTITION_COLUMN)
     # each task also reports its counters, observed into query.lastProgress (see arrow.py)
-    sessions = shuffled.mapInArrow(partial(arrow.observed_stream_partition, config),
-                                   arrow.observed_schema(config))
+    sessions = shuffled.drop(PARTITION_COLUMN).mapInArrow(
+        partial(arrow.observed_stream_partition, config), arrow.observed_schema(config))
     # the ticker first: the first copy of a shared exchange keeps the watermark node (_ticker)
-    ticker = _ticker(watermarked, shuffled, config).withColumn(
-        arrow.COUNTERS_COLUMN, F.lit(None).cast(arrow.counters_type()))
+    ticker = _ticker(keyed, shuffled, config)
     return arrow.observe_counters(ticker.unionByName(sessions))
 
 
 BUCKET_COLUMN = "sessionstore_bucket"
+PARTITION_COLUMN = "sessionstore_partition_key"  # hidden: what the stream is partitioned by
 
 
 def _refuse_null_keys(df: DataFrame, key_columns: list[str]) -> None:
@@ -466,11 +477,20 @@ def _bucket(key_columns: list[str], n_buckets: int) -> Any:
 
 
 def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
-    """An always-empty streaming aggregation that shares the Arrow engine's input.
+    """An always-empty streaming deduplication that shares the Arrow engine's shuffle, with the
+    engine's output columns (all null) and the counters column.
 
     It is the plan's one stateful operator, so Spark runs a no-data micro-batch whenever the
-    watermark advances, as it does for native session_window. Spark's rules shape it:
+    watermark advances, as it does for native session_window (a deduplication within the
+    watermark asks for one on the same condition as an aggregation in append mode). Spark's
+    rules shape it:
 
+    * It deduplicates on the column the input is partitioned by (``PARTITION_COLUMN``, a hash
+      of the key), so the shuffle already gives it the distribution it needs: no exchange and
+      no stage of its own (an aggregation keyed by a window would need both). Its state key is
+      that int whatever the key columns, so a restart with other key columns reaches
+      ``sessionize``'s layout check (which names them) instead of failing Spark's state schema
+      check first.
     * Spark's watermark is the minimum over every watermark node it executes, and a node that
       never sees a row holds it at 0 (on Spark 3.5 the two branches' copies of one
       ``withWatermark`` count as two nodes). So the filter that keeps no row sits above the
@@ -481,20 +501,25 @@ def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfi
       so ``sessionize`` puts the ticker first in the union, and the Arrow engine reads the
       reused shuffle (its tasks come after the ticker's ``n_partitions``; see
       :func:`spark_adapter.arrow.task_partition`).
-    * Spark runs the shuffle once only if both branches read the same columns: the aggregation
-      groups by a hash of every column, so column pruning keeps them all.
+    * Spark runs the shuffle once only if both branches read the same columns, so the ticker's
+      counters column reads every column, under a condition that never holds and that the
+      optimizer cannot fold away (column pruning would otherwise shuffle two column sets).
 
     With exchange reuse disabled (``spark.sql.exchange.reuse=false``) the ticker reads its own
-    copy of the input instead, filtered before its shuffle (Spark then reports the input rows
-    twice).
+    copy of the input instead, filtered before its own shuffle (Spark then reports the input
+    rows twice).
     """
     spark = shuffled.sparkSession
     reuse = (spark.conf.get("spark.sql.exchange.reuse", "true") or "true").lower() != "false"
-    never = (shuffled if reuse else watermarked).filter(F.spark_partition_id() < F.lit(0))
-    every_column = F.xxhash64(*[F.col(c) for c in shuffled.columns])
-    counted = never.groupBy(F.window(config.time_column, "1 day"), every_column).count()
-    return counted.select(*[F.lit(None).cast(f.dataType).alias(f.name)
-                            for f in config.output_schema().fields])
+    never = F.spark_partition_id() < F.lit(0)
+    deduplicated = (shuffled if reuse else watermarked).filter(never) \
+        .dropDuplicatesWithinWatermark([PARTITION_COLUMN])
+    every_column = F.xxhash64(*[F.col(_quote(c)) for c in shuffled.columns])
+    counters = F.when(never, F.struct(*[every_column.alias(name)
+                                        for name in arrow.OBSERVED_COUNTERS]))
+    return deduplicated.select(*[F.lit(None).cast(f.dataType).alias(f.name)
+                                 for f in config.output_schema().fields],
+                               counters.cast(arrow.counters_type()).alias(arrow.COUNTERS_COLUMN))
 
 
 def _processor_stream(spark: SparkSession, selected: DataFrame, config: SessionizeConfig,
