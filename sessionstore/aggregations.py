@@ -18,8 +18,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
+from .timeutil import INT64_MAX, INT64_MIN
 
 
 class SumOverflowError(ValueError):

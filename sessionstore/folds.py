@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from .arrays import Int64Array, first_row, int64_column
 from .kernels import EventGroups, SessionPlan, compiled
+from .timeutil import INT64_MAX, INT64_MIN
 
 # -- aggregations over a plan ----------------------------------------------------------------
 #
@@ -118,7 +119,7 @@ def sum_per_session(
         exact = sum(sorted_values[offsets[j]:offsets[j + 1]].tolist())
         if start is not None:
             exact += int(start[j])
-        if not -(2**63) <= exact < 2**63:
+        if not INT64_MIN <= exact <= INT64_MAX:
             raise OverflowError(f"the sum of session {j} is {exact}, which does not fit in int64")
     return cast(Int64Array, total)
 

@@ -7,8 +7,13 @@ windows merge, as in Spark, Flink and Kafka Streams; without it they stay apart,
 Two windows merge when each reaches the other's start. :func:`reaches` is the rule; every path
 calls it (the compiled planner kernel calls its compiled form; a sorted scan over bounded input
 asks ``reaches(running_end, next_time, inclusive)`` to decide whether the next event continues
-the session). :func:`merge_bounds` is the same rule as the closed range a store scans
+the session, and its compiled pass inlines that, pinned by ``tests/bounded/test_scan_rule.py``). :func:`merge_bounds` is the same rule as the closed range a store scans
 (``find_sessions_to_merge``), tested equal to :func:`reaches` in ``tests/engine/test_rules.py``.
+
+The close cursor's rule lives here too, beside :func:`reaches`, for the same reason:
+:func:`is_final` (a session ending at or before "closed before" never changes again) is called
+by every path, and compiled into the planner kernel as :func:`reaches` is;
+:func:`first_open_end` is the same rule as the lower bound of a store scan.
 
 This module imports nothing of the package, so that kernels, the engine and the bounded path can all use it.
 """
@@ -39,3 +44,25 @@ def merge_bounds(t_ms: int, own_end_ms: int, inclusive: bool) -> tuple[int, int]
     if inclusive:
         return t_ms, own_end_ms
     return t_ms + 1, own_end_ms - 1
+
+
+def is_final(end_ms: Any, closed_before_ms: Any) -> Any:
+    """The closed-before rule: whether a session ending at ``end_ms`` is final (it joins
+    nothing and never changes again) when the close cursor is ``closed_before_ms``
+    (:meth:`~sessionstore.engine.time.TimeKeeper.closed_before`): ``end <= closed_before``.
+
+    Works on ints and, elementwise, on numpy arrays (a bool array then). Every path calls it;
+    the per-event loops that inline it for speed are pinned to it by
+    ``tests/engine/test_closed_before.py``.
+    """
+    return end_ms <= closed_before_ms
+
+
+_INT64_MAX = 2**63 - 1  # sessionstore.timeutil.INT64_MAX (this module imports nothing)
+
+
+def first_open_end(closed_before_ms: int) -> int:
+    """The smallest end of a session that is not final (:func:`is_final`): the closed-before
+    rule as the lower bound of a store scan, ``end >= closed_before + 1`` (saturated at the
+    largest int64 time, which a store time must fit)."""
+    return closed_before_ms + 1 if closed_before_ms < _INT64_MAX else _INT64_MAX

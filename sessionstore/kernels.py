@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import numpy as np
 
 from .arrays import Int64Array, first_row, int64_column
-from .gap_boundary import reaches
+from .gap_boundary import is_final, reaches
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _COMPILED: dict[str, Any] = {}
@@ -456,7 +456,7 @@ def _plan_dense(
         first_closed = key_closed[e_lo]
         size = 0
         for sid in range(open_bounds[g], open_bounds[g + 1]):
-            if sess_end[sid] <= first_closed:
+            if is_final(sess_end[sid], first_closed):
                 continue  # final before the key's first event: no event can touch it
             if size > 0:
                 prev_end = sess_end[active[size - 1]]
@@ -476,7 +476,7 @@ def _plan_dense(
                 return (_CLOSED_BEFORE_DECREASES, event_order[k], empty, empty, empty, empty,
                         empty, empty, empty, empty, empty)
             previous_closed = c
-            while front < size and sess_end[active[front]] <= c:
+            while front < size and is_final(sess_end[active[front]], c):
                 front += 1
             lo, hi = _reach(active, front, size, sess_start, sess_end, t, e, inclusive)
             if lo == hi:
@@ -580,5 +580,6 @@ def _plan_dense(
 _HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
     "_sort_rows": (_before,),
     "_reach": (reaches,),
-    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root, reaches),
+    "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root, reaches,
+                    is_final),
 }

@@ -108,6 +108,23 @@ def decode_key(encoded: bytes) -> Any:
     return msgpack.unpackb(encoded[4:], raw=False, use_list=False)
 
 
+def store_order(end_ms: int, encoded_key: bytes, start_ms: int) -> tuple[int, bytes, int]:
+    """The sort key of a session in the store's cross-key order, ``(end, encoded key,
+    start)``: the order of the time-first records (:func:`time_first`), in which
+    ``find_sessions`` returns sessions and the engine emits and writes them.
+
+    Every path that sorts sessions this way calls it or :func:`session_order`;
+    ``tests/engine/test_rules.py`` pins it to the byte order of :func:`time_first`.
+    """
+    return end_ms, encoded_key, start_ms
+
+
+def session_order(session: Any) -> tuple[int, bytes, int]:
+    """:func:`store_order` of a session (anything with ``key``, ``start`` and ``end``), for
+    ``sorted(..., key=session_order)``."""
+    return store_order(session.end, encode_key(session.key), session.start)
+
+
 def key_first(encoded_key: bytes, end_ms: int, start_ms: int) -> bytes:
     """The key-first record key for a session."""
     return KEY_FIRST + encoded_key + _TIMES.pack(end_ms + _SIGN, start_ms + _SIGN)

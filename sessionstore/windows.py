@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from . import gap_boundary
 from .timeutil import INT64_MAX, check_int64, duration_ms
@@ -109,7 +109,7 @@ class SessionWindows:
             max_duration = duration_ms(max_duration_ms, "max_duration_ms")
             if max_duration <= 0:
                 raise ValueError(f"max_duration_ms must be > 0, got {max_duration}")
-        minimum = max_gap + grace + (max_duration or 0)
+        minimum = minimum_retention_ms(max_gap, grace, max_duration)
         label = f"{gap_term} + grace_ms" + (" + max_duration_ms" if max_duration else "")
         if retention_ms is None:  # the derived value must fit int64 like the given ones
             retention = check_int64(minimum, f"retention_ms ({label})")
@@ -143,10 +143,26 @@ class SessionWindows:
         return gap_boundary.merge_bounds(timestamp_ms, timestamp_ms + gap, self.inclusive_gap)
 
 
-def latest_event_time_ms(max_gap_ms: int, grace_ms: int) -> int:
+@overload
+def latest_event_time_ms(max_gap_ms: int, grace_ms: int) -> int: ...
+@overload
+def latest_event_time_ms(max_gap_ms: Any, grace_ms: int) -> Any: ...
+def latest_event_time_ms(max_gap_ms: Any, grace_ms: int) -> Any:
     """The largest event time whose window end (with a gap up to ``max_gap_ms``) plus
-    ``grace_ms`` still fits in int64."""
+    ``grace_ms`` still fits in int64: the one overflow rule for event times.
+
+    ``max_gap_ms`` is an int, or an int64 array of each event's gap (>= 0, each at most a
+    ``max_gap_ms`` that fits with ``grace_ms``), answered elementwise without wrapping.
+    """
     return INT64_MAX - max_gap_ms - grace_ms
+
+
+def minimum_retention_ms(max_gap_ms: int, grace_ms: int, max_duration_ms: int | None) -> int:
+    """The smallest retention that keeps a session until it closes, with any watermark that
+    never runs ahead of the data: ``max_gap + grace (+ max_duration)``. The one retention rule:
+    :class:`SessionWindows` defaults to it and the engine adds its watermark's lag
+    (:func:`sessionstore.engine.config.required_retention_ms`)."""
+    return max_gap_ms + grace_ms + (max_duration_ms or 0)
 
 
 @dataclass(frozen=True, init=False)

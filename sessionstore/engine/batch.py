@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from .. import batch as columns
 from .. import keyschema
+from ..gap_boundary import is_final
 from ..types import Session
 from . import planner
 from .batch_gaps import count_invalid_gaps, event_gaps
@@ -90,11 +91,7 @@ def process_batch(engine: EngineHost, keys: Any, values: Any,
     if len(value_column) != n:
         raise ValueError(f"values has {len(value_column)} rows, keys has {n}")
     cfg = engine.config
-    if not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
-        row = int(np.argmax(times > cfg.max_timestamp_ms))
-        raise ValueError(
-            f"timestamps_ms[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64"
-        )
+    cfg.check_times_fit(times, "timestamps_ms")
     codes, uniques, uniques_arrow = columns.factorize_keys_arrow(
         key_list if key_array is None else pa.array(key_array))
     if value_list is not None:
@@ -262,11 +259,17 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
     open_raw: list[Any] = []
     for code in np.unique(acc_codes).tolist():
         for (s, e), cached in state.sessions_of(uniques[code], floor).items():
-            if e > floor:
-                open_codes.append(code)
-                open_starts.append(s)
-                open_ends.append(e)
-                open_raw.append(cached[0])
+            open_codes.append(code)
+            open_starts.append(s)
+            open_ends.append(e)
+            open_raw.append(cached[0])
+    final = is_final(np.array(open_ends, dtype=np.int64), floor)
+    if final.any():  # the view may hold sessions that closed before the batch: drop them
+        live = np.flatnonzero(~final).tolist()
+        open_codes = [open_codes[j] for j in live]
+        open_starts = [open_starts[j] for j in live]
+        open_ends = [open_ends[j] for j in live]
+        open_raw = [open_raw[j] for j in live]
     planned = planner.plan(
         acc_codes, acc_times, ends[accepted], acc_closed, np.array(open_codes, dtype=np.int64),
         np.array(open_starts, dtype=np.int64), np.array(open_ends, dtype=np.int64),
@@ -331,8 +334,8 @@ def _columnar(engine: EngineHost, codes: np.ndarray, uniques: list[Any],
         if engine.write_cache:
             state.flush()
         else:
-            encode = keyschema.encode_key
-            changes.sort(key=lambda c: (c[0].end, encode(c[0].key), c[0].start))
+            session_order = keyschema.session_order
+            changes.sort(key=lambda c: session_order(c[0]))
             out.extend(make_emit(s, result(acc), retraction=retraction)
                        for s, acc, retraction in changes)
             metrics.emitted += len(changes)

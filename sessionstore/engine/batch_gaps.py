@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from .. import batch as columns
 from ..timeutil import INT64_MAX, duration_ms
+from ..windows import latest_event_time_ms
 
 if TYPE_CHECKING:
     from .host import EngineHost
@@ -51,7 +52,7 @@ def event_gaps(engine: EngineHost, values: Any, times: np.ndarray,
                          f"{cfg.max_gap_ms} (event at {int(times[row])})")
     gaps = np.where(valid, gaps, 0)
     # t + gap + grace must fit int64; gap <= max_gap_ms, so INT64_MAX - gap - grace cannot wrap
-    overflow = valid & (times > (INT64_MAX - cfg.grace_ms) - gaps)
+    overflow = valid & (times > latest_event_time_ms(gaps, cfg.grace_ms))
     if overflow.any():
         row = int(np.argmax(overflow))
         raise ValueError(f"timestamps_ms[{row}] = {int(times[row])}: + {name}[{row}] "
@@ -79,8 +80,8 @@ def _gap_column(values: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]
         if pa.types.is_null(arrow.type):
             return np.zeros(n, dtype=np.int64), valid
         raw = arrow.fill_null(0).to_numpy(zero_copy_only=False)
-        if raw.dtype == np.uint64 and len(raw) and raw.max() > np.iinfo(np.int64).max:
-            row = int(np.argmax(raw > np.iinfo(np.int64).max))
+        if raw.dtype == np.uint64 and len(raw) and raw.max() > INT64_MAX:
+            row = int(np.argmax(raw > INT64_MAX))
             raise ValueError(f"{name}[{row}] = {raw[row]} does not fit in int64")
         return raw.astype(np.int64), valid
     column = columns.as_column(values, name)

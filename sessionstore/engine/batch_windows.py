@@ -7,6 +7,7 @@ from typing import Any
 from .. import batch as columns
 from .. import keyschema
 from ..aggregations import Aggregation
+from ..gap_boundary import first_open_end
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..timeutil import timestamp_ms as to_timestamp_ms
 from ..types import Session, SessionStoreProtocol
@@ -155,7 +156,7 @@ class BatchAggregator:
         if upto <= self._last_close:
             return
         result = self.aggregation.result
-        for session, raw in list(self.store.find_sessions(self._last_close + 1, upto)):
+        for session, raw in list(self.store.find_sessions(first_open_end(self._last_close), upto)):
             out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
             self._metrics.emitted += 1
             self._metrics.record_final(upto - session.end)

@@ -13,6 +13,7 @@ import functools
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from ..gap_boundary import first_open_end, is_final
 from ..store.caching import ClosedRow
 from ..timeutil import check_int64
 from ..triggers import PaneTiming
@@ -58,7 +59,7 @@ def on_watermark(engine: EngineHost, out: list[Emit]) -> None:
                 out.extend(closed.emits(engine.result_names))
         elif not engine.tracks_close:
             times.last_close = close_upto
-        elif (engine.close_heap and engine.close_heap[0] <= close_upto) \
+        elif (engine.close_heap and is_final(engine.close_heap[0], close_upto)) \
                 or not engine.close_heap_complete or engine.cache.has_ends_upto(close_upto):
             close_up_to(engine, close_upto, out)
         else:
@@ -73,7 +74,7 @@ def on_watermark(engine: EngineHost, out: list[Emit]) -> None:
 def close_up_to(engine: EngineHost, upto: int, out: list[Emit]) -> None:
     """Emit every session with ``last_close < end <= upto`` as closed, in end order."""
     heap = engine.close_heap
-    while heap and heap[0] <= upto:
+    while heap and heap[0] <= upto:  # is_final(end, upto), inline: per closed session
         heapq.heappop(heap)
     times = engine.times
     grace = engine.config.grace_ms
@@ -81,12 +82,12 @@ def close_up_to(engine: EngineHost, upto: int, out: list[Emit]) -> None:
     metrics = engine.metrics
     runner = engine.runner
     if engine.closes_in_cache:
-        taken = engine.cache.take_closed_rows(times.last_close + 1, upto)
+        taken = engine.cache.take_closed_rows(first_open_end(times.last_close), upto)
         if taken is not None:
             emit_taken(engine, taken, out)
             times.last_close = upto
             return
-    rows = list(engine.cache.find_sessions(times.last_close + 1, upto))
+    rows = list(engine.cache.find_sessions(first_open_end(times.last_close), upto))
     if runner is None:
         # the records are decoded (and checked) one by one, the metrics counted once
         w = times.watermark

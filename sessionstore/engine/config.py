@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..timeutil import INT64_MAX, INT64_MIN, duration_ms
-from ..windows import SessionWindows, latest_event_time_ms
+from ..windows import SessionWindows, latest_event_time_ms, minimum_retention_ms
 
 DEFAULT_CACHE_MAX_SESSIONS = 100_000
 """Sessions the write-back cache holds before it writes everything and starts over."""
@@ -39,7 +39,7 @@ def required_retention_ms(windows: SessionWindows, max_out_of_orderness_ms: int,
         watermark.
     """
     ooo = max_out_of_orderness_ms if watermark == "event_time" else 0
-    return windows.max_gap_ms + windows.grace_ms + (windows.max_duration_ms or 0) + ooo
+    return minimum_retention_ms(windows.max_gap_ms, windows.grace_ms, windows.max_duration_ms) + ooo
 
 
 def closing_watermark_ms(windows: SessionWindows, max_time_ms: int) -> int:
@@ -116,3 +116,23 @@ class EngineConfig:
         """The largest event time whose window end plus grace still fits in int64 for every
         allowed gap (an event's own check uses its own gap: ``INT64_MAX - gap - grace``)."""
         return latest_event_time_ms(self.max_gap_ms, self.grace_ms)
+
+    def check_times_fit(self, times_ms: Any, name: str) -> None:
+        """Refuse, before anything changes, a batch of a fixed gap with an event whose window
+        end plus grace leaves int64 (:attr:`max_timestamp_ms`); with a dynamic gap each event's
+        own gap is checked with its gap (``batch_gaps.event_gaps``).
+
+        Args:
+            times_ms: the batch's event times (an int64 array).
+            name: the argument or column to name in the error.
+
+        Raises:
+            ValueError: naming ``name[row]`` and the first time that does not fit.
+        """
+        if self.dynamic or not len(times_ms):
+            return
+        limit = self.max_timestamp_ms
+        if int(times_ms.max()) > limit:
+            row = int((times_ms > limit).argmax())
+            raise ValueError(
+                f"{name}[{row}] = {int(times_ms[row])}: + gap_ms + grace_ms overflows int64")

@@ -40,6 +40,7 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
         start = first[0]
         limit = start + max_duration_ms
         run, j = _run_from(events, i + 1, first[2], limit, inclusive)
+        # own_window_end(start, run, max_duration_ms), inline (tests/engine/test_rules.py)
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out
@@ -99,6 +100,7 @@ def cut_until_unchanged(gathered: list[Any], following: int,
             gathered.extend(more)
             used += 1
             run, j = _run_from(gathered, j, run, limit, inclusive)
+        # own_window_end(start, run, max_duration_ms), inline (tests/engine/test_rules.py)
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out, used
@@ -172,6 +174,7 @@ def cut_pieces(pieces: list[list[Any]], new: int, following: int,
                     break
             piece = pieces[p]
         events = _joined(parts)
+        # own_window_end(start, run, max_duration_ms), inline (tests/engine/test_rules.py)
         out.append((start, run if run < limit else limit, run, events, holds))
     return out, used, searches
 

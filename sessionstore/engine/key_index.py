@@ -22,6 +22,7 @@ from ..arrays import Int64Array
 from ..kernels import compiled
 from ..store.base import byte_rows
 from ..store.keycodec import encode_key_column
+from ..timeutil import INT64_MAX, INT64_MIN
 from .columnar import (
     NotColumnar,
     key_column,
@@ -97,7 +98,7 @@ class KeyIndex:
                 return out
             # other keys too (absent: the index holds ints only): look up the ints among them
             rows = [i for i, key in enumerate(keys)
-                    if type(key) is int and -(1 << 63) <= key < (1 << 63)]
+                    if type(key) is int and INT64_MIN <= key <= INT64_MAX]
             if rows:
                 found = np.empty(len(rows), dtype=np.int64)
                 compiled(tk.int_index_lookup)(self._hash_keys, self._hash_ids,

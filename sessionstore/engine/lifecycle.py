@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from ..gap_boundary import first_open_end
 from ..timeutil import INT64_MAX, INT64_MIN
 from .columnar import SessionRows
 from .config import expiry_cap_ms
@@ -48,8 +49,7 @@ def restore(engine: EngineHost) -> None:
         observed = engine.store.observed_stream_time
         engine.unindexed_until = INT64_MIN if observed is None else observed
         return
-    last_close = engine.times.last_close
-    start = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+    start = first_open_end(engine.times.last_close)
     for session, raw in engine.cache.find_sessions(start, INT64_MAX):
         heapq.heappush(engine.close_heap, session.end)
         engine.runner.index(session, SessionRecord.from_wire(raw))
@@ -106,8 +106,7 @@ def open_table(self: EngineHost) -> OpenSessions:
     """
     if self.table is None:
         assert self.columnar_kinds is not None
-        last_close = self.times.last_close
-        low = last_close + 1 if last_close < INT64_MAX else INT64_MAX
+        low = first_open_end(self.times.last_close)
         self.table = load_open_sessions(self.cache, low, self.columnar_kinds,
                                         combined=self.result_names is not None)
         self.cache.evict()  # the table now answers for these keys; no view may go stale

@@ -16,6 +16,7 @@ import bisect
 import heapq
 from typing import Any
 
+from ..gap_boundary import first_open_end, is_final
 from ..timeutil import INT64_MAX
 from .cuts import Recut, cut_until_unchanged
 from .emit import Emit
@@ -134,7 +135,7 @@ class HeldKeys:
                 state.recut_steps += len(stored_events(raw, key, b)[0])
         if magnitude > INT64_MAX:
             return False
-        held = Held(stored, bound, closed_before + 1, magnitude)
+        held = Held(stored, bound, first_open_end(closed_before), magnitude)
         self.by_key[key] = held
         self._push_due(key, held)
         return self.hold(key, held, event, out, log)
@@ -177,7 +178,7 @@ class HeldKeys:
         before it closes the sessions ending up to ``upto``)."""
         due = self._due
         pending = self.by_key
-        while due and due[0][0] <= upto:
+        while due and is_final(due[0][0], upto):
             _, _, key, held = heapq.heappop(due)
             if pending.get(key) is held:
                 self.write(key, out, None)

@@ -42,12 +42,13 @@ class OpenOrders:
         entry = self._orders.get(key)
         if entry is not None and entry[0] is view:
             order = entry[1]
-            closed = 0
+            closed = 0  # is_final(end, closed_before), inline: per event (test_closed_before)
             while closed < len(order) and order[closed][1] <= closed_before:
                 closed += 1
             if closed:
                 del order[:closed]
             return order
+        # not is_final(end, closed_before), inline: per session read (test_closed_before)
         order = sorted(b for b in view if b[1] > closed_before)
         self._state.recut_steps += len(view)
         held = self._state.engine.cache.held_keys

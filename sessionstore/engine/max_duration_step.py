@@ -79,6 +79,7 @@ class EventStep:
         pending = held_keys.by_key
         if pending and key in pending:
             held = pending[key]
+            # not is_final(bound, closed_before), inline: per event (test_closed_before)
             if lazy and held.bound > closed_before and held_keys.hold(key, held, event, out,
                                                                        log):
                 return

@@ -99,10 +99,9 @@ def emit_log(engine: EngineHost, log: ChangeLog, out: list[Emit]) -> None:
     """Emit a batch's changes (appended to ``out``) as the write cache would flush them: in
     (end, key, start) order, an update per session changed, a retraction per session
     delivered before the batch and removed by it."""
-    encode = keyschema.encode_key
     result = engine.aggregation.result
     emitted = 0
-    for session in sorted(log, key=lambda s: (s.end, encode(s.key), s.start)):
+    for session in sorted(log, key=keyschema.session_order):
         before, now = log[session]
         if now is not None:
             out.append(make_emit(session, result(now)))

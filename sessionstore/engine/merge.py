@@ -23,11 +23,14 @@ def join_range(t_ms: int, own_end_ms: int, closed_before_ms: int, inclusive: boo
     iff ``end >= floor and start <= latest_start``.
 
     The gap convention (:func:`~sessionstore.gap_boundary.merge_bounds`) and the close cursor
-    together: a session ending at or before ``closed_before_ms`` is final and joins nothing.
+    together: a session ending at or before ``closed_before_ms`` is final
+    (:func:`~sessionstore.gap_boundary.is_final`) and joins nothing.
     Every merge of one event (:func:`merge_event`, the event paths' one-session steps) takes
     its range from here.
     """
     earliest_end, latest_start = merge_bounds(t_ms, own_end_ms, inclusive)
+    # max(earliest_end, first_open_end(closed_before_ms)), inline: per event; no event arrives
+    # at the saturated cursor (it would be late). Pinned to is_final by tests/engine/test_rules.py
     if earliest_end <= closed_before_ms:
         earliest_end = closed_before_ms + 1
     return earliest_end, latest_start

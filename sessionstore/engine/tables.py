@@ -129,10 +129,8 @@ def _process_table(engine: EngineHost, table: Any, *, key: str | list[str], time
         raise ValueError(f"gap={gap!r} given, but the windows have "
                          + ("a gap callable" if cfg.dynamic else f"a fixed gap ({cfg.gap_ms})")
                          + "; pass gap= only with SessionWindows(None, max_gap_ms=...)")
-    elif not cfg.dynamic and n and int(times.max()) > cfg.max_timestamp_ms:
-        row = int(np.argmax(times > cfg.max_timestamp_ms))
-        raise ValueError(
-            f"{time}[{row}] = {int(times[row])}: + gap_ms + grace_ms overflows int64")
+    else:
+        cfg.check_times_fit(times, time)
     codes, uniques, uniques_arrow = _table_keys(table, key_names)
     names = engine.result_names or [engine.aggregation.name]
     for name in names:

@@ -64,8 +64,9 @@ class TimeKeeper:
         return np.asarray(watermarks_before >= own_ends_ms + self.config.grace_ms)
 
     def closed_before(self) -> int:
-        """Sessions ending at or before this never change again: ``W - grace``, never below
-        the close cursor. Every path calls this or :meth:`closed_before_in_batch`."""
+        """Sessions ending at or before this never change again
+        (:func:`~sessionstore.gap_boundary.is_final`): ``W - grace``, never below the close
+        cursor. Every path calls this or :meth:`closed_before_in_batch`."""
         closed = self.watermark - self.config.grace_ms
         return closed if closed > self.last_close else self.last_close
 

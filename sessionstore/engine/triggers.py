@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..aggregations import Aggregation
+from ..gap_boundary import is_final
 from ..triggers import (
     AccumulationMode,
     AfterCount,
@@ -151,14 +152,13 @@ class TriggerRunner:
                     out: list[Emit]) -> None:
         """Fire the processing-time triggers strictly past their target."""
         timers = self.timers
-        grace = self.times.config.grace_ms
         while timers and timers[0][0] < now_ms:
             target, _, key, start, end = heapq.heappop(timers)
             session = Session(key, start, end)
             record = get(session)
             if record is None or record.pt_target_ms != target or record.n_new == 0:
                 continue  # merged away, already fired, or re-targeted
-            if session.end + grace <= self.times.watermark:
+            if is_final(session.end, self.times.closed_before()):
                 continue  # closed: the closing pane took it
             timing = PaneTiming.EARLY if record.phase is Phase.EARLY else PaneTiming.LATE
             self.fire(session, record, timing, False, out)

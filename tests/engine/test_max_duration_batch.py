@@ -72,6 +72,15 @@ long_cuts = st.lists(st.sampled_from([False] * 9 + [True]), min_size=1, max_size
     [("event", "a", 0, 10), ("event", "b", 1, 20), ("event", "a", 2, 16),
      ("event", "a", 3, 12), ("event", "a", 4, 15)],
     [False], CLOSE)
+@example(  # b@10 moves "closed before" to 10 inside the batch: a's [0, 10) ends exactly there,
+    # so it is final and a@5 (not late: 10 < 5 + 10) starts a session (the closed-before rule)
+    {"gap": 10, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "event_time",
+     "cache": 100_000, "segment": None, "extra_retention": 0, "md": 100},
+    [("event", "a", 0, 0), ("event", "b", 1, 10), ("event", "a", 2, 5)], [False], CLOSE)
+@example(
+    {"gap": 10, "grace": 0, "inclusive": True, "ooo": 0, "watermark": "event_time",
+     "cache": 100_000, "segment": None, "extra_retention": 0, "md": 100},
+    [("event", "a", 0, 0), ("event", "b", 1, 10), ("event", "a", 2, 5)], [False], UPDATE)
 def test_dense_batches_equal_the_event_path_and_the_oracle(cfg, steps, cuts, emit):
     check_table_path(cfg, steps, cuts, emit, MaxDurationDriver, reference)
     batched, effective = MaxDurationDriver(cfg, emit, True, cuts).run(steps)
