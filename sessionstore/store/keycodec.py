@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from .. import keyschema
 
-__all__ = ["encode_key_column", "encode_keys"]
+__all__ = ["encode_key_column", "encode_keys", "joined_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -97,11 +97,16 @@ _Pieces = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]]
 
 def _assemble(n: int, pieces: _Pieces) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
     """The encodings of ``n`` keys as bytes, and as a KeyMatrix unless one is too wide."""
-    out = np.empty(n, dtype=object)
-    for rows, matrix in pieces:
-        # a void view cuts rows into bytes without dropping trailing zero bytes
-        out[rows] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
-    encoded: list[bytes] = out.tolist()
+    encoded: list[bytes]
+    if len(pieces) == 1:  # one width: the rows in order
+        _rows, matrix = pieces[0]
+        encoded = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
+    else:
+        out = np.empty(n, dtype=object)
+        for rows, matrix in pieces:
+            # a void view cuts rows into bytes without dropping trailing zero bytes
+            out[rows] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
+        encoded = out.tolist()
     width = max((matrix.shape[1] for _, matrix in pieces), default=0)
     if n == 0 or width > keyschema.KEY_MATRIX_MAX_WIDTH:
         return encoded, None
@@ -200,3 +205,44 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
             matrix[:, 4 + header:] = data[offsets[rows][:, None] + np.arange(size)]
         pieces.append((rows, matrix))
     return pieces
+
+
+def joined_keys(encoded: list[bytes]
+                ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Encoded keys (:func:`~sessionstore.keyschema.encode_key`'s bytes) joined into one
+    buffer, and where each starts and stops in it.
+
+    An encoding begins with its length (4 bytes, big-endian), so that the buffer is cut by
+    reading those (compiled) rather than by taking each key's ``len`` in Python.
+
+    Raises:
+        ValueError: the buffer is not ``len(encoded)`` length-prefixed encodings.
+    """
+    from ..kernels import compiled  # numba, on first use only
+
+    n = len(encoded)
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    first = np.empty(n, dtype=np.int64)
+    stop = np.empty(n, dtype=np.int64)
+    if not compiled(key_spans_kernel)(data, first, stop):
+        raise ValueError(f"the {n} keys are not length-prefixed key encodings")
+    return data, first, stop
+
+
+def key_spans_kernel(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
+                     stop: npt.NDArray[np.int64]) -> bool:
+    """Cut ``data`` into ``len(first)`` length-prefixed encodings, writing where each starts
+    and stops; False when ``data`` is not exactly that many of them. (Compiled.)"""
+    at = 0
+    size = len(data)
+    for i in range(len(first)):
+        if at + 4 > size:
+            return False
+        length = ((int(data[at]) << 24) | (int(data[at + 1]) << 16)
+                  | (int(data[at + 2]) << 8) | int(data[at + 3]))
+        first[i] = at
+        at += 4 + length
+        if at > size:
+            return False
+        stop[i] = at
+    return at == size
