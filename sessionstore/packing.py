@@ -70,18 +70,19 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
     n = len(columns[0])
     if n == 0:
         return PackedValues()
-    # per part and row, its format: an index into _INT_FORMATS, or _FLOAT for a float64
+    # per part, its format per row, or one format for every row: an index into _INT_FORMATS,
+    # or _FLOAT for a float64
     formats = []
     payloads = []
     for column in columns:
         if column.dtype == np.float64:
-            formats.append(np.full(n, _FLOAT, dtype=np.int64))
+            formats.append(np.full(1, _FLOAT, dtype=np.int64))
             payloads.append(column.astype(">f8").view(np.uint8).reshape(n, 8))
             continue
         low, high = _FORMAT_BY_LOW[np.searchsorted(_LOWS, [column.min(), column.max()],
                                                    side="right") - 1].tolist()
         if low == high:  # the usual case (counts): every row has the format of both ends
-            formats.append(np.full(n, low, dtype=np.int64))
+            formats.append(np.full(1, low, dtype=np.int64))
         else:
             formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
         payloads.append(column.astype(">i8").view(np.uint8).reshape(n, 8))
@@ -89,16 +90,19 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
     layout = formats[0]
     for code in formats[1:]:
         layout = layout * (_FLOAT + 1) + code
-    # at most 12**3 layouts are counted rather than sorted
-    distinct = np.flatnonzero(np.bincount(layout)) if len(columns) <= 3 else np.unique(layout)
-    out = np.empty(n, dtype=object)
+    if all(len(code) == 1 for code in formats):  # one format per part: one layout
+        distinct = layout
+    else:  # at most 12**3 layouts are counted rather than sorted
+        distinct = (np.flatnonzero(np.bincount(layout)) if len(columns) <= 3
+                    else np.unique(layout))
+    out = np.empty(n if len(distinct) > 1 else 0, dtype=object)
     for kind in distinct.tolist():
         rows = np.flatnonzero(layout == kind) if len(distinct) > 1 else None
         first = 0 if rows is None else int(rows[0])
         pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
         for part_formats, payload in zip(formats, payloads, strict=True):
             picked = payload if rows is None else payload[rows]
-            part_format = int(part_formats[first])
+            part_format = int(part_formats[first if len(part_formats) > 1 else 0])
             if part_format == _FLOAT:
                 pieces.append((_FLOAT64, 8, picked))
             else:
