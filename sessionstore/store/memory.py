@@ -75,10 +75,7 @@ def compact_log(pending: list[_Bulk],
                        [len(bulk.ends) for bulk in pending])
     last = last_rows(ends, key_ids, starts)  # each session's last operation
     written = last & writes
-    # the values of the written rows, in log order
-    data = list(compress(chain.from_iterable(bulk.data for bulk in pending
-                                             if bulk.data is not None),
-                         written[writes].tolist()))
+    data = _kept_values(pending, written[writes])
     deleted = np.flatnonzero(last & ~writes) if len(applied) else np.zeros(0, dtype=np.int64)
     if len(deleted):  # only what the applied sessions hold: the log stays within the data
         entries = zip(ends[deleted].tolist(), [listed[k] for k in key_ids[deleted].tolist()],
@@ -94,6 +91,30 @@ def compact_log(pending: list[_Bulk],
     keys = list(compress(listed, used.tolist()))
     return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked], values)
             for picked, values in kept if len(picked)]
+
+
+def _kept_values(pending: list[_Bulk], kept: npt.NDArray[np.bool_]) -> list[bytes]:
+    """The values of the written rows of ``pending`` that ``kept`` marks (one flag per
+    written row, in log order), in log order. A bulk that loses few rows is copied in slices
+    between them, one that loses many through a mask."""
+    values: list[bytes] = []
+    at = 0
+    for bulk in pending:
+        if bulk.data is None:
+            continue
+        stop = at + len(bulk.data)
+        flags = kept[at:stop]
+        at = stop
+        lost = np.flatnonzero(~flags)
+        if len(lost) * 8 > len(flags):
+            values += compress(bulk.data, flags.tolist())
+            continue
+        begin = 0
+        for row in lost.tolist():
+            values += bulk.data[begin:row]
+            begin = row + 1
+        values += bulk.data[begin:]
+    return values
 
 
 class _Segment:
