@@ -480,8 +480,9 @@ class SegmentedSessionStore(ABC):
                     self._write(encoded_key, end, start, data[row])
             self._expire_after_bulk(int(min_live[accepted[-1]]))
             return written
-        # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
-        # only the last write of a session that appears twice, as consecutive puts would.
+        # Keep only the last write of a session that appears twice, as consecutive puts
+        # would, in the backend's write order (_last_writes: on-disk order by default, as
+        # RocksDB inserts sorted keys several times faster).
         key_rank = self._key_ranks(encoded, matrix)
         rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
                                           starts[accepted])]
