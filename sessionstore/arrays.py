@@ -1,5 +1,6 @@
-"""Array utilities shared by the store and the engine: checked int64 columns and a fast stable
-multi-column sort. Nothing here knows about sessions."""
+"""Array utilities shared by the store and the engine: checked int64 columns, a fast stable
+multi-column sort, and compiled hash-table passes (each row's last occurrence, each byte row's
+first equal) for deduplicating without a sort. Nothing here knows about sessions."""
 
 from __future__ import annotations
 
@@ -204,3 +205,44 @@ def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
     out = np.empty(len(first), dtype=np.int64)
     compiled(first_equal_kernel)(data, first, stop, out)
     return out
+
+
+def length_prefixed_rows(pieces: list[bytes]
+                         ) -> tuple[npt.NDArray[np.uint8], Int64Array, Int64Array]:
+    """Byte strings that each begin with the length of the rest (4 bytes, big-endian: the
+    store's key encodings) joined into one buffer, and where each starts and stops in it.
+
+    The buffer is cut by reading those lengths (compiled) rather than by taking each piece's
+    ``len`` in Python.
+
+    Raises:
+        ValueError: the buffer is not ``len(pieces)`` such strings.
+    """
+    from .kernels import compiled  # numba, on first use only
+
+    n = len(pieces)
+    data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    first = np.empty(n, dtype=np.int64)
+    stop = np.empty(n, dtype=np.int64)
+    if not compiled(length_prefixed_kernel)(data, first, stop):
+        raise ValueError(f"the {n} byte strings are not length-prefixed")
+    return data, first, stop
+
+
+def length_prefixed_kernel(data: npt.NDArray[np.uint8], first: Int64Array,
+                           stop: Int64Array) -> bool:
+    """Cut ``data`` into ``len(first)`` length-prefixed strings, writing where each starts
+    and stops; False when ``data`` is not exactly that many of them. (Compiled.)"""
+    at = 0
+    size = len(data)
+    for i in range(len(first)):
+        if at + 4 > size:
+            return False
+        length = ((int(data[at]) << 24) | (int(data[at + 1]) << 16)
+                  | (int(data[at + 2]) << 8) | int(data[at + 3]))
+        first[i] = at
+        at += 4 + length
+        if at > size:
+            return False
+        stop[i] = at
+    return at == size

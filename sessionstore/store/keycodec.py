@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from .. import keyschema
 
-__all__ = ["encode_key_column", "encode_keys", "joined_keys"]
+__all__ = ["encode_key_column", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -206,43 +206,3 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
         pieces.append((rows, matrix))
     return pieces
 
-
-def joined_keys(encoded: list[bytes]
-                ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Encoded keys (:func:`~sessionstore.keyschema.encode_key`'s bytes) joined into one
-    buffer, and where each starts and stops in it.
-
-    An encoding begins with its length (4 bytes, big-endian), so that the buffer is cut by
-    reading those (compiled) rather than by taking each key's ``len`` in Python.
-
-    Raises:
-        ValueError: the buffer is not ``len(encoded)`` length-prefixed encodings.
-    """
-    from ..kernels import compiled  # numba, on first use only
-
-    n = len(encoded)
-    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-    first = np.empty(n, dtype=np.int64)
-    stop = np.empty(n, dtype=np.int64)
-    if not compiled(key_spans_kernel)(data, first, stop):
-        raise ValueError(f"the {n} keys are not length-prefixed key encodings")
-    return data, first, stop
-
-
-def key_spans_kernel(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
-                     stop: npt.NDArray[np.int64]) -> bool:
-    """Cut ``data`` into ``len(first)`` length-prefixed encodings, writing where each starts
-    and stops; False when ``data`` is not exactly that many of them. (Compiled.)"""
-    at = 0
-    size = len(data)
-    for i in range(len(first)):
-        if at + 4 > size:
-            return False
-        length = ((int(data[at]) << 24) | (int(data[at + 1]) << 16)
-                  | (int(data[at + 2]) << 8) | int(data[at + 3]))
-        first[i] = at
-        at += 4 + length
-        if at > size:
-            return False
-        stop[i] = at
-    return at == size

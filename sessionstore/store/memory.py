@@ -11,10 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import first_equal_rows, last_rows, sort_order
+from ..arrays import first_equal_rows, last_rows, length_prefixed_rows, sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
-from .keycodec import joined_keys
 
 # A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
 # than this plus twice its applied sessions plus twice what the last compaction left: the log
@@ -62,7 +61,7 @@ def compact_log(pending: list[_Bulk],
     # each bulk has its own key list: one id per distinct encoding across them, the position
     # of its first listing in the chained lists
     listed = list(chain.from_iterable(bulk.keys for bulk in pending))
-    first_listed = first_equal_rows(*joined_keys(listed))
+    first_listed = first_equal_rows(*length_prefixed_rows(listed))
     at = 0
     parts = []
     for bulk in pending:
@@ -339,7 +338,7 @@ class InMemorySessionStore(SegmentedSessionStore):
             n, width = rows.shape
             first = np.arange(n, dtype=np.int64) * width
             return first_equal_rows(rows.ravel(), first, first + matrix.lengths)
-        return first_equal_rows(*joined_keys(encoded))
+        return first_equal_rows(*length_prefixed_rows(encoded))
 
     def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
                      starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

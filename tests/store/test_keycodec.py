@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import keyschema
-from sessionstore.store.keycodec import encode_key_column, encode_keys, joined_keys
+from sessionstore.arrays import length_prefixed_rows
+from sessionstore.store.keycodec import encode_key_column, encode_keys
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # every boundary of msgpack's int formats, and one either side
@@ -113,19 +114,19 @@ def test_a_bad_key_names_its_row(bad: object, error: type[Exception]) -> None:
 @given(st.lists(st.one_of(INT64, st.text(max_size=4), st.binary(max_size=4),
                           st.tuples(st.text(max_size=2), INT64), st.just("w" * 300)),
                 max_size=20))
-def test_joined_keys_cuts_the_buffer_at_each_encoding(keys: list[object]) -> None:
+def test_length_prefixed_rows_cuts_key_encodings_apart(keys: list[object]) -> None:
     """Cutting by the length prefixes gives back each encoding (empty and zero-ending ones,
     keys over 255 bytes, whose length takes two prefix bytes, included)."""
     encoded = [keyschema.encode_key(k) for k in keys]
-    data, first, stop = joined_keys(encoded)
+    data, first, stop = length_prefixed_rows(encoded)
     assert [data[a:b].tobytes() for a, b in zip(first.tolist(), stop.tolist(), strict=True)] \
         == encoded
 
 
 @pytest.mark.parametrize("pieces", [[b"abc"], [b"\0\0\0\x05ab"], [b"\0\0\0\x00", b"\0"],
                                     [b"\0\0\0"], [b"\0\0\0\x01", b"x"]])
-def test_joined_keys_refuses_what_is_not_encodings(pieces: list[bytes]) -> None:
+def test_length_prefixed_rows_refuses_other_bytes(pieces: list[bytes]) -> None:
     """A buffer too short for a prefix or a length, one with bytes left over, and one holding
     fewer encodings than keys: refused, never cut wrongly or read beyond its end."""
-    with pytest.raises(ValueError, match="not length-prefixed key encodings"):
-        joined_keys(pieces)
+    with pytest.raises(ValueError, match="not length-prefixed"):
+        length_prefixed_rows(pieces)
