@@ -113,26 +113,27 @@ def last_of_each(columns: list[Int64Array]) -> Int64Array:
 
 # -- hash-table kernels (compiled on first use by sessionstore.kernels.compiled) --------------
 #
-# Open addressing over a table of twice the rows, rounded up to a power of two; the hash is
-# kept to 63 bits so that numba's wrapping int64 arithmetic and Python's ints
-# (NUMBA_DISABLE_JIT=1) compute the same slots.
+# Open addressing over a table of twice the rows, rounded up to a power of two (the callers
+# allocate it: _empty_table); the hash is kept to 63 bits so that numba's wrapping int64
+# arithmetic and Python's ints (NUMBA_DISABLE_JIT=1) compute the same slots.
 
 _LOW63 = (1 << 63) - 1
 _MIX1 = 0x1E3779B97F4A7C15  # odd constants below 2**63
 _MIX2 = 0x3F58476D1CE4E5B9
 
 
-def last_rows_kernel(a: Int64Array, b: Int64Array, c: Int64Array,
+def _empty_table(rows: int) -> Int64Array:
+    """The slots of a hash table for ``rows`` rows, all empty (-1): twice the rows, rounded
+    up to a power of two."""
+    return np.full(1 << (2 * rows - 1).bit_length() if rows else 1, -1, dtype=np.int64)
+
+
+def last_rows_kernel(a: Int64Array, b: Int64Array, c: Int64Array, table: Int64Array,
                      out: npt.NDArray[np.bool_]) -> None:
     """Set ``out[i]`` for each row ``i`` that no later row equals in ``a``, ``b`` and ``c``
-    (``out`` all False on entry). (Compiled.)"""
-    n = len(a)
-    size = 1
-    while size < 2 * n:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    for i in range(n - 1, -1, -1):  # from the end: the first seen of each is the last
+    (``out`` all False, ``table`` an :func:`_empty_table`, on entry). (Compiled.)"""
+    mask = len(table) - 1
+    for i in range(len(a) - 1, -1, -1):  # from the end: the first seen of each is the last
         x = a[i]
         y = b[i]
         z = c[i]
@@ -151,16 +152,11 @@ def last_rows_kernel(a: Int64Array, b: Int64Array, c: Int64Array,
 
 
 def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
-                       out: Int64Array) -> None:
+                       table: Int64Array, out: Int64Array) -> None:
     """Set ``out[i]`` to the first row ``j`` whose bytes ``data[first[j]:stop[j]]`` equal row
-    ``i``'s. (Compiled.)"""
-    n = len(first)
-    size = 1
-    while size < 2 * n:
-        size *= 2
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    for i in range(n):
+    ``i``'s (``table`` an :func:`_empty_table` on entry). (Compiled.)"""
+    mask = len(table) - 1
+    for i in range(len(first)):
         low = first[i]
         width = stop[i] - low
         h = int(width)
@@ -192,7 +188,7 @@ def last_rows(a: Int64Array, b: Int64Array, c: Int64Array) -> npt.NDArray[np.boo
     from .kernels import compiled  # numba, on first use only
 
     out = np.zeros(len(a), dtype=np.bool_)
-    compiled(last_rows_kernel)(a, b, c, out)
+    compiled(last_rows_kernel)(a, b, c, _empty_table(len(a)), out)
     return out
 
 
@@ -203,7 +199,7 @@ def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
     from .kernels import compiled  # numba, on first use only
 
     out = np.empty(len(first), dtype=np.int64)
-    compiled(first_equal_kernel)(data, first, stop, out)
+    compiled(first_equal_kernel)(data, first, stop, _empty_table(len(first)), out)
     return out
 
 
