@@ -90,6 +90,27 @@ def test_bytes_match_msgpack(keys: list[bytes]) -> None:
     assert _checked(keys) == [_oracle(k) for k in keys]
 
 
+WIDE_AND_NARROW = {
+    "int": (st.integers(2**32, 2**63 - 1), st.integers(-(2**31), 2**32 - 1)),
+    "str": (st.text("ab\x00", min_size=10, max_size=10), st.text("ab\x00", max_size=9)),
+    "bytes": (st.binary(min_size=12, max_size=12), st.binary(max_size=11)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(sorted(WIDE_AND_NARROW)), data=st.data())
+def test_columns_of_mostly_the_widest_keys_match_msgpack(kind: str, data: st.DataObject) -> None:
+    """Most keys of the widest encoding and fewer than a quarter narrower: every row is cut
+    at the widest width and the narrower ones replaced. Kills: a narrower key left as cut at
+    the widest width (with the zero padding)."""
+    wide, narrow = WIDE_AND_NARROW[kind]
+    n = data.draw(st.integers(64, 120))
+    keys: list[object] = data.draw(st.lists(wide, min_size=n, max_size=n))
+    for row in data.draw(st.lists(st.integers(0, n - 1), max_size=(n - 1) // 4)):
+        keys[row] = data.draw(narrow)
+    assert _checked(keys) == [_oracle(k) for k in keys]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10) | st.binary(max_size=10)
                 | st.tuples(st.integers(0, 9), st.text(max_size=3)), min_size=0, max_size=120))
