@@ -1,5 +1,6 @@
-"""Array utilities shared by the store and the engine: checked int64 columns and a fast stable
-multi-column sort. Nothing here knows about sessions."""
+"""Array utilities shared by the store and the engine: checked int64 columns, a fast stable
+multi-column sort, and compiled hash-table passes (each row's last occurrence, each byte row's
+first equal) for deduplicating without a sort. Nothing here knows about sessions."""
 
 from __future__ import annotations
 
@@ -108,3 +109,136 @@ def last_of_each(columns: list[Int64Array]) -> Int64Array:
         differs |= ordered[1:] != ordered[:-1]
     last[:-1] = differs
     return order[last]
+
+
+# -- hash-table kernels (compiled on first use by sessionstore.kernels.compiled) --------------
+#
+# Open addressing over a table of twice the rows, rounded up to a power of two (the callers
+# allocate it: _empty_table); the hash is kept to 63 bits so that numba's wrapping int64
+# arithmetic and Python's ints (NUMBA_DISABLE_JIT=1) compute the same slots.
+
+_LOW63 = (1 << 63) - 1
+_MIX1 = 0x1E3779B97F4A7C15  # odd constants below 2**63
+_MIX2 = 0x3F58476D1CE4E5B9
+
+
+def _empty_table(rows: int) -> Int64Array:
+    """The slots of a hash table for ``rows`` rows, all empty (-1): twice the rows, rounded
+    up to a power of two."""
+    return np.full(1 << (2 * rows - 1).bit_length() if rows else 1, -1, dtype=np.int64)
+
+
+def last_rows_kernel(a: Int64Array, b: Int64Array, c: Int64Array, table: Int64Array,
+                     out: npt.NDArray[np.bool_]) -> None:
+    """Set ``out[i]`` for each row ``i`` that no later row equals in ``a``, ``b`` and ``c``
+    (``out`` all False, ``table`` an :func:`_empty_table`, on entry). (Compiled.)"""
+    mask = len(table) - 1
+    for i in range(len(a) - 1, -1, -1):  # from the end: the first seen of each is the last
+        x = a[i]
+        y = b[i]
+        z = c[i]
+        h = ((int(x) * _MIX1 + int(y)) & _LOW63) * _MIX2 & _LOW63
+        h = ((h + int(z)) & _LOW63) * _MIX1 & _LOW63
+        h = (h ^ (h >> 29)) & mask
+        while True:
+            j = table[h]
+            if j < 0:
+                table[h] = i
+                out[i] = True
+                break
+            if a[j] == x and b[j] == y and c[j] == z:
+                break
+            h = (h + 1) & mask
+
+
+def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
+                       table: Int64Array, out: Int64Array) -> None:
+    """Set ``out[i]`` to the first row ``j`` whose bytes ``data[first[j]:stop[j]]`` equal row
+    ``i``'s (``table`` an :func:`_empty_table` on entry). (Compiled.)"""
+    mask = len(table) - 1
+    for i in range(len(first)):
+        low = first[i]
+        width = stop[i] - low
+        h = int(width)
+        for p in range(low, low + width):
+            h = ((h ^ int(data[p])) * _MIX2) & _LOW63
+        h = (h ^ (h >> 29)) & mask
+        while True:
+            j = table[h]
+            if j < 0:
+                table[h] = i
+                out[i] = i
+                break
+            other = first[j]
+            if stop[j] - other == width:
+                same = True
+                for p in range(width):
+                    if data[other + p] != data[low + p]:
+                        same = False
+                        break
+                if same:
+                    out[i] = j
+                    break
+            h = (h + 1) & mask
+
+
+def last_rows(a: Int64Array, b: Int64Array, c: Int64Array) -> npt.NDArray[np.bool_]:
+    """Whether each row is the last of the rows equal to it in all three columns: the rows of
+    :func:`last_of_each` ``([a, b, c])``, as a mask (in row order, with no sort)."""
+    from .kernels import compiled  # numba, on first use only
+
+    out = np.zeros(len(a), dtype=np.bool_)
+    compiled(last_rows_kernel)(a, b, c, _empty_table(len(a)), out)
+    return out
+
+
+def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
+                     stop: Int64Array) -> Int64Array:
+    """For each byte row ``data[first[i]:stop[i]]``, the first row with the same bytes (equal
+    rows get equal numbers; a row new so far gets its own)."""
+    from .kernels import compiled  # numba, on first use only
+
+    out = np.empty(len(first), dtype=np.int64)
+    compiled(first_equal_kernel)(data, first, stop, _empty_table(len(first)), out)
+    return out
+
+
+def length_prefixed_rows(pieces: list[bytes]
+                         ) -> tuple[npt.NDArray[np.uint8], Int64Array, Int64Array]:
+    """Byte strings that each begin with the length of the rest (4 bytes, big-endian: the
+    store's key encodings) joined into one buffer, and where each starts and stops in it.
+
+    The buffer is cut by reading those lengths (compiled) rather than by taking each piece's
+    ``len`` in Python.
+
+    Raises:
+        ValueError: the buffer is not ``len(pieces)`` such strings.
+    """
+    from .kernels import compiled  # numba, on first use only
+
+    n = len(pieces)
+    data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    first = np.empty(n, dtype=np.int64)
+    stop = np.empty(n, dtype=np.int64)
+    if not compiled(length_prefixed_kernel)(data, first, stop):
+        raise ValueError(f"the {n} byte strings are not length-prefixed")
+    return data, first, stop
+
+
+def length_prefixed_kernel(data: npt.NDArray[np.uint8], first: Int64Array,
+                           stop: Int64Array) -> bool:
+    """Cut ``data`` into ``len(first)`` length-prefixed strings, writing where each starts
+    and stops; False when ``data`` is not exactly that many of them. (Compiled.)"""
+    at = 0
+    size = len(data)
+    for i in range(len(first)):
+        if at + 4 > size:
+            return False
+        length = ((int(data[at]) << 24) | (int(data[at + 1]) << 16)
+                  | (int(data[at + 2]) << 8) | int(data[at + 3]))
+        first[i] = at
+        at += 4 + length
+        if at > size:
+            return False
+        stop[i] = at
+    return at == size

@@ -70,18 +70,19 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
     n = len(columns[0])
     if n == 0:
         return PackedValues()
-    # per part and row, its format: an index into _INT_FORMATS, or _FLOAT for a float64
+    # per part, its format per row, or one format for every row: an index into _INT_FORMATS,
+    # or _FLOAT for a float64
     formats = []
     payloads = []
     for column in columns:
         if column.dtype == np.float64:
-            formats.append(np.full(n, _FLOAT, dtype=np.int64))
+            formats.append(np.full(1, _FLOAT, dtype=np.int64))
             payloads.append(column.astype(">f8").view(np.uint8).reshape(n, 8))
             continue
         low, high = _FORMAT_BY_LOW[np.searchsorted(_LOWS, [column.min(), column.max()],
                                                    side="right") - 1].tolist()
         if low == high:  # the usual case (counts): every row has the format of both ends
-            formats.append(np.full(n, low, dtype=np.int64))
+            formats.append(np.full(1, low, dtype=np.int64))
         else:
             formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
         payloads.append(column.astype(">i8").view(np.uint8).reshape(n, 8))
@@ -89,43 +90,66 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
     layout = formats[0]
     for code in formats[1:]:
         layout = layout * (_FLOAT + 1) + code
-    # at most 12**3 layouts are counted rather than sorted
-    distinct = np.flatnonzero(np.bincount(layout)) if len(columns) <= 3 else np.unique(layout)
+    if all(len(code) == 1 for code in formats):  # one format per part: one layout
+        distinct = layout
+    else:  # at most 12**3 layouts are counted rather than sorted
+        distinct = (np.flatnonzero(np.bincount(layout)) if len(columns) <= 3
+                    else np.unique(layout))
+    kinds = distinct.tolist()
+    if len(kinds) == 1:
+        return PackedValues(_records(formats, payloads, combined, None, 0))
+    rows_of = [np.flatnonzero(layout == kind) for kind in kinds]
+    major = max(range(len(kinds)), key=lambda k: len(rows_of[k]))
+    if (n - len(rows_of[major])) * 4 < n:
+        # few rows of other layouts: every row is cut in the commonest layout, and the
+        # others replaced one by one (cheaper than gathering every row through an object
+        # array)
+        cut = _records(formats, payloads, combined, None, int(rows_of[major][0]))
+        for k, rows in enumerate(rows_of):
+            if k != major:
+                for row, record in zip(rows.tolist(),
+                                       _records(formats, payloads, combined, rows, 0),
+                                       strict=True):
+                    cut[row] = record
+        return PackedValues(cut)
     out = np.empty(n, dtype=object)
-    for kind in distinct.tolist():
-        rows = np.flatnonzero(layout == kind) if len(distinct) > 1 else None
-        first = 0 if rows is None else int(rows[0])
-        pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
-        for part_formats, payload in zip(formats, payloads, strict=True):
-            picked = payload if rows is None else payload[rows]
-            part_format = int(part_formats[first])
-            if part_format == _FLOAT:
-                pieces.append((_FLOAT64, 8, picked))
-            else:
-                _low, _high, header, size = _INT_FORMATS[part_format]
-                pieces.append((header, size, picked[:, 8 - size:]))
-        width = 1 + (1 if combined else 0) + sum(
-            size + (0 if header is None else 1) for header, size, _ in pieces) + len(_RECORD_TAIL)
-        count = n if rows is None else len(rows)
-        matrix = np.empty((count, width), dtype=np.uint8)
-        matrix[:, 0] = _RECORD_HEAD
-        at = 1
-        if combined:
-            matrix[:, 1] = 0x90 | len(columns)  # fixarray of the parts
-            at = 2
-        for header, size, picked in pieces:
-            if header is not None:
-                matrix[:, at] = header
-                at += 1
-            matrix[:, at:at + size] = picked
-            at += size
-        matrix[:, at:] = _RECORD_TAIL
-        # a void view cuts the matrix into bytes, keeping zero bytes
-        cut = matrix.view(f"V{width}").ravel().tolist()
-        if rows is None:
-            return PackedValues(cut)
-        out[rows] = cut
+    for rows in rows_of:
+        out[rows] = _records(formats, payloads, combined, rows, 0)
     return PackedValues(out.tolist())
+
+
+def _records(formats: list[npt.NDArray[np.int64]], payloads: list[npt.NDArray[np.uint8]],
+             combined: bool, rows: npt.NDArray[np.int64] | None, first: int) -> list[bytes]:
+    """The records of ``rows`` (None: every row), all in the layout of the parts' formats at
+    row ``first`` of ``rows`` (a row of that layout: a row of another comes out wrong)."""
+    pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
+    at_row = first if rows is None else int(rows[first])
+    for part_formats, payload in zip(formats, payloads, strict=True):
+        picked = payload if rows is None else payload[rows]
+        part_format = int(part_formats[at_row if len(part_formats) > 1 else 0])
+        if part_format == _FLOAT:
+            pieces.append((_FLOAT64, 8, picked))
+        else:
+            _low, _high, header, size = _INT_FORMATS[part_format]
+            pieces.append((header, size, picked[:, 8 - size:]))
+    width = 1 + (1 if combined else 0) + sum(
+        size + (0 if header is None else 1) for header, size, _ in pieces) + len(_RECORD_TAIL)
+    matrix = np.empty((len(pieces[0][2]), width), dtype=np.uint8)
+    matrix[:, 0] = _RECORD_HEAD
+    at = 1
+    if combined:
+        matrix[:, 1] = 0x90 | len(formats)  # fixarray of the parts
+        at = 2
+    for header, size, picked in pieces:
+        if header is not None:
+            matrix[:, at] = header
+            at += 1
+        matrix[:, at:at + size] = picked
+        at += size
+    matrix[:, at:] = _RECORD_TAIL
+    # a void view cuts the matrix into bytes, keeping zero bytes
+    cut: list[bytes] = matrix.view(f"V{width}").ravel().tolist()
+    return cut
 
 
 # -- unpacking: the inverse of pack_session_records, for a cold start ------------------------

@@ -69,3 +69,47 @@ def test_each_path_is_taken() -> None:
     assert arrays._packed([wide, wide, np.array([INT64_MIN, 0, 0, INT64_MAX])]) is None  # noqa: SLF001
     assert arrays.sort_order([small, wide]).tolist() == [1, 3, 2, 0]
     assert arrays.last_of_each([small, wide]).tolist() == [3, 2, 0]
+
+
+@settings(max_examples=round(300 * PROFILE_SCALE))
+@given(columns=column_sets())
+def test_last_rows_marks_the_last_occurrence_of_each_row(columns: list[list[int]]) -> None:
+    """The compiled hash-table pass against a dict of each row's last occurrence, and so
+    against :func:`arrays.last_of_each` (up to three columns; a missing one is constant).
+    Whole-int64 spans and ties make the hash slots collide and wrap."""
+    n = len(columns[0])
+    full = columns + [[0] * n] * (3 - len(columns))
+    rows = list(zip(*full, strict=True))
+    last = {row: i for i, row in enumerate(rows)}
+    got = arrays.last_rows(*[np.array(column, dtype=np.int64) for column in full])
+    assert got.dtype == np.bool_
+    assert np.flatnonzero(got).tolist() == sorted(last.values())
+    assert sorted(arrays.last_of_each(
+        [np.array(column, dtype=np.int64) for column in columns]).tolist()) \
+        == sorted(last.values())
+
+
+@settings(max_examples=round(300 * PROFILE_SCALE))
+@given(pieces=st.lists(st.one_of(st.binary(max_size=3),
+                                 st.sampled_from([b"", b"\0", b"\0\0", b"a\0", b"a"])),
+                       max_size=80),
+       gaps=st.lists(st.integers(0, 2), min_size=80, max_size=80))
+def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
+    pieces: list[bytes], gaps: list[int]
+) -> None:
+    """Rows cut anywhere from one buffer (with bytes between them that belong to no row)
+    against a dict of each byte string's first row: rows differing only in a trailing zero
+    byte, or in length, are told apart."""
+    buffer = b""
+    first, stop = [], []
+    for piece, gap in zip(pieces, gaps, strict=False):
+        buffer += b"\xff" * gap
+        first.append(len(buffer))
+        buffer += piece
+        stop.append(len(buffer))
+    seen: dict[bytes, int] = {}
+    expected = [seen.setdefault(piece, row) for row, piece in enumerate(pieces)]
+    got = arrays.first_equal_rows(np.frombuffer(buffer, dtype=np.uint8),
+                                  np.array(first, dtype=np.int64),
+                                  np.array(stop, dtype=np.int64))
+    assert got.tolist() == expected

@@ -480,11 +480,12 @@ class SegmentedSessionStore(ABC):
                     self._write(encoded_key, end, start, data[row])
             self._expire_after_bulk(int(min_live[accepted[-1]]))
             return written
-        # Write in on-disk order (RocksDB inserts sorted keys several times faster), keeping
-        # only the last write of a session that appears twice, as consecutive puts would.
+        # Keep only the last write of a session that appears twice, as consecutive puts
+        # would, in the backend's write order (_last_writes: on-disk order by default, as
+        # RocksDB inserts sorted keys several times faster).
         key_rank = self._key_ranks(encoded, matrix)
-        rows = accepted[last_of_each([key_rank[index[accepted]], ends[accepted],
-                                      starts[accepted]])]
+        rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
+                                          starts[accepted])]
         if len(rows) == n and (rows == np.arange(n)).all():
             picked = data
         else:  # an object array gathers about twice as fast as a list comprehension
@@ -739,6 +740,14 @@ class SegmentedSessionStore(ABC):
         on-disk order; a backend that needs identity only may override this. ``matrix``: the
         keys' :class:`~sessionstore.keyschema.KeyMatrix`, when the caller has it."""
         return keyschema.key_order(encoded, matrix)
+
+    def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
+                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The row of each session's last write among rows ``(key_ranks, ends, starts)`` (a
+        session written twice in one call keeps its later value), in the order
+        :meth:`_write_many` takes them: here by key rank, end, start (on-disk order); a backend
+        with no on-disk order may override this to keep the call's order."""
+        return last_of_each([key_ranks, ends, starts])
 
     @abstractmethod
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None: ...

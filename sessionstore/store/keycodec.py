@@ -97,20 +97,41 @@ _Pieces = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]]
 
 def _assemble(n: int, pieces: _Pieces) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
     """The encodings of ``n`` keys as bytes, and as a KeyMatrix unless one is too wide."""
-    out = np.empty(n, dtype=object)
-    for rows, matrix in pieces:
-        # a void view cuts rows into bytes without dropping trailing zero bytes
-        out[rows] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
-    encoded: list[bytes] = out.tolist()
     width = max((matrix.shape[1] for _, matrix in pieces), default=0)
     if n == 0 or width > keyschema.KEY_MATRIX_MAX_WIDTH:
-        return encoded, None
+        return _cut(n, pieces), None
+    if len(pieces) == 1:  # one width: the rows in order, and the matrix as it is
+        return _cut(n, pieces), keyschema.KeyMatrix(pieces[0][1],
+                                                    np.full(n, width, dtype=np.int64))
     padded = np.zeros((n, width), dtype=np.uint8)
     lengths = np.empty(n, dtype=np.int64)
     for rows, matrix in pieces:
         padded[rows, :matrix.shape[1]] = matrix
         lengths[rows] = matrix.shape[1]
+    narrow = [(rows, matrix) for rows, matrix in pieces if matrix.shape[1] < width]
+    if sum(len(rows) for rows, _ in narrow) * 4 >= n:
+        return _cut(n, pieces), keyschema.KeyMatrix(padded, lengths)
+    # few narrower keys: every row cut at the widest width (right for the widest keys), and
+    # the narrower ones replaced one by one
+    encoded: list[bytes] = padded.view(f"V{width}").ravel().tolist()
+    for rows, matrix in narrow:
+        for row, key in zip(rows.tolist(), matrix.view(f"V{matrix.shape[1]}").ravel().tolist(),
+                            strict=True):
+            encoded[row] = key
     return encoded, keyschema.KeyMatrix(padded, lengths)
+
+
+def _cut(n: int, pieces: _Pieces) -> list[bytes]:
+    """The encodings of ``n`` keys as bytes, each piece's rows cut at its width."""
+    # a void view cuts rows into bytes without dropping trailing zero bytes
+    if len(pieces) == 1:  # one width: the rows in order
+        cut: list[bytes] = pieces[0][1].view(f"V{pieces[0][1].shape[1]}").ravel().tolist()
+        return cut
+    out = np.empty(n, dtype=object)
+    for rows, matrix in pieces:
+        out[rows] = matrix.view(f"V{matrix.shape[1]}").ravel().tolist()
+    encoded: list[bytes] = out.tolist()
+    return encoded
 
 
 def _encode_int64(values: npt.NDArray[np.int64]) -> _Pieces:
@@ -200,3 +221,4 @@ def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False
             matrix[:, 4 + header:] = data[offsets[rows][:, None] + np.arange(size)]
         pieces.append((rows, matrix))
     return pieces
+

@@ -5,13 +5,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Collection, Iterator
 from itertools import chain, compress, filterfalse
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import last_of_each, sort_order
+from ..arrays import first_equal_rows, last_rows, length_prefixed_rows, sort_order
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 
@@ -53,49 +53,67 @@ def compact_log(pending: list[_Bulk],
     A delete of the sessions whose last logged operation deletes them and that ``applied``
     holds (the others have nothing to delete), and a write of every other logged session with
     its last value, in log order. The two touch disjoint sessions, so that applying them in
-    either order gives what applying ``pending`` gives. Costs a few array operations per row,
-    and a Python tuple only per deleted session.
+    either order gives what applying ``pending`` gives. Costs a few array operations and two
+    hash-table passes (compiled) per row, and a Python tuple only per deleted session.
     """
     if not pending:
         return []
-    # one id per distinct encoded key across the bulks (each bulk has its own key list)
-    distinct = list(dict.fromkeys(chain.from_iterable(bulk.keys for bulk in pending)))
-    where = dict(zip(distinct, range(len(distinct)), strict=True))
-    key_ids = np.concatenate([
-        np.fromiter(map(where.__getitem__, bulk.keys), dtype=np.int64,
-                    count=len(bulk.keys))[bulk.key_index]
-        for bulk in pending])
+    # each bulk has its own key list: one id per distinct encoding across them, the position
+    # of its first listing in the chained lists
+    listed = list(chain.from_iterable(bulk.keys for bulk in pending))
+    first_listed = first_equal_rows(*length_prefixed_rows(listed))
+    at = 0
+    parts = []
+    for bulk in pending:
+        parts.append(first_listed[at:at + len(bulk.keys)][bulk.key_index])
+        at += len(bulk.keys)
+    key_ids = np.concatenate(parts)
     ends = np.concatenate([bulk.ends for bulk in pending])
     starts = np.concatenate([bulk.starts for bulk in pending])
-    n = len(ends)
-    data = np.empty(n, dtype=object)  # the values of written rows, in log order
-    writes = np.zeros(n, dtype=np.bool_)
-    at = 0
-    for bulk in pending:
-        stop = at + len(bulk.ends)
-        if bulk.data is not None:
-            data[at:stop] = bulk.data
-            writes[at:stop] = True
-        at = stop
-    rows = last_of_each([ends, key_ids, starts])  # each session's last operation
-    rows.sort()  # in log order: gathering the values reads memory in order
-    written = writes[rows]
-    deleted = rows[~written] if len(applied) else rows[:0]
+    writes = np.repeat(np.array([bulk.data is not None for bulk in pending], dtype=np.bool_),
+                       [len(bulk.ends) for bulk in pending])
+    last = last_rows(ends, key_ids, starts)  # each session's last operation
+    written = last & writes
+    data = _kept_values(pending, written[writes])
+    deleted = np.flatnonzero(last & ~writes) if len(applied) else np.zeros(0, dtype=np.int64)
     if len(deleted):  # only what the applied sessions hold: the log stays within the data
-        entries = zip(ends[deleted].tolist(), [distinct[k] for k in key_ids[deleted].tolist()],
+        entries = zip(ends[deleted].tolist(), [listed[k] for k in key_ids[deleted].tolist()],
                       starts[deleted].tolist(), strict=True)
         deleted = deleted[np.fromiter(map(applied.__contains__, entries), dtype=np.bool_,
                                       count=len(deleted))]
-    kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[Any] | None]] = [
-        (deleted, None), (rows[written], data)]
-    used = np.zeros(len(distinct), dtype=np.bool_)
+    kept: list[tuple[npt.NDArray[np.int64], list[bytes] | None]] = [
+        (deleted, None), (np.flatnonzero(written), data)]
+    used = np.zeros(len(listed), dtype=np.bool_)
     for picked, _ in kept:
         used[key_ids[picked]] = True
     renumber = np.cumsum(used) - 1
-    keys = list(compress(distinct, used.tolist()))
-    return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked],
-                  None if values is None else values[picked].tolist())
+    keys = list(compress(listed, used.tolist()))
+    return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked], values)
             for picked, values in kept if len(picked)]
+
+
+def _kept_values(pending: list[_Bulk], kept: npt.NDArray[np.bool_]) -> list[bytes]:
+    """The values of the written rows of ``pending`` that ``kept`` marks (one flag per
+    written row, in log order), in log order. A bulk that loses few rows is copied in slices
+    between them, one that loses many through a mask."""
+    values: list[bytes] = []
+    at = 0
+    for bulk in pending:
+        if bulk.data is None:
+            continue
+        stop = at + len(bulk.data)
+        flags = kept[at:stop]
+        at = stop
+        lost = np.flatnonzero(~flags)
+        if len(lost) * 8 > len(flags):
+            values += compress(bulk.data, flags.tolist())
+            continue
+        begin = 0
+        for row in lost.tolist():
+            values += bulk.data[begin:row]
+            begin = row + 1
+        values += bulk.data[begin:]
+    return values
 
 
 class _Segment:
@@ -311,15 +329,21 @@ class InMemorySessionStore(SegmentedSessionStore):
 
     def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
                    ) -> npt.NDArray[np.int64]:
-        """Identity, not byte order: nothing here is written in order. Distinct encodings (the
-        batch path's keys) rank by position, skipping the sort; repeated ones by first
-        occurrence."""
-        n = len(encoded)
-        if len(set(encoded)) == n:
-            return np.arange(n, dtype=np.int64)
-        first: dict[bytes, int] = {}
-        return np.fromiter((first.setdefault(key, len(first)) for key in encoded),
-                           dtype=np.int64, count=n)
+        """Identity, not byte order: nothing here is written in order. Each encoding ranks as
+        the position of its first occurrence, found with a hash table over the encodings'
+        bytes (the key matrix's rows when the encoder built one): no sort, and no Python
+        hash per key."""
+        if matrix is not None:
+            rows = np.ascontiguousarray(matrix.rows)
+            n, width = rows.shape
+            first = np.arange(n, dtype=np.int64) * width
+            return first_equal_rows(rows.ravel(), first, first + matrix.lengths)
+        return first_equal_rows(*length_prefixed_rows(encoded))
+
+    def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
+                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        # in the call's order: the log applies rows in order, and no read depends on it
+        return np.flatnonzero(last_rows(key_ranks, ends, starts))
 
     def _by_segment(
             self, sessions: BulkSessions) -> list[tuple[int, npt.NDArray[np.int64] | None]]:

@@ -48,6 +48,33 @@ def test_packed_records_are_msgpacks_bytes(data: st.DataObject) -> None:
         for row in zip(*[a.tolist() for a in arrays], strict=True)]
 
 
+@settings(max_examples=150)
+@given(st.data())
+def test_columns_of_mostly_one_format_are_msgpacks_bytes(data: st.DataObject) -> None:
+    """Counts are mostly small with a few large: most rows share one layout, the rest do not
+    (row 0 among them or not), which is packed by cutting every row in the commonest layout
+    and replacing the others. Kills: the others left in the common layout, and the common
+    layout taken from row 0."""
+    n = data.draw(st.integers(2, 60))
+    parts = data.draw(st.integers(1, 3))
+    combined = parts > 1 or data.draw(st.booleans())
+    ranges = [(0, 127), (128, 255), (-32, -1), (256, 65535), (2**32, 2**40)]
+    arrays = []
+    for _ in range(parts):
+        if data.draw(st.integers(0, 4)) == 0:
+            arrays.append(np.array(data.draw(st.lists(FLOATS, min_size=n, max_size=n)),
+                                   dtype=np.float64))
+            continue
+        low, high = data.draw(st.sampled_from(ranges))
+        column = data.draw(st.lists(st.integers(low, high), min_size=n, max_size=n))
+        for row in data.draw(st.lists(st.integers(0, n - 1), max_size=max(1, n // 5))):
+            column[row] = data.draw(INTS)
+        arrays.append(np.array(column, dtype=np.int64))
+    got = pack_session_records(arrays, combined=combined)
+    assert type(got) is PackedValues
+    assert list(got) == packed_by_msgpack([a.tolist() for a in arrays], combined)
+
+
 def test_other_columns_are_not_packed() -> None:
     ints = np.arange(3, dtype=np.int64)
     assert pack_session_records([ints.astype(object)], combined=False) is None

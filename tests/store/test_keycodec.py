@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import keyschema
+from sessionstore.arrays import length_prefixed_rows
 from sessionstore.store.keycodec import encode_key_column, encode_keys
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -89,6 +90,27 @@ def test_bytes_match_msgpack(keys: list[bytes]) -> None:
     assert _checked(keys) == [_oracle(k) for k in keys]
 
 
+WIDE_AND_NARROW = {
+    "int": (st.integers(2**32, 2**63 - 1), st.integers(-(2**31), 2**32 - 1)),
+    "str": (st.text("ab\x00", min_size=10, max_size=10), st.text("ab\x00", max_size=9)),
+    "bytes": (st.binary(min_size=12, max_size=12), st.binary(max_size=11)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(sorted(WIDE_AND_NARROW)), data=st.data())
+def test_columns_of_mostly_the_widest_keys_match_msgpack(kind: str, data: st.DataObject) -> None:
+    """Most keys of the widest encoding and fewer than a quarter narrower: every row is cut
+    at the widest width and the narrower ones replaced. Kills: a narrower key left as cut at
+    the widest width (with the zero padding)."""
+    wide, narrow = WIDE_AND_NARROW[kind]
+    n = data.draw(st.integers(64, 120))
+    keys: list[object] = data.draw(st.lists(wide, min_size=n, max_size=n))
+    for row in data.draw(st.lists(st.integers(0, n - 1), max_size=(n - 1) // 4)):
+        keys[row] = data.draw(narrow)
+    assert _checked(keys) == [_oracle(k) for k in keys]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10) | st.binary(max_size=10)
                 | st.tuples(st.integers(0, 9), st.text(max_size=3)), min_size=0, max_size=120))
@@ -107,3 +129,25 @@ def test_a_bad_key_names_its_row(bad: object, error: type[Exception]) -> None:
     strings: list[object] = [*map(str, range(100)), bad]
     with pytest.raises(error, match=r"^keys\[100\]: "):
         encode_keys(strings)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.one_of(INT64, st.text(max_size=4), st.binary(max_size=4),
+                          st.tuples(st.text(max_size=2), INT64), st.just("w" * 300)),
+                max_size=20))
+def test_length_prefixed_rows_cuts_key_encodings_apart(keys: list[object]) -> None:
+    """Cutting by the length prefixes gives back each encoding (empty and zero-ending ones,
+    keys over 255 bytes, whose length takes two prefix bytes, included)."""
+    encoded = [keyschema.encode_key(k) for k in keys]
+    data, first, stop = length_prefixed_rows(encoded)
+    assert [data[a:b].tobytes() for a, b in zip(first.tolist(), stop.tolist(), strict=True)] \
+        == encoded
+
+
+@pytest.mark.parametrize("pieces", [[b"abc"], [b"\0\0\0\x05ab"], [b"\0\0\0\x00", b"\0"],
+                                    [b"\0\0\0"], [b"\0\0\0\x01", b"x"]])
+def test_length_prefixed_rows_refuses_other_bytes(pieces: list[bytes]) -> None:
+    """A buffer too short for a prefix or a length, one with bytes left over, and one holding
+    fewer encodings than keys: refused, never cut wrongly or read beyond its end."""
+    with pytest.raises(ValueError, match="not length-prefixed"):
+        length_prefixed_rows(pieces)
