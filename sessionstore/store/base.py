@@ -233,16 +233,30 @@ def check_sessions_many(
     return encoded, index, starts, ends, matrix
 
 
+def min_live_segment(reference_ms: int, retention_ms: int, interval_ms: int) -> int:
+    """The retention rule: the oldest segment that expiry keeps when its reference time (the
+    stream time, capped by the expiry cap) is ``reference_ms``, Kafka's
+    ``segmentId(observedStreamTime - retentionPeriod)``. Floored at INT64_MIN, which lies below
+    every segment there can be and compares the same way."""
+    return max((reference_ms - retention_ms) // interval_ms, INT64_MIN)
+
+
+def read_floor(reference_ms: int, retention_ms: int) -> int:
+    """The retention rule for reads: the smallest session end a read returns at expiry
+    reference time ``reference_ms``, Kafka's ``observedStreamTime - retentionPeriod + 1``. It
+    may lie outside int64 (beyond the maximum, nothing is returned)."""
+    return reference_ms - retention_ms + 1
+
+
 def _floor_segments(times_ms: npt.NDArray[np.int64], minus_ms: int,
                     interval_ms: int) -> npt.NDArray[np.int64]:
-    """``(times_ms - minus_ms) // interval_ms`` without int64 overflow (Python ints for the few
-    times within ``minus_ms`` of the int64 minimum)."""
+    """:func:`min_live_segment` of each of ``times_ms``, without int64 overflow (Python ints
+    for the few times within ``minus_ms`` of the int64 minimum)."""
     safe = times_ms >= INT64_MIN + minus_ms
     result = np.empty(len(times_ms), dtype=np.int64)
     result[safe] = (times_ms[safe] - minus_ms) // interval_ms
     for row in np.flatnonzero(~safe).tolist():
-        # below every segment there can be: INT64_MIN compares the same way
-        result[row] = max((int(times_ms[row]) - minus_ms) // interval_ms, INT64_MIN)
+        result[row] = min_live_segment(int(times_ms[row]), minus_ms, interval_ms)
     return result
 
 
@@ -349,7 +363,7 @@ class SegmentedSessionStore(ABC):
         reference = self._expiry_time(stream_time_ms)
         if reference is None:
             return None
-        return (reference - self._retention_ms) // self._interval
+        return min_live_segment(reference, self._retention_ms, self._interval)
 
     def expiry_boundary_ms(self, stream_time_ms: int) -> int | None:
         """The smallest session end that stays live if stream time reached ``stream_time_ms``.
@@ -393,8 +407,7 @@ class SegmentedSessionStore(ABC):
         interval = self._interval
         cap = self._expiry_cap
         reference = stream_time if cap is None or cap > stream_time else cap
-        # below INT64_MIN (a cap at the minimum, 1 ms segments) compares the same, and commits
-        min_live = max((reference - self._retention_ms) // interval, INT64_MIN)
+        min_live = min_live_segment(reference, self._retention_ms, interval)
         if end // interval < min_live:
             self._metrics["dropped-records"] += 1
             return False
@@ -560,7 +573,7 @@ class SegmentedSessionStore(ABC):
         (Kafka's ``observedStreamTime - retentionPeriod + 1``). None before the first put.
         It may lie outside int64 (beyond the maximum: nothing is returned)."""
         reference = self._expiry_time(self._stream_time)
-        return None if reference is None else reference - self._retention_ms + 1
+        return None if reference is None else read_floor(reference, self._retention_ms)
 
     def _floor(self, earliest_end: int) -> int:
         floor = self.read_floor_ms

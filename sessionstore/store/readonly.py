@@ -27,7 +27,7 @@ from ..errors import StoreCorruptedError
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
-from .base import CommittedState, check_session
+from .base import CommittedState, check_session, read_floor
 from .checkpoint import (
     CHECKPOINTS_DIR,
     check_database,
@@ -68,7 +68,7 @@ def _read_floor(state: CommittedState) -> int | None:
     reference = state.stream_time_ms
     if state.expiry_cap_ms is not None:
         reference = min(reference, state.expiry_cap_ms)
-    return reference - state.retention_ms + 1
+    return read_floor(reference, state.retention_ms)
 
 
 class ReadOnlySessionStore:
