@@ -186,6 +186,7 @@ class CachingSessionStore:
             bucket = by_end.pop(end)
             if not complete or end < low_ms:
                 continue
+            first = len(found)
             pairs = iter(bucket)
             for key, start in zip(pairs, pairs, strict=True):
                 view = views.get(key)
@@ -206,11 +207,11 @@ class CachingSessionStore:
                     append((end, kb, start, sid, cached[0], False))
                 else:
                     append((end, kb, start, sid, value, True))
+            if len(found) - first > 1:  # the heap gave the ends in order: sort within one
+                found[first:] = sorted(found[first:])
         self._size -= left
         if not complete:
             return None
-        if len(found) > 1:
-            found.sort()
         if left == 0:
             self._closed_rows.extend(found)
         elif left < len(found):
@@ -382,26 +383,19 @@ class CachingSessionStore:
         the bounds of another session in the view (an event's merge never makes one).
         """
         bounds = (start_ms, end_ms)
+        sid = (key, start_ms, end_ms)
+        dirty = self._dirty
         if joined == bounds:
-            cached = view[bounds]
-            view[bounds] = (value, cached[1])
+            view[bounds] = (value, view[bounds][1])
         else:
             if joined is not None:
                 self._drop_held(key, view, joined)
             # a removal still pending means the wrapped store holds the session (a re-cut can
             # put back the bounds of a session it removed)
-            view[bounds] = (value, self._dirty.get((key, start_ms, end_ms)) is TOMBSTONE)
+            view[bounds] = (value, dirty.get(sid) is TOMBSTONE)
             self._size += 1
             if self._index_ends:
-                bucket = self._by_end.get(end_ms)
-                if bucket is None:
-                    self._by_end[end_ms] = [key, start_ms]
-                    heapq.heappush(self._end_heap, end_ms)
-                else:
-                    bucket.append(key)
-                    bucket.append(start_ms)
-        sid = (key, start_ms, end_ms)
-        dirty = self._dirty
+                self._index(key, start_ms, end_ms)
         if self._pending is not None and sid not in dirty:
             self._track(sid)
         dirty[sid] = value
