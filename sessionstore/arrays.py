@@ -111,7 +111,7 @@ def last_of_each(columns: list[Int64Array]) -> Int64Array:
     return order[last]
 
 
-# -- hash-table kernels (compiled on first use by sessionstore.kernels.compiled) --------------
+# -- hash-table kernels (compiled on first use by sessionstore.jit.compiled) --------------
 #
 # Open addressing over a table of twice the rows, rounded up to a power of two (the callers
 # allocate it: _empty_table); the hash is kept to 63 bits so that numba's wrapping int64
@@ -185,7 +185,7 @@ def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int
 def last_rows(a: Int64Array, b: Int64Array, c: Int64Array) -> npt.NDArray[np.bool_]:
     """Whether each row is the last of the rows equal to it in all three columns: the rows of
     :func:`last_of_each` ``([a, b, c])``, as a mask (in row order, with no sort)."""
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     out = np.zeros(len(a), dtype=np.bool_)
     compiled(last_rows_kernel)(a, b, c, _empty_table(len(a)), out)
@@ -196,7 +196,7 @@ def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
                      stop: Int64Array) -> Int64Array:
     """For each byte row ``data[first[i]:stop[i]]``, the first row with the same bytes (equal
     rows get equal numbers; a row new so far gets its own)."""
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     out = np.empty(len(first), dtype=np.int64)
     compiled(first_equal_kernel)(data, first, stop, _empty_table(len(first)), out)
@@ -214,7 +214,7 @@ def length_prefixed_rows(pieces: list[bytes]
     Raises:
         ValueError: the buffer is not ``len(pieces)`` such strings.
     """
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     n = len(pieces)
     data = np.frombuffer(b"".join(pieces), dtype=np.uint8)

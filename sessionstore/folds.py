@@ -10,7 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .arrays import Int64Array, first_row, int64_column
-from .kernels import EventGroups, SessionPlan, compiled
+from .jit import compiled
+from .kernels import EventGroups, SessionPlan
 from .timeutil import INT64_MAX, INT64_MIN
 
 # -- aggregations over a plan ----------------------------------------------------------------

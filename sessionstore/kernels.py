@@ -18,48 +18,13 @@ that become final drop off the front.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .arrays import Int64Array, first_row, int64_column
 from .gap_boundary import is_final, reaches
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-_COMPILED: dict[str, Any] = {}
-
-
-def compiled(function: _F) -> _F:
-    """The numba-compiled form of one of this module's kernels, built on first use.
-
-    numba is imported here rather than at module import, so that ``import sessionstore`` stays
-    cheap for users who never run a batch. ``cache=True`` keeps the machine code on disk beside
-    the module, so only the first process on a machine pays for compiling. Set
-    ``NUMBA_DISABLE_JIT=1`` to run the same code as plain Python (numba honours it).
-
-    A kernel that calls helpers of this module (listed in ``_HELPERS``) is compiled against
-    their compiled forms (a compiled kernel can only call compiled functions); its Python
-    source keeps calling the Python helpers.
-    """
-    kernel = _COMPILED.get(function.__name__)
-    if kernel is None:
-        import types
-
-        import numba
-
-        helpers = _HELPERS.get(function.__name__, ())
-        if helpers:
-            scope = dict(function.__globals__)
-            for helper in helpers:
-                scope[helper.__name__] = compiled(helper)
-            function = cast(_F, types.FunctionType(
-                function.__code__, scope, function.__name__, function.__defaults__,
-                function.__closure__))
-        kernel = numba.njit(cache=True, nogil=True)(function)
-        _COMPILED[function.__name__] = kernel
-    return cast(_F, kernel)
-
+from .jit import compiled, register_helpers
 
 # Status codes the per-key pass reports instead of raising (a compiled kernel cannot raise with
 # a useful message); plan_dense turns them into errors that name the argument and the row.
@@ -577,9 +542,9 @@ def _plan_dense(
             absorbed_order, absorbed_offsets)
 
 
-_HELPERS: dict[str, tuple[Callable[..., Any], ...]] = {
+register_helpers({
     "_sort_rows": (_before,),
     "_reach": (reaches,),
     "_plan_dense": (_sort_rows, _reach, _insert_at, _drop_merged, _find_root, reaches,
                     is_final),
-}
+})

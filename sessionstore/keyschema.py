@@ -493,7 +493,7 @@ def decode_index_block(data: bytes, min_end_ms: int, max_end_ms: int) -> IndexBl
 #
 # A cold start reads every key-first record of the open segments. The records are concatenated
 # into one buffer and cut here with numpy and compiled loops (built with
-# :func:`sessionstore.kernels.compiled` on first use), so that no session becomes a Python
+# :func:`sessionstore.jit.compiled` on first use), so that no session becomes a Python
 # object: only each distinct key does, once. Anything that does not decode as the encoders
 # above would have written it gives None, and the caller reads row by row (which names the
 # damage exactly as a plain read does).
@@ -514,7 +514,7 @@ def split_key_first_records(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np
     firsts, stops = offsets[:-1], offsets[1:]
     if n and ((stops - firsts < _KEY_FIRST_MIN).any() or (data[firsts] != KEY_FIRST[0]).any()):
         return None
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     ends = np.empty(n, dtype=np.int64)
     starts = np.empty(n, dtype=np.int64)
@@ -669,7 +669,7 @@ def classify_key_rows(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
         is not (a damaged or foreign store: the caller reads row by row, which names the
         damage).
     """
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     n = len(first)
     if not n:
@@ -715,7 +715,7 @@ def text_key_column(data: npt.NDArray[np.uint8], first: npt.NDArray[np.int64],
                     stop: npt.NDArray[np.int64], binary: bool) -> Any:
     """The str (or, ``binary``, bytes) keys encoded at ``data[first[i]:stop[i]]`` (checked by
     :func:`classify_key_rows`) as an Arrow string (binary) array."""
-    from .kernels import compiled
+    from .jit import compiled
 
     n = len(first)
     pfirst = np.empty(n, dtype=np.int64)

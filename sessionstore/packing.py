@@ -215,7 +215,7 @@ def unpack_session_records(data: npt.NDArray[np.uint8], first: npt.NDArray[np.in
         one is a float; or None when a record is not of that layout, a part mixes ints and
         floats, or an int lies beyond int64 (the caller decodes those records one by one).
     """
-    from .kernels import compiled  # numba, on first use only
+    from .jit import compiled  # numba, on first use only
 
     if n_parts < 1 or n_parts > 15 or (not combined and n_parts != 1):
         return None

@@ -7,7 +7,7 @@ are skipped when the close cursor reaches them, rather than searched for and rem
 
 These loops are the only per-session work of a batch on the table: everything else is numpy
 over the batch's rows. Each is plain Python that numba compiles on first use
-(:func:`sessionstore.kernels.compiled`); ``NUMBA_DISABLE_JIT=1`` runs them as written.
+(:func:`sessionstore.jit.compiled`); ``NUMBA_DISABLE_JIT=1`` runs them as written.
 """
 
 from __future__ import annotations

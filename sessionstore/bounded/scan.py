@@ -86,7 +86,7 @@ def session_starts(codes: Int64Array, times: Int64Array, ends: Int64Array, *, in
     if n == 0:
         return np.zeros(0, dtype=np.bool_)
     if max_duration is not None:
-        from ..kernels import compiled
+        from ..jit import compiled
 
         return compiled(scan_sessions)(codes, times, ends, bool(inclusive), int(max_duration))
     if fixed_gap:
@@ -94,7 +94,7 @@ def session_starts(codes: Int64Array, times: Int64Array, ends: Int64Array, *, in
     else:
         running = _segmented_running_max(codes, ends)
         if running is None:
-            from ..kernels import compiled
+            from ..jit import compiled
 
             return compiled(scan_sessions)(codes, times, ends, bool(inclusive), 0)
         reach = running[:-1]

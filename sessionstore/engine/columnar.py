@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from .. import arrays, folds, kernels, keyschema
 from ..aggregations import Aggregation, Combined
+from ..jit import compiled
 from ..types import Session
 from .emit import Emit
 
@@ -503,7 +504,7 @@ def _sum(groups: kernels.EventGroups, absorbed: kernels.EventGroups, owner: Int6
     if values.dtype.kind == "f":
         # 0 + absorbed sums in start order, + (0 + events in (time, arrival) order)
         run = folds.sum_per_session(groups, values, np.zeros(sessions))
-        return kernels.compiled(_fold_open_then_run)(
+        return compiled(_fold_open_then_run)(
             absorbed.order, absorbed.offsets, open_values.astype(np.float64), run)
     try:
         run = folds.sum_per_session(groups, values)

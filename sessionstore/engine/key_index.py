@@ -19,7 +19,7 @@ import pyarrow as pa
 from .. import keyschema
 from .. import table_kernels as tk
 from ..arrays import Int64Array
-from ..kernels import compiled
+from ..jit import compiled
 from ..store.base import byte_rows
 from ..store.keycodec import encode_key_column
 from ..timeutil import INT64_MAX, INT64_MIN

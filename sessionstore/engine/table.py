@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from .. import table_kernels as tk
 from ..arrays import Int64Array
-from ..kernels import compiled
+from ..jit import compiled
 from .columnar import (
     ITEM_KINDS,
     NUMERIC_KINDS,

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import keyschema, packing
 from .. import table_kernels as tk
-from ..kernels import compiled
+from ..jit import compiled
 from ..timeutil import INT64_MAX
 from .columnar import (
     NUMERIC_KINDS,

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import keyschema
+from ..gap_boundary import first_open_end
 from ..timeutil import INT64_MAX, INT64_MIN
 from ..types import Session
 
@@ -252,7 +253,7 @@ class CachingSessionStore:
             self._flush_key(key)
             self._size -= len(self._views.pop(key))
             del self._floors[key]
-        low = floor_ms + 1 if floor_ms < INT64_MAX else INT64_MAX
+        low = first_open_end(floor_ms)
         view = {(s.start, s.end): (value, True)
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
         if self.max_sessions == 0:
@@ -502,8 +503,9 @@ class CachingSessionStore:
     def _write_batch(self, batch: list[tuple[Any, int, int]]) -> None:
         """Write dirty sessions, in (end, key bytes, start) order."""
         if len(batch) > 1:
-            # encodings are never empty (length-prefixed); (end, key bytes, start) is unique
-            # per session, so the rows compare on those three only
+            # keyschema.store_order, written out (a call per session costs more than the
+            # sort); encodings are never empty (length-prefixed); (end, key bytes, start) is
+            # unique per session, so the rows compare on those three only
             known = self._key_bytes.get
             encode = self.encode_key
             order = [(s[2], known(s[0]) or encode(s[0]), s[1], s) for s in batch]

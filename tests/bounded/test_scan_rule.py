@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sessionstore.bounded.scan import scan_sessions, session_starts
 from sessionstore.gap_boundary import reaches
-from sessionstore.kernels import compiled
+from sessionstore.jit import compiled
 
 
 def starts_by_the_rule(rows: list[tuple[int, int, int]], inclusive: bool,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import folds, kernels
+from sessionstore import folds, jit, kernels
 from sessionstore.engine.planner import plan_reference
 from sessionstore.kernels import plan_dense
 
@@ -69,7 +69,7 @@ def test_plan_dense_equals_the_loop_and_the_reference(
     events, opens, inclusive = batch
     with plain_python_kernels(plain_python):
         if plain_python:  # the Python source, calling the Python helpers
-            kernels._COMPILED["_plan_dense"] = kernels._plan_dense
+            jit.COMPILED["_plan_dense"] = kernels._plan_dense
         _check(events, opens, inclusive, by_time)
 
 

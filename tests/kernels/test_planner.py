@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import kernels
+from sessionstore import jit, kernels
 from sessionstore.engine.planner import plan, plan_reference
 from sessionstore.kernels import SessionPlan
 
@@ -131,14 +131,14 @@ def plain_python_kernels(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    saved = dict(kernels._COMPILED)
-    kernels._COMPILED.clear()
-    kernels._COMPILED.update({"_plan_dense": kernels._plan_dense})
+    saved = dict(jit.COMPILED)
+    jit.COMPILED.clear()
+    jit.COMPILED.update({"_plan_dense": kernels._plan_dense})
     try:
         yield
     finally:
-        kernels._COMPILED.clear()
-        kernels._COMPILED.update(saved)
+        jit.COMPILED.clear()
+        jit.COMPILED.update(saved)
 
 
 @settings(max_examples=round(300 * PROFILE_SCALE))
