@@ -48,14 +48,20 @@ def is_simple(data_type: T.DataType) -> bool:
 
 
 def check_key_type(column: str, data_type: T.DataType) -> None:
-    """Key columns must have an engine representation.
+    """Key columns must have an engine representation. Floating keys have none: the engine
+    refuses them (native Spark merges -0.0 with 0.0 and every NaN into one key, which an
+    encoding of the float's bits would not), so they are refused here, before any task runs.
 
     Raises:
         ValueError: naming the column and its type.
     """
+    if isinstance(data_type, FRACTIONAL):
+        raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; floating "
+                         f"keys are not accepted (-0.0 and NaN would not group as Spark groups "
+                         f"them): cast the column to a decimal or a string before sessionize")
     if not is_simple(data_type):
         raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; keys must "
-                         f"be numbers, decimals, strings, binary, booleans, dates or timestamps")
+                         f"be integers, decimals, strings, binary, booleans, dates or timestamps")
 
 
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:

@@ -174,3 +174,20 @@ def test_a_timestamp_ntz_stream_is_refused_as_natives_watermark_refuses_it(spark
     with pytest.raises(Exception, match=refusal):  # noqa: PT011
         sessionize(stream, key="user", timestamp="ts", gap=GAP, watermark_delay=DELAY,
                    aggregations={"n": "count"}, state_location=str(tmp_path / "state"))
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["static", "stream"])
+def test_a_floating_key_is_refused_in_the_call_naming_the_column(spark, tmp_path, streaming):
+    """Kills accepting a float or double key, which every task then fails on (the engine
+    refuses floating keys) with a TypeError naming an internal column."""
+    if streaming:
+        frame = spark.readStream.schema(SCHEMA).json(str(tmp_path))
+    else:
+        frame = spark.createDataFrame([("a", EPOCH, 1)], SCHEMA)
+    frame = frame.withColumn("score", F.col("amount").cast("double")) \
+        .withColumn("ratio", F.col("amount").cast("float"))
+    for key, column, kind in [("score", "score", "double"), (["user", "ratio"], "ratio", "float")]:
+        with pytest.raises(ValueError, match=f"key column '{column}' has type {kind}; floating "
+                                             f"keys are not accepted .* cast the column"):
+            sessionize(frame, key=key, timestamp="ts", gap=GAP, watermark_delay=DELAY,
+                       aggregations={"n": "count"}, state_location=str(tmp_path / "state"))
