@@ -152,6 +152,22 @@ def arrow_type(data_type: T.DataType, timezone: str) -> pa.DataType:
     raise ValueError(f"no Arrow type for {data_type.simpleString()}")
 
 
+def key_to_engine(array: pa.Array | pa.ChunkedArray, data_type: T.DataType) -> list[Any]:
+    """The engine keys of one Arrow key column: :func:`to_engine`'s values, but a boolean as
+    the int 0 or 1 (the engine keys on str, bytes and int; a bool is refused there)."""
+    if isinstance(data_type, T.BooleanType):
+        return list(array.cast(pa.int8()).to_pylist())
+    return to_engine(array, data_type)
+
+
+def key_from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.Array:
+    """An Arrow key column of Spark type ``data_type`` from engine keys (see
+    :func:`key_to_engine`)."""
+    if isinstance(data_type, T.BooleanType):
+        return pa.array(values, pa.int8()).cast(pa.bool_())
+    return from_engine(values, data_type, timezone)
+
+
 def from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.Array:
     """An Arrow column of Spark type ``data_type`` from engine values."""
     target = arrow_type(data_type, timezone)

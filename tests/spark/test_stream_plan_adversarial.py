@@ -5,7 +5,7 @@ shuffle), with native ``session_window`` as the oracle, micro-batch by micro-bat
 One scenario, run by native once and by ``sessionize`` under several shuffle partition counts,
 a restart from the checkpoint and without exchange reuse: two keys whose Murmur3 hashes are
 equal (the hidden column is then equal, so they share a partition and the ticker's state key),
-a two-column key with a non-nullable literal part, a null key, an empty file (a micro-batch with
+a two-column key with a non-nullable boolean literal part, a null key, an empty file (a micro-batch with
 no rows), a micro-batch of late rows only, sessions closed by no-data micro-batches in
 partitions that got no rows, and a watermark that jumps years ahead, moved by a null key's row.
 """
@@ -25,7 +25,7 @@ from spark_adapter import progress_counters, sessionize
 EPOCH = dt.datetime(2024, 1, 1)
 SCHEMA = "user string, ts timestamp, amount long"
 GAP, DELAY = "10 seconds", "5 seconds"
-# distinct strings with one Murmur3 hash, alone and followed by the int 7 (found with Spark's
+# distinct strings with one Murmur3 hash, alone and followed by a boolean (found with Spark's
 # own F.hash; the test checks it again)
 C1, C2 = "u123324", "u128809"
 FAR = 10**8  # about three years, in seconds
@@ -52,8 +52,8 @@ def _as_json(row: tuple[str | None, float, int]) -> str:
 
 
 def prepared(stream: Any) -> Any:
-    """The key's second column is a non-nullable literal."""
-    return stream.withColumn("src", F.lit(7))
+    """The key's second column is a non-nullable boolean literal."""
+    return stream.withColumn("src", F.lit(True))
 
 
 def run_stream(spark: Any, root: Path, build: Any, restart_after: int | None = None,
@@ -112,7 +112,7 @@ def native(spark: Any, tmp_path_factory: Any) -> dict[int, list[tuple[Any, ...]]
 
 def test_the_colliding_keys_collide(spark):
     hashes = spark.createDataFrame([(C1,), (C2,)], "user string").select(
-        F.hash("user").alias("one"), F.hash("user", F.lit(7)).alias("two")).collect()
+        F.hash("user").alias("one"), F.hash("user", F.lit(True)).alias("two")).collect()
     assert C1 != C2 and hashes[0] == hashes[1]
 
 
@@ -124,8 +124,9 @@ def test_stream_equals_native_batch_by_batch(spark, tmp_path, native, partitions
                                              restart_after, reuse):
     """Kills a task partition taken as ``partitionId - n`` alone (with one shuffle partition,
     Spark unions the ticker and the engine partition by partition: the task found no
-    partition) and a watermark that leaves out the times of rows with a null key (sessions
-    closed later than native's, a late row taken in)."""
+    partition), a watermark that leaves out the times of rows with a null key (sessions
+    closed later than native's, a late row taken in) and a boolean key handed to the engine
+    as a bool (which it refuses)."""
     def build(stream: Any) -> Any:
         return sessionize(prepared(stream), key=["user", "src"], timestamp="ts",
                           gap=GAP, watermark_delay=DELAY,
@@ -191,3 +192,24 @@ def test_a_floating_key_is_refused_in_the_call_naming_the_column(spark, tmp_path
                                              f"keys are not accepted .* cast the column"):
             sessionize(frame, key=key, timestamp="ts", gap=GAP, watermark_delay=DELAY,
                        aggregations={"n": "count"}, state_location=str(tmp_path / "state"))
+
+
+def test_a_boolean_key_equals_native_on_both_engines_and_both_paths(spark):
+    """Kills a boolean key handed to the engine as a bool (every task of the row path and of
+    the processor engine failed: the engine keys on str, bytes and int)."""
+    rows = [(i % 3 == 0, i % 2 == 0, EPOCH + dt.timedelta(seconds=3 * i), i) for i in range(12)]
+    df = spark.createDataFrame(rows, "flag boolean, even boolean, ts timestamp, amount long")
+    expected = sorted(tuple(r) for r in df.groupBy(
+        "flag", "even", F.session_window("ts", "4 seconds").alias("w"))
+        .agg(F.count("*"), F.sum("amount"), F.max("amount"))
+        .select("flag", "even", "w.start", "w.end", "count(1)", "sum(amount)", "max(amount)")
+        .collect())
+    assert {r[:2] for r in expected} == {(f, e) for f in (True, False) for e in (True, False)}
+    columnar = {"n": "count", "s": ("sum", "amount"), "m": ("max", "amount")}
+    row_path = {**columnar, "first": ("first", "amount")}  # first takes the row path
+    for engine in ("arrow", "processor"):
+        for aggs in (columnar, row_path):
+            got = sorted(tuple(r)[:7] for r in sessionize(
+                df, key=["flag", "even"], timestamp="ts", gap="4 seconds", aggregations=aggs,
+                engine=engine).collect())
+            assert got == expected, (engine, list(aggs))
