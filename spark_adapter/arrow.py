@@ -206,24 +206,29 @@ def task_partition(config: SessionizeConfig) -> int:
 
     ``sessionize`` unions its output after the no-data ticker (see ``sessionize._ticker``), and
     a task's ``partitionId`` counts the partitions of the union: the ticker's ``n_partitions``
-    come first. When both sides report the same output partitioning (one shuffle partition:
-    both are ``SinglePartition``), Spark (4.3 at least) unions them partition by partition, so
-    the union has ``n_partitions`` partitions and the id is the shuffle partition itself. The
-    ticker runs no ``mapInArrow``, so an id below ``n_partitions`` can only mean the latter.
+    come first. With one shuffle partition both sides report the same output partitioning
+    (``SinglePartition``), and Spark (4.3 at least) unions them partition by partition: the
+    union then has one partition, id 0. (With more, each side's partitioning is unknown once
+    the hidden column is dropped, and the union is the concatenation.)
 
     Raises:
         RuntimeError: the index falls outside the range, e.g. the output was unioned after
-            another input in the same stage; nothing has been read or written.
+            another input in the same stage, or ``spark.sql.shuffle.partitions`` changed
+            between the ``sessionize`` call and the query's start (the ticker then takes the
+            new count); nothing has been read or written.
     """
     context = TaskContext.get()
     assert context is not None
     index = context.partitionId()
-    partition = index if index < config.n_partitions else index - config.n_partitions
+    partition = 0 if index == 0 and config.n_partitions == 1 else index - config.n_partitions
     if not 0 <= partition < config.n_partitions:
         raise RuntimeError(
             f"sessionize: task partition {context.partitionId()} is not one of the "
             f"{config.n_partitions} after the ticker's; was the sessionize output unioned with "
-            f"another input before a shuffle? Union it after a repartition instead"
+            f"another input before a shuffle (union it after a repartition instead), or did "
+            f"spark.sql.shuffle.partitions change after sessionize was called (it was "
+            f"{config.n_partitions} then: call sessionize under the setting the query starts "
+            f"with)?"
         )
     return partition
 

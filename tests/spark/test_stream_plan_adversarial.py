@@ -213,3 +213,30 @@ def test_a_boolean_key_equals_native_on_both_engines_and_both_paths(spark):
                 df, key=["flag", "even"], timestamp="ts", gap="4 seconds", aggregations=aggs,
                 engine=engine).collect())
             assert got == expected, (engine, list(aggs))
+
+
+def test_a_partition_count_changed_after_the_call_fails_the_query_naming_it(spark, tmp_path):
+    """``sessionize`` partitions the stream by the count it sees; Spark's ticker takes the count
+    the query starts with. Kills a task partition that accepts any id below the count (with 3
+    then 2, every task found a partition, each another shuffle partition's store)."""
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "b0.json").write_text("".join(_as_json((f"u{i}", i, 1)) for i in range(8)))
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        spark.conf.set("spark.sql.shuffle.partitions", "3")
+        out = sessionize(spark.readStream.schema(SCHEMA).json(str(source)), key="user",
+                         timestamp="ts", gap=GAP, watermark_delay=DELAY,
+                         aggregations={"n": "count"}, state_location=str(tmp_path / "state"),
+                         local_dir=str(tmp_path / "local"))
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        query = out.writeStream.format("noop").outputMode("append") \
+            .option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+        try:
+            with pytest.raises(Exception, match="spark.sql.shuffle.partitions change after "
+                                                "sessionize was called"):  # noqa: PT011
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
