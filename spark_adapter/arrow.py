@@ -18,7 +18,8 @@ rows or not, because the input is shuffled to a fixed ``n``. A task
 **How the watermark reaches the task.** Spark computes ``W_b = max(W_{b-1}, max event time in
 batches < b - delay)`` (0 at first) and never shows it to a ``mapInArrow`` task. The task
 computes the same value from what the previous micro-batch committed: each partition records its
-largest event time of batches ``<= b-1`` as the *name* of an empty object under
+largest event time of batches ``<= b-1`` (over every row with a time, as Spark's watermark
+node takes it: a row the engine drops for a null key too) as the *name* of an empty object under
 ``progress/<b-1>/`` beside the snapshots, so one listing per task reads every partition's value.
 Spark starts batch ``b`` only after every task of ``b - 1`` succeeded, so the listing is
 complete, and it never changes afterwards: a replayed batch (task retry, executor loss, driver
@@ -40,6 +41,7 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark import TaskContext
 from pyspark.sql import DataFrame
@@ -204,22 +206,39 @@ def task_partition(config: SessionizeConfig) -> int:
 
     ``sessionize`` unions its output after the no-data ticker (see ``sessionize._ticker``), and
     a task's ``partitionId`` counts the partitions of the union: the ticker's ``n_partitions``
-    come first.
+    come first. With one shuffle partition both sides report the same output partitioning
+    (``SinglePartition``), and Spark (4.3 at least) unions them partition by partition: the
+    union then has one partition, id 0. (With more, each side's partitioning is unknown once
+    the hidden column is dropped, and the union is the concatenation.)
 
     Raises:
         RuntimeError: the index falls outside the range, e.g. the output was unioned after
-            another input in the same stage; nothing has been read or written.
+            another input in the same stage, or ``spark.sql.shuffle.partitions`` changed
+            between the ``sessionize`` call and the query's start (the ticker then takes the
+            new count); nothing has been read or written.
     """
     context = TaskContext.get()
     assert context is not None
-    partition = context.partitionId() - config.n_partitions
+    index = context.partitionId()
+    partition = 0 if index == 0 and config.n_partitions == 1 else index - config.n_partitions
     if not 0 <= partition < config.n_partitions:
         raise RuntimeError(
             f"sessionize: task partition {context.partitionId()} is not one of the "
             f"{config.n_partitions} after the ticker's; was the sessionize output unioned with "
-            f"another input before a shuffle? Union it after a repartition instead"
+            f"another input before a shuffle (union it after a repartition instead), or did "
+            f"spark.sql.shuffle.partitions change after sessionize was called (it was "
+            f"{config.n_partitions} then: call sessionize under the setting the query starts "
+            f"with)?"
         )
     return partition
+
+
+def max_event_us(config: SessionizeConfig, table: pa.Table) -> int | None:
+    """The largest event time (us) of a task's input rows, None for none: every row with a
+    time counts, one with a null key too, as Spark's watermark node counts it (the engine drops
+    such a row, but ``W_b`` must stay Spark's)."""
+    largest = pc.max(table.column(config.time_column).cast(pa.int64())).as_py()
+    return None if largest is None else int(largest)
 
 
 def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch],
@@ -253,10 +272,11 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
         table = config.input_table(batches)
         if runner is None:
-            out, counts, max_us = sessionize_rows(engine, config, table, config.order_sensitive)
+            out, counts, _ = sessionize_rows(engine, config, table, config.order_sensitive)
         else:
-            counts, max_us = runner.feed(table)
+            counts, _ = runner.feed(table)
             out = None
+        max_us = max_event_us(config, table)
         if opening:
             yield to_rows(opening)
         if out is not None and out.num_rows:

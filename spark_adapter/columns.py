@@ -48,14 +48,20 @@ def is_simple(data_type: T.DataType) -> bool:
 
 
 def check_key_type(column: str, data_type: T.DataType) -> None:
-    """Key columns must have an engine representation.
+    """Key columns must have an engine representation. Floating keys have none: the engine
+    refuses them (native Spark merges -0.0 with 0.0 and every NaN into one key, which an
+    encoding of the float's bits would not), so they are refused here, before any task runs.
 
     Raises:
         ValueError: naming the column and its type.
     """
+    if isinstance(data_type, FRACTIONAL):
+        raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; floating "
+                         f"keys are not accepted (-0.0 and NaN would not group as Spark groups "
+                         f"them): cast the column to a decimal or a string before sessionize")
     if not is_simple(data_type):
         raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; keys must "
-                         f"be numbers, decimals, strings, binary, booleans, dates or timestamps")
+                         f"be integers, decimals, strings, binary, booleans, dates or timestamps")
 
 
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:
@@ -144,6 +150,22 @@ def arrow_type(data_type: T.DataType, timezone: str) -> pa.DataType:
         if isinstance(data_type, spark_type):
             return arrow
     raise ValueError(f"no Arrow type for {data_type.simpleString()}")
+
+
+def key_to_engine(array: pa.Array | pa.ChunkedArray, data_type: T.DataType) -> list[Any]:
+    """The engine keys of one Arrow key column: :func:`to_engine`'s values, but a boolean as
+    the int 0 or 1 (the engine keys on str, bytes and int; a bool is refused there)."""
+    if isinstance(data_type, T.BooleanType):
+        return list(array.cast(pa.int8()).to_pylist())
+    return to_engine(array, data_type)
+
+
+def key_from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.Array:
+    """An Arrow key column of Spark type ``data_type`` from engine keys (see
+    :func:`key_to_engine`)."""
+    if isinstance(data_type, T.BooleanType):
+        return pa.array(values, pa.int8()).cast(pa.bool_())
+    return from_engine(values, data_type, timezone)
 
 
 def from_engine(values: list[Any], data_type: T.DataType, timezone: str) -> pa.Array:

@@ -267,7 +267,7 @@ def engine_rows(config: SessionizeConfig, table: pa.Table | pa.RecordBatch,
                                                              for c in dict.fromkeys(sortable)]))
     gaps = None if config.gap_column is None else checked_gaps(config, table)
     times = table.column(config.time_column).cast(pa.int64()).to_numpy()
-    key_lists = [columns.to_engine(table.column(k), t)
+    key_lists = [columns.key_to_engine(table.column(k), t)
                  for k, t in zip(config.key_columns, config.key_types, strict=True)]
     keys = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists, strict=True))
     if config.value_columns:
@@ -326,7 +326,7 @@ def emits_batch(config: SessionizeConfig, emits: list[Emit]) -> pa.RecordBatch:
                                                strict=True)):
         del name
         column = keys if len(config.key_columns) == 1 else [k[i] for k in keys]
-        arrays.append(columns.from_engine(column, data_type, tz))
+        arrays.append(columns.key_from_engine(column, data_type, tz))
     arrays.append(columns.from_engine([e.session.start for e in emits], config.time_type, tz))
     arrays.append(columns.from_engine([e.session.end for e in emits], config.time_type, tz))
     for name, out_field in zip(config.output_names, config.output_fields, strict=True):

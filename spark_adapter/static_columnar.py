@@ -205,7 +205,7 @@ class ColumnarRunner:
         keys = [e.session.key for e in emits]
         for i, data_type in enumerate(cfg.key_types):
             column = keys if len(cfg.key_types) == 1 else [k[i] for k in keys]
-            arrays.append(columns.from_engine(column, data_type, tz))
+            arrays.append(columns.key_from_engine(column, data_type, tz))
         arrays.append(columns.from_engine([e.session.start for e in emits], cfg.time_type, tz))
         arrays.append(columns.from_engine([e.session.end for e in emits], cfg.time_type, tz))
         for i, (part, out_field) in enumerate(zip(self.parts, cfg.output_fields, strict=True)):
@@ -223,6 +223,8 @@ def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArra
         return array.cast(pa.int64())
     if isinstance(data_type, T.DateType):
         return array.cast(pa.int32())
+    if isinstance(data_type, T.BooleanType):  # as columns.key_to_engine: the engine keys on ints
+        return array.cast(pa.int8())
     return array
 
 
