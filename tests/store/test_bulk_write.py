@@ -38,13 +38,17 @@ def twin_stores(backend: str, **config: Any) -> Iterator[tuple[SegmentedSessionS
         return
     # "rocksdb-blocks": every bulk call takes the large-write layout (an SST file with an index
     # block per segment, removals of key-first records alone), however few sessions it has
-    # "rocksdb-mixed": segments with at least 3 sessions in a call take that layout, the others
-    # a WriteBatch (both in one call)
+    # and carries every deferred removal of its segments; "rocksdb-mixed": segments with at
+    # least 3 sessions in a call take that layout, the others a WriteBatch (both in one call),
+    # and a file carries its segment's removals when they are no more than its sessions
     threshold = rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+    ratio = rocksdb_module.FOLD_REMOVALS_RATIO
     if backend == "rocksdb-blocks":
         rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = 1
+        rocksdb_module.FOLD_REMOVALS_RATIO = 0
     elif backend == "rocksdb-mixed":
         rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = 3
+        rocksdb_module.FOLD_REMOVALS_RATIO = 1
     with tempfile.TemporaryDirectory(prefix="bulk-") as root:
         bulk = SessionStore(Path(root) / "bulk", **config)
         loop = SessionStore(Path(root) / "loop", **config)
@@ -52,6 +56,7 @@ def twin_stores(backend: str, **config: Any) -> Iterator[tuple[SegmentedSessionS
             yield bulk, loop
         finally:
             rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = threshold
+            rocksdb_module.FOLD_REMOVALS_RATIO = ratio
             bulk.close()
             loop.close()
 
