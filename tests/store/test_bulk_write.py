@@ -25,6 +25,8 @@ INT64_MAX = 2**63 - 1
 ALL_KEYS = ["a", "ab", b"a", 0, 1, 300, -7, ("a", 1), "", "é" * 40, 2**40]
 VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(),
                    st.lists(st.integers(0, 3), max_size=2))
+# a call with a None value is written row by row (a None deletes): these keep the bulk layouts
+SOME_VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=3))
 
 
 @contextmanager
@@ -36,9 +38,17 @@ def twin_stores(backend: str, **config: Any) -> Iterator[tuple[SegmentedSessionS
         return
     # "rocksdb-blocks": every bulk call takes the large-write layout (an SST file with an index
     # block per segment, removals of key-first records alone), however few sessions it has
+    # and carries every deferred removal of its segments; "rocksdb-mixed": segments with at
+    # least 3 sessions in a call take that layout, the others a WriteBatch (both in one call),
+    # and a file carries its segment's removals when they are no more than its sessions
     threshold = rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+    ratio = rocksdb_module.FOLD_REMOVALS_RATIO
     if backend == "rocksdb-blocks":
         rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = 1
+        rocksdb_module.FOLD_REMOVALS_RATIO = 0
+    elif backend == "rocksdb-mixed":
+        rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = 3
+        rocksdb_module.FOLD_REMOVALS_RATIO = 1
     with tempfile.TemporaryDirectory(prefix="bulk-") as root:
         bulk = SessionStore(Path(root) / "bulk", **config)
         loop = SessionStore(Path(root) / "loop", **config)
@@ -46,6 +56,7 @@ def twin_stores(backend: str, **config: Any) -> Iterator[tuple[SegmentedSessionS
             yield bulk, loop
         finally:
             rocksdb_module.BULK_LAYOUT_MIN_SESSIONS = threshold
+            rocksdb_module.FOLD_REMOVALS_RATIO = ratio
             bulk.close()
             loop.close()
 
@@ -68,7 +79,8 @@ def configurations(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def session_batches(draw: st.DrawFn) -> tuple[list[Any], list[int], list[int], list[Any]]:
+def session_batches(draw: st.DrawFn, value_strategy: st.SearchStrategy[Any] = VALUES
+                    ) -> tuple[list[Any], list[int], list[int], list[Any]]:
     base = draw(st.sampled_from([0, -10_000, INT64_MIN + 2_000, INT64_MAX - 2_000]))
     n = draw(st.integers(0, 25))
     keys, starts, ends, values = [], [], [], []
@@ -83,7 +95,7 @@ def session_batches(draw: st.DrawFn) -> tuple[list[Any], list[int], list[int], l
             start = base + draw(st.integers(-1_500, 1_500))
             starts.append(start)
             ends.append(start + draw(st.integers(0, 300)))
-        values.append(draw(VALUES))
+        values.append(draw(value_strategy))
     return keys, starts, ends, values
 
 
@@ -140,6 +152,46 @@ def test_bulk_calls_equal_loops_of_single_calls(
         for operation, argument in operations:
             apply(bulk, loop, operation, argument, distinct_keys)
             assert contents(bulk) == contents(loop)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb-blocks", "rocksdb-mixed"])
+@settings(max_examples=round(20 * PROFILE_SCALE))
+@given(config=configurations(), data=st.data())
+def test_removals_then_bulk_writes_read_only_at_the_end_equal_loops(
+    backend: str, config: dict[str, Any], data: st.DataObject,
+) -> None:
+    """The RocksDB store defers removals until its next call, carrying them in the SST files
+    of a bulk write that follows. Rounds of the engine's pattern with no read between calls:
+    remove some sessions written before, then write a batch holding fresh sessions, sessions
+    ending where removed ones ended (their segments) and some removed sessions again."""
+    with twin_stores(backend, **config) as (bulk, loop):
+        written: list[tuple[Any, int, int]] = []
+        for _ in range(data.draw(st.integers(1, 4), label="rounds")):
+            removed = data.draw(st.lists(st.sampled_from(written), max_size=15, unique=True)
+                                if written else st.just([]), label="removed")
+            keys, starts, ends = ([k for k, _, _ in removed], [s for _, s, _ in removed],
+                                  [e for _, _, e in removed])
+            apply(bulk, loop, "remove", (keys, starts, ends, []), distinct_keys=False)
+            keys, starts, ends, values = data.draw(session_batches(SOME_VALUES), label="fresh")
+            for key, start, end in removed:
+                shift = data.draw(st.sampled_from([None, 0, 1]), label="again")
+                if shift is not None:  # the session again, or another one in its segment
+                    keys.append(key)
+                    starts.append(start - shift)
+                    ends.append(end)
+                    values.append(data.draw(SOME_VALUES, label="value"))
+            written += zip(keys, starts, ends, strict=True)
+            apply(bulk, loop, "put", (keys, starts, ends, values),
+                  distinct_keys=data.draw(st.booleans(), label="distinct keys"))
+            step = data.draw(st.sampled_from(["none", "none", "commit", "abort", "check"]),
+                             label="then")
+            if step == "check":
+                assert contents(bulk) == contents(loop)
+            elif step != "none":
+                apply(bulk, loop, step, None, distinct_keys=False)
+        assert contents(bulk) == contents(loop)
+        assert bulk.commit() == loop.commit()
+        assert contents(bulk) == contents(loop)
 
 
 def test_a_later_session_in_the_call_expires_an_earlier_ones_segment() -> None:

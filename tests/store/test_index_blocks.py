@@ -202,3 +202,38 @@ def test_ranges_that_end_one_short_of_a_segment_or_start_one_into_it(tmp_path: P
             for backward in (False, True):
                 assert list(store.find_sessions(low, high, backward=backward)) \
                     == list(model.find_sessions(low, high, backward=backward))
+
+
+def test_a_removal_then_a_large_write_adds_one_level0_file(tmp_path: Path) -> None:
+    """The engine's batch pattern (remove the merged-away sessions, then write the batch): the
+    removals travel as tombstones in the ingested SST file. Written through the memtable they
+    made the ingestion flush it first, a second level-0 file per batch (kills applying them
+    before the ingestion)."""
+    config = {"retention_ms": 10**9, "segment_interval_ms": 10**6}
+    model = InMemorySessionStore(**config)
+    with SessionStore(tmp_path / "s", auto_compaction=False, **config) as store:
+        for seed in range(4):
+            keys, starts, ends, values = batch(seed, keys=3_000)
+            if seed:
+                previous = batch(seed - 1, keys=3_000)
+                doomed = np.arange(seed, N, 20)  # few enough to carry (two records each)
+                for target in (store, model):
+                    target.remove_many([previous[0][i] for i in doomed],
+                                       previous[1][doomed], previous[2][doomed])
+            store.put_many(keys, starts, ends, values)
+            model.put_many(keys, starts, ends, values)
+            store.commit()
+            # the first file goes to the last level (it overlaps nothing), each later one to L0
+            assert store._cfs[0].property_int_value("rocksdb.num-files-at-level0") == seed
+        assert everything(store) == everything(model)
+
+
+def test_an_open_iterator_sees_a_removal_made_while_it_runs(tmp_path: Path) -> None:
+    """An iterator reads RocksDB segment by segment as it goes, so a removal made while it runs
+    is seen in the segments it has not reached yet, as before removals were deferred."""
+    with SessionStore(tmp_path / "s", retention_ms=10**9, segment_interval_ms=100) as store:
+        store.put_many(["a"] * 3, [0, 150, 250], [10, 160, 260], [1, 2, 3])
+        found = store.fetch("a")
+        assert next(found)[1] == 1
+        store.remove_many(["a"], [250], [260])
+        assert [value for _, value in found] == [2]
