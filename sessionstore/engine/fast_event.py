@@ -6,19 +6,23 @@ lean engine (a fixed gap, no trigger, no maximum duration, no write cache).
 plain-Python sessionizer does the same work in one loop body; a call, or an attribute read of
 an object, costs about as much as a dict operation, and each event made a dozen of them. Here
 the whole step is one closure over the objects it touches (the engine's state, its clock and
-counters, the cache's methods), built once per engine and rebuilt when the engine replaces
+counters, the cache's containers), built once per engine and rebuilt when the engine replaces
 any of them (:func:`~sessionstore.engine.lifecycle.abort`).
 
 It only takes the common case, and takes it exactly as the chain would: an ``int`` or ``str``
 key, an ``int`` time in range, no ``gap_ms``, no columnar table, a key whose view the cache
-answers from memory (:meth:`~sessionstore.store.caching.CachingSessionStore.held_view`) and an
-event that joins at most one session. Everything else (and every case the chain would handle
-differently) is handed, before anything changes, to the chain itself: ``process_event`` or
-``process_lean``. The write goes through the cache's own rule for a one-session merge,
-:meth:`~sessionstore.store.caching.CachingSessionStore.put_joined` (which ``put_merged`` and
-``put`` call too), so the cache's bookkeeping exists once. ``tests/engine/test_fast_event.py``
-runs this step against the chain, step by step, with every cache size, segment size and
-watermark mode; the property tests in ``tests/engine`` run both against an independent oracle.
+holds (or a key it knows the store has nothing for) and an event that joins at most one
+session. Everything else (and every case the chain would handle differently) is handed, before
+anything changes, to the chain itself: ``process_event`` or ``process_lean``. The property
+tests in ``tests/engine`` run both against each other and against an independent oracle with
+every cache size, segment size and watermark mode.
+
+The fused step reaches into :class:`~sessionstore.store.caching.CachingSessionStore`'s
+containers (``_views``, ``_floors``, ``_dirty``, the end index): it is
+:meth:`~sessionstore.store.caching.CachingSessionStore.sessions_of` and
+:meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` inlined, and must change with
+them (the one reach into another module's private members that
+``tests/test_private_members.py`` allows).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..aggregations import is_count
+from ..store.caching import TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
@@ -75,13 +80,23 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     agg = engine.aggregation
     count = is_count(agg)
     result = agg.result
-    held_keys = state.held_keys
-    held_view = state.held_view
-    put_joined = state.put_joined
-    encode_key = state.encode_key
-    # count's records, shared: a tuple of scalars made once instead of per event (fewer
-    # allocations the collector tracks until its next pass)
+    views = state._views
+    views_get = views.get
+    floors = state._floors
+    dirty = state._dirty
+    index_ends = state._index_ends
+    by_end = state._by_end
+    end_heap = state._end_heap
+    max_sessions = state.max_sessions
+    forget_before = state._forget_before
+    encode_key = state._encode_key  # keyschema.encode_key, remembered by the cache
+    key_bytes_get = state._key_bytes.get
+    # count's records and new view entries, shared: a tuple of scalars made once instead of
+    # per event (fewer allocations the collector tracks until its next pass)
     count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
+    count_entries = [(record, False) for record in count_records]
+    count_stored = [(record, True) for record in count_records]
+    tombstone = TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)
@@ -89,8 +104,9 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         if (kind is not int and kind is not str) or type(t) is not int or gap_ms is not None \
                 or t > max_t or t < INT64_MIN or engine.table is not None:
             return slow(engine, key, value, timestamp_ms, gap_ms)
-        if key not in held_keys:
-            encode_key(key)  # a key the cache holds passed this already
+        view = views_get(key)
+        if view is None and key_bytes_get(key) is None:
+            encode_key(key)  # a key the cache holds, or has encoded, passed this already
         vkind = type(value)
         if not ((vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)
                 or value is None or vkind is float or vkind is bool):
@@ -102,7 +118,18 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             drop(key, value, t)
             return []
         closed_before = times.closed_before()
-        view = held_view(key, closed_before)
+        # CachingSessionStore.sessions_of, inlined for a held view or a key the store lacks
+        if view is not None:
+            held_floor = floors[key]
+            if closed_before != held_floor:
+                if closed_before < held_floor:
+                    view = None  # older sessions wanted than held: the cache reloads
+                elif len(view) > 2:
+                    forget_before(key, view, closed_before)
+        elif closed_before >= state._complete_above:
+            view = {}  # complete: the wrapped store holds nothing of this key above the floor
+            views[key] = view
+            floors[key] = closed_before
         if view is None:
             out: list[Emit] = []
             lean(key, value, t, out, None)
@@ -140,10 +167,50 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         if check_acc:
             check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
-        record = count_records[acc] if count and type(acc) is int and 0 <= acc < _SHARED_COUNTS \
-            else plain_record(acc)
-        same = entry is not None and joined[0] == start and joined[1] == end
-        put_joined(key, view, joined, start, end, record)
+        shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
+        record = count_records[acc] if shared else plain_record(acc)
+        sid = (key, start, end)
+        pending = state._pending
+        # CachingSessionStore.put_merged, inlined
+        if entry is not None and joined[0] == start and joined[1] == end:  # the same session
+            same = True
+            if shared:
+                view[joined] = (count_stored if entry[1] else count_entries)[acc]
+            else:
+                view[joined] = (record, entry[1])
+        else:
+            same = False
+            bounds = (start, end)
+            grown = True
+            if entry is not None:
+                del view[joined]
+                grown = False
+                old_sid = (key, joined[0], joined[1])
+                if entry[1]:
+                    if pending is not None and old_sid not in dirty:
+                        state._track(old_sid)
+                    dirty[old_sid] = tombstone
+                else:
+                    dirty.pop(old_sid, None)  # never written: nothing to undo downstream
+            # the view holds no other session with these bounds: one ending after
+            # closed_before would overlap the event's window (it ends at or after own_end and
+            # starts at or before t) and have joined it; the others end before own_end
+            view[bounds] = count_entries[acc] if shared else (record, False)
+            if grown:
+                state._size += 1
+            if index_ends:
+                bucket = by_end.get(end)
+                if bucket is None:
+                    by_end[end] = [key, start]
+                    heappush(end_heap, end)
+                else:
+                    bucket.append(key)
+                    bucket.append(start)
+        if pending is not None and sid not in dirty:
+            state._track(sid)
+        dirty[sid] = record
+        if not same and state._size > max_sessions:
+            state._overflow()
         out = []
         if updates:
             if entry is not None and not same:

@@ -187,7 +187,6 @@ class CachingSessionStore:
             bucket = by_end.pop(end)
             if not complete or end < low_ms:
                 continue
-            first = len(found)
             pairs = iter(bucket)
             for key, start in zip(pairs, pairs, strict=True):
                 view = views.get(key)
@@ -202,40 +201,30 @@ class CachingSessionStore:
                     floors[key] = upto_ms
                 kb = key_bytes.get(key)
                 if kb is None:
-                    kb = self.encode_key(key)
+                    kb = self._encode_key(key)
                 if value is _CLEAN:
                     left += 1  # already in the wrapped store: it just leaves the view
                     append((end, kb, start, sid, cached[0], False))
                 else:
                     append((end, kb, start, sid, value, True))
-            if len(found) - first > 1:  # the heap gave the ends in order: sort within one
-                found[first:] = sorted(found[first:])
         self._size -= left
         if not complete:
             return None
+        if len(found) > 1:
+            found.sort()
         if left == 0:
             self._closed_rows.extend(found)
         elif left < len(found):
             self._closed_rows.extend([row for row in found if row[5]])
         return found
 
-    def encode_key(self, key: Any) -> bytes:
-        """``keyschema.encode_key(key)``, remembered (for a bounded number of keys): the key's
-        bytes, which order :meth:`take_closed` and flushes as the store orders them.
-
-        Raises:
-            TypeError / ValueError: as ``keyschema.encode_key``, for a key no store takes.
-        """
+    def _encode_key(self, key: Any) -> bytes:
+        """``keyschema.encode_key``, remembered for the keys the cache holds."""
+        encoded = keyschema.encode_key(key)
         key_bytes = self._key_bytes
-        kind = type(key)
-        # a key of another type may equal a remembered one and be invalid itself (True == 1,
-        # (1.0,) == (1,)): it is encoded, which checks it, before anything is looked up
-        encoded = key_bytes.get(key) if kind is int or kind is str or kind is bytes else None
-        if encoded is None:
-            encoded = keyschema.encode_key(key)
-            if len(key_bytes) >= _KEY_BYTES_LIMIT:
-                key_bytes.clear()
-            key_bytes[key] = encoded
+        if len(key_bytes) >= _KEY_BYTES_LIMIT:
+            key_bytes.clear()
+        key_bytes[key] = encoded
         return encoded
 
     # -- the engine's view ------------------------------------------------------------------
@@ -246,13 +235,21 @@ class CachingSessionStore:
         Loads the key on first use. The mapping may hold sessions ending at or before the floor
         too; callers filter. Read only.
         """
-        view = self.held_view(key, floor_ms)
+        view = self._views.get(key)
         if view is not None:
-            return view
-        if key in self._views:  # older sessions wanted than held: reload from the store
-            self._flush_key(key)
+            held_floor = self._floors[key]
+            if floor_ms >= held_floor:
+                if floor_ms > held_floor and len(view) > 2:
+                    self._forget_before(key, view, floor_ms)
+                return view
+            self._flush_key(key)  # older sessions wanted than held: reload from the store
             self._size -= len(self._views.pop(key))
             del self._floors[key]
+        elif floor_ms >= self._complete_above:
+            view = {}  # complete: the wrapped store holds nothing of this key above the floor
+            self._views[key] = view
+            self._floors[key] = floor_ms
+            return view
         low = first_open_end(floor_ms)
         view = {(s.start, s.end): (value, True)
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
@@ -267,33 +264,6 @@ class CachingSessionStore:
         self._floors[key] = floor_ms
         self._size += len(view)
         return view
-
-    def held_view(self, key: Any, floor_ms: int) -> dict[tuple[int, int], tuple[Any, bool]] | None:
-        """:meth:`sessions_of` when the cache answers it without reading the wrapped store: the
-        key's view, if held with a floor at or below ``floor_ms`` (its sessions ending at or
-        before ``floor_ms`` may be dropped now), or a new empty view, if the cache is complete
-        above ``floor_ms`` (see :meth:`take_closed`); else None, and nothing changed (then
-        :meth:`sessions_of` reads the store).
-
-        The returned mapping is the cache's own: change it only through :meth:`put_joined` or
-        :meth:`put_merged`.
-        """
-        view = self._views.get(key)
-        if view is not None:
-            held_floor = self._floors[key]
-            if floor_ms == held_floor:
-                return view
-            if floor_ms > held_floor:
-                if len(view) > 2:
-                    self._forget_before(key, view, floor_ms)
-                return view
-            return None
-        if floor_ms >= self._complete_above:
-            view = {}  # complete: the wrapped store holds nothing of this key above the floor
-            self._views[key] = view
-            self._floors[key] = floor_ms
-            return view
-        return None
 
     def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, bool]],
                        floor_ms: int) -> None:
@@ -336,7 +306,21 @@ class CachingSessionStore:
                 self._reset_completeness()
             return True
         bounds = (start, end)
-        self.put_joined(key, view, bounds if bounds in view else None, start, end, value)
+        cached = view.get(bounds)
+        if cached is None:
+            # a removal still pending means the wrapped store holds the session (a re-cut can
+            # put back the bounds of a session it removed)
+            view[bounds] = (value, self._dirty.get(sid) is TOMBSTONE)
+            self._size += 1
+            if self._index_ends:
+                self._index(key, start, end)
+        else:
+            view[bounds] = (value, cached[1])
+        if self._pending is not None and sid not in self._dirty:
+            self._track(sid)
+        self._dirty[sid] = value
+        if self._size > self.max_sessions:
+            self._overflow()
         return True
 
     @property
@@ -361,61 +345,40 @@ class CachingSessionStore:
                     self.remove(_new_session((key, b[0], b[1])))
             self.put(_new_session(session), value)
             return
+        dirty = self._dirty
+        pending = self._pending
         bounds = (session[1], session[2])
-        replaced = bounds if bounds in held else None  # the session itself, updated in place
         for b in joined:
             if b != bounds:
-                if replaced is None:
-                    replaced = b  # put_joined removes it
+                gone = held.pop(b)
+                self._size -= 1
+                old = (key, b[0], b[1])
+                if gone[1]:
+                    if pending is not None and old not in dirty:
+                        self._track(old)
+                    dirty[old] = TOMBSTONE
                 else:
-                    self._drop_held(key, held, b)
-        self.put_joined(key, held, replaced, session[1], session[2], value)
-
-    def put_joined(self, key: Any, view: dict[tuple[int, int], tuple[Any, bool]],
-                   joined: tuple[int, int] | None, start_ms: int, end_ms: int,
-                   value: Any) -> None:
-        """Put ``(key, start_ms, end_ms)`` with ``value`` in place of ``joined``, the bounds of
-        the one session of ``view`` it merged (None: none), which is removed unless it has the
-        same bounds. The write rule of the cache for one event: :meth:`put_merged` takes every
-        merge through here, and the engine's fused event step calls it directly.
-
-        ``view`` is the key's view as :meth:`held_view` (or :meth:`sessions_of`, while kept)
-        returned it, not changed since but through this method. ``(start_ms, end_ms)`` is not
-        the bounds of another session in the view (an event's merge never makes one).
-        """
-        bounds = (start_ms, end_ms)
-        sid = (key, start_ms, end_ms)
-        dirty = self._dirty
-        if joined == bounds:
-            view[bounds] = (value, view[bounds][1])
-        else:
-            if joined is not None:
-                self._drop_held(key, view, joined)
-            # a removal still pending means the wrapped store holds the session (a re-cut can
-            # put back the bounds of a session it removed)
-            view[bounds] = (value, dirty.get(sid) is TOMBSTONE)
+                    dirty.pop(old, None)  # never written: nothing to undo downstream
+        cached = held.get(bounds)
+        if cached is None:
+            held[bounds] = (value, dirty.get(session) is TOMBSTONE)  # as put() does
             self._size += 1
             if self._index_ends:
-                self._index(key, start_ms, end_ms)
-        if self._pending is not None and sid not in dirty:
-            self._track(sid)
-        dirty[sid] = value
+                end = bounds[1]
+                bucket = self._by_end.get(end)
+                if bucket is None:
+                    self._by_end[end] = [key, bounds[0]]
+                    heapq.heappush(self._end_heap, end)
+                else:
+                    bucket.append(key)
+                    bucket.append(bounds[0])
+        else:
+            held[bounds] = (value, cached[1])
+        if pending is not None and session not in dirty:
+            self._track(session)
+        dirty[session] = value
         if self._size > self.max_sessions:
             self._overflow()
-
-    def _drop_held(self, key: Any, view: dict[tuple[int, int], tuple[Any, bool]],
-                   bounds: tuple[int, int]) -> None:
-        """Remove the session ``bounds`` of ``key`` from its held ``view`` (where it is): a
-        removal the wrapped store gets on flush if it holds the session, else nothing."""
-        cached = view.pop(bounds)
-        self._size -= 1
-        sid = (key, bounds[0], bounds[1])
-        if cached[1]:
-            if self._pending is not None and sid not in self._dirty:
-                self._track(sid)
-            self._dirty[sid] = TOMBSTONE
-        else:
-            self._dirty.pop(sid, None)  # never written: nothing to undo downstream
 
     def _overflow(self) -> None:
         """Make room when a put took the cache past ``max_sessions``."""
@@ -433,8 +396,16 @@ class CachingSessionStore:
             self._dirty[sid] = TOMBSTONE
             self._flush_one(sid)
             return
-        if (start, end) in view:
-            self._drop_held(key, view, (start, end))
+        cached = view.pop((start, end), None)
+        if cached is None:
+            return
+        self._size -= 1
+        if cached[1]:
+            if self._pending is not None and sid not in self._dirty:
+                self._track(sid)
+            self._dirty[sid] = TOMBSTONE
+        else:
+            self._dirty.pop(sid, None)  # never written: nothing to undo downstream
 
     def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
                  key_index: Any = None) -> Any:
@@ -507,7 +478,7 @@ class CachingSessionStore:
             # sort); encodings are never empty (length-prefixed); (end, key bytes, start) is
             # unique per session, so the rows compare on those three only
             known = self._key_bytes.get
-            encode = self.encode_key
+            encode = self._encode_key
             order = [(s[2], known(s[0]) or encode(s[0]), s[1], s) for s in batch]
             order.sort()
             batch[:] = [row[3] for row in order]
