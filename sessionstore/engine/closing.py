@@ -13,7 +13,7 @@ import functools
 import heapq
 from typing import TYPE_CHECKING, Any
 
-from ..gap_boundary import first_open_end, is_final
+from ..gap_boundary import first_open_end
 from ..store.caching import ClosedRow
 from ..timeutil import check_int64
 from ..triggers import PaneTiming
@@ -59,7 +59,8 @@ def on_watermark(engine: EngineHost, out: list[Emit]) -> None:
                 out.extend(closed.emits(engine.result_names))
         elif not engine.tracks_close:
             times.last_close = close_upto
-        elif (engine.close_heap and is_final(engine.close_heap[0], close_upto)) \
+        # is_final(first end, close_upto), inline: this runs at every watermark advance
+        elif (engine.close_heap and engine.close_heap[0] <= close_upto) \
                 or not engine.close_heap_complete or engine.cache.has_ends_upto(close_upto):
             close_up_to(engine, close_upto, out)
         else:
