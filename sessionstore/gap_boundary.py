@@ -57,8 +57,9 @@ def is_final(end_ms: Any, closed_before_ms: Any) -> Any:
     (:meth:`~sessionstore.engine.time.TimeKeeper.closed_before`): ``end <= closed_before``.
 
     Works on ints and, elementwise, on numpy arrays (a bool array then). Every path calls it;
-    the per-event loops that inline it for speed are pinned to it by
-    ``tests/engine/test_closed_before.py``.
+    the per-event loops that inline it for speed are pinned to it by the tests
+    ``docs/engine.md`` names for each ("One rule, one place": ``tests/engine/test_rules.py``,
+    ``tests/kernels/test_plan_dense.py`` and the max-duration suites).
     """
     return end_ms <= closed_before_ms
 

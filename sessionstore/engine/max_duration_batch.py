@@ -184,7 +184,7 @@ class BatchStep:
         cur: list[Any] | None = None
         open_events: list[Any] = []
         if view:
-            # not is_final(end, cb0), inline: per session (tests/engine/test_closed_before.py)
+            # not is_final(end, cb0), inline: per session (max-duration tests)
             open_bounds = [bb for bb in view if bb[1] > cb0]
             if open_bounds:
                 last = max(open_bounds)
@@ -204,7 +204,7 @@ class BatchStep:
             t = times[row]
             own_end = ends[row]
             value = values[row]
-            # not is_final(cur end, closed_before[row]), inline: per event (test_closed_before)
+            # not is_final(cur end, closed_before[row]), inline: per event (max-duration tests)
             if cur is not None and cur[1] > closed_before[row] \
                     and within_max_duration(t, cur[0], md) and reaches(cur[2], t, inclusive):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
@@ -275,7 +275,7 @@ class BatchStep:
                     scan_on(pending, head, md, inclusive)
                 start, run, limit, stop = head
                 end = run if run < limit else limit
-                if end > cb:  # not is_final(end, cb), inline: per arrival (test_closed_before)
+                if end > cb:  # not is_final(end, cb), inline: per arrival (max-duration tests)
                     break
                 final.append((start, end, run, pending[:stop]))
                 del pending[:stop]
