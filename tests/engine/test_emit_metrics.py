@@ -13,7 +13,7 @@ _closes = st.lists(st.tuples(st.integers(-10**6, 10**8), st.integers(0, 10**4),
                              st.lists(st.integers(0, 4 * 10**7), max_size=30)), max_size=12)
 
 
-def _by_hand(latencies_ms: list[int]) -> list[int]:
+def counts_by_hand(latencies_ms: list[int]) -> list[int]:
     counts = [0] * (len(EVENT_TIME_BUCKETS_S) + 1)
     for latency in latencies_ms:
         slot = next((i for i, bound in enumerate(EVENT_TIME_BUCKETS_S)
@@ -35,9 +35,9 @@ def test_the_histogram_counts_every_final_latency(closes: list[tuple[int, int, l
                                  close_upto + grace, grace)
         want += latencies
         if read_between:
-            assert list(metrics.histograms()["emit-final-latency"].counts) == _by_hand(want)
+            assert list(metrics.histograms()["emit-final-latency"].counts) == counts_by_hand(want)
     reading = metrics.histograms()["emit-final-latency"]
-    assert list(reading.counts) == _by_hand(want)
+    assert list(reading.counts) == counts_by_hand(want)
     assert reading.sum_s == pytest.approx(sum(want) / 1000)  # float seconds: rounding only
 
 

@@ -26,9 +26,9 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
-from sessionstore.engine.emit import EVENT_TIME_BUCKETS_S
 from sessionstore.engine.time import close_time_ms, final_latencies_ms, final_latency_ms
 from sessionstore.triggers import AfterWatermark
+from tests.engine.test_emit_metrics import counts_by_hand
 
 
 def test_the_rule_at_its_boundary() -> None:
@@ -78,15 +78,6 @@ PATHS: dict[str, tuple[dict[str, Any], Callable[..., list[int]]]] = {
 }
 
 
-def _bucket_counts(latencies_ms: list[int]) -> list[int]:
-    counts = [0] * (len(EVENT_TIME_BUCKETS_S) + 1)
-    for latency in latencies_ms:
-        slot = next((i for i, bound in enumerate(EVENT_TIME_BUCKETS_S)
-                     if latency <= bound * 1000), len(EVENT_TIME_BUCKETS_S))
-        counts[slot] += 1
-    return counts
-
-
 @st.composite
 def _rounds(draw: st.DrawFn) -> list[tuple[list[tuple[str, int]], int]]:
     """Rounds of (events, then the watermark moved up by a step)."""
@@ -118,4 +109,4 @@ def test_every_path_records_the_rule_for_what_it_emits(
     assert metrics["emit-final-latency-max"] == max(want, default=0)
     assert metrics["emit-final-latency-avg"] == (sum(want) / len(want) if want else 0.0)
     reading = engine.latency_histograms["emit-final-latency"]
-    assert list(reading.counts) == _bucket_counts(want)
+    assert list(reading.counts) == counts_by_hand(want)
