@@ -15,6 +15,11 @@ The close cursor's rule lives here too, beside :func:`reaches`, for the same rea
 by every path, and compiled into the planner kernel as :func:`reaches` is;
 :func:`first_open_end` is the same rule as the lower bound of a store scan.
 
+The maximum duration's membership rule lives here too (:func:`within_max_duration`): with
+``max_duration``, an event joins a session only before ``start + max_duration``; the engine's
+cuts and the bounded path's array-free scans call it or, in compiled and binary-search forms,
+inline it (pinned by ``tests/engine/test_max_duration_rule.py``).
+
 This module imports nothing of the package, so that kernels, the engine and the bounded path can all use it.
 """
 
@@ -52,8 +57,9 @@ def is_final(end_ms: Any, closed_before_ms: Any) -> Any:
     (:meth:`~sessionstore.engine.time.TimeKeeper.closed_before`): ``end <= closed_before``.
 
     Works on ints and, elementwise, on numpy arrays (a bool array then). Every path calls it;
-    the per-event loops that inline it for speed are pinned to it by
-    ``tests/engine/test_closed_before.py``.
+    the per-event loops that inline it for speed are pinned to it by the tests
+    ``docs/engine.md`` names for each ("One rule, one place": ``tests/engine/test_rules.py``,
+    ``tests/kernels/test_plan_dense.py`` and the max-duration suites).
     """
     return end_ms <= closed_before_ms
 
@@ -66,3 +72,17 @@ def first_open_end(closed_before_ms: int) -> int:
     rule as the lower bound of a store scan, ``end >= closed_before + 1`` (saturated at the
     largest int64 time, which a store time must fit)."""
     return closed_before_ms + 1 if closed_before_ms < _INT64_MAX else _INT64_MAX
+
+
+def within_max_duration(t_ms: int, start_ms: int, max_duration_ms: int) -> bool:
+    """The maximum duration's membership rule: an event at ``t_ms`` may belong to a session
+    that started at ``start_ms`` only when ``t < start + max_duration`` (a session spans less
+    than ``max_duration``; an event exactly ``max_duration`` after the start begins a new one).
+
+    On Python ints (which never wrap). The compiled scan of the bounded path
+    (``bounded.scan.scan_sessions``, with a limit saturated at the largest int64) and the
+    engine's binary search over a run of events (``cuts.cut_pieces``: the first event at or
+    past ``start + max_duration``) inline it; ``tests/engine/test_max_duration_rule.py`` pins
+    both, and the per-event step of ``max_duration_step``, to it.
+    """
+    return t_ms < start_ms + max_duration_ms

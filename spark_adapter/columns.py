@@ -29,6 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sessionstore import aggspec
@@ -62,6 +64,24 @@ def check_key_type(column: str, data_type: T.DataType) -> None:
     if not is_simple(data_type):
         raise ValueError(f"key column {column!r} has type {data_type.simpleString()}; keys must "
                          f"be integers, decimals, strings, binary, booleans, dates or timestamps")
+
+
+def event_time_column(df: DataFrame, column: str) -> DataFrame:
+    """``df`` with its event-time ``column`` as sessionize takes it: a date column of a static
+    DataFrame becomes a timestamp, as native ``session_window`` casts it (midnight in the
+    session time zone); every other column type is returned as it is, for the caller's check.
+
+    Raises:
+        ValueError: ``column`` is a date on a streaming DataFrame, naming it (Spark refuses a
+            watermark on a date, so native streaming ``session_window`` cannot take one).
+    """
+    if not isinstance(df.schema[column].dataType, T.DateType):
+        return df
+    if df.isStreaming:
+        raise ValueError(f"timestamp column {column!r} is a date: a stream's event time must be "
+                         f"a timestamp (Spark refuses a watermark on a date); cast it, "
+                         f"F.col({column!r}).cast('timestamp'), before sessionize")
+    return df.withColumn(column, F.col(column).cast(T.TimestampType()))
 
 
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:

@@ -185,8 +185,10 @@ def sessionize(
 
     Args:
         key: the key column, or a list of them.
-        timestamp: the event-time column (a timestamp or timestamp_ntz). Rows whose time is
-            null are dropped (as Spark's ``session_window`` does) and counted.
+        timestamp: the event-time column (a timestamp or timestamp_ntz; on a static DataFrame
+            also a date, taken as native takes it: midnight in the session time zone, with
+            timestamp session bounds). Rows whose time is null are dropped (as Spark's
+            ``session_window`` does) and counted.
         gap: the inactivity gap: ``"10 minutes"``, ``"250 microseconds"``, a ``timedelta``
             (microseconds kept) or an int of milliseconds; or a per-row gap, as native
             ``session_window(ts, gapExpr)`` takes it: a ``Column`` or a SQL expression string
@@ -274,6 +276,8 @@ def sessionize(
         if column not in schema:
             raise ValueError(f"column {column!r} is not in the DataFrame (columns: "
                              f"{sorted(schema)})")
+    df = columns.event_time_column(df, timestamp)  # a static date column: as native casts it
+    schema[timestamp] = df.schema[timestamp].dataType
     for column in key_columns:
         columns.check_key_type(column, schema[column])
     if not isinstance(schema[timestamp], columns.TIMES):

@@ -49,8 +49,9 @@ from .config import (
 PARTS_KEY = "static_parts"
 _KINDS = ("count", "sum", "min", "max")
 _NUMERIC = (*columns.INTEGRAL, *columns.FRACTIONAL)
-_KEY_TYPES = (*columns.INTEGRAL, *columns.FRACTIONAL, T.StringType, T.BinaryType, T.BooleanType,
-              T.DateType, *columns.TIMES)
+# floating keys never get here: sessionize refuses them (columns.check_key_type)
+_KEY_TYPES = (*columns.INTEGRAL, T.StringType, T.BinaryType, T.BooleanType, T.DateType,
+              *columns.TIMES)
 _PREFIX = "__sessionstore_"  # internal column names: the user's names never reach the engine
 _KEY = _PREFIX + "key"
 _TIME = _PREFIX + "time"
@@ -236,10 +237,9 @@ def static_partition(config: SessionizeConfig,
     The partition's rows are all there, so they take the engine's bounded path
     (``sessionstore.sessionize``: sort by key and time, one scan, array reductions), which is
     exact whatever the row order and gives the sessions the streaming engine gives once its
-    watermark has passed every row, with no Python object per session. A key type whose
-    equality the bounded path's encoding may not share with Spark's (floating keys: -0.0, NaN)
-    and a failure (a sum leaving int64) take the streaming engine on an in-memory store
-    instead, which raises the error in the adapter's terms.
+    watermark has passed every row, with no Python object per session. A failure (a sum
+    leaving int64) takes the streaming engine on an in-memory store instead, which raises the
+    error in the adapter's terms.
 
     Raises:
         ValueError: a key column holds a null (naming the key columns), as ``sessionize``
@@ -268,12 +268,10 @@ def _run(config: SessionizeConfig, parts: list[_Part],
         raise ValueError(null_keys_message(config.key_columns))
     if prepared is None:
         return
-    out = None
-    if not any(isinstance(t, columns.FRACTIONAL) for t in config.key_types):
-        try:
-            out = _bounded_rows(config, parts, runner.key_names, prepared)
-        except ValueError:  # the engine below raises it naming the user's output
-            out = None
+    try:
+        out = _bounded_rows(config, parts, runner.key_names, prepared)
+    except ValueError:  # the engine below raises it naming the user's output
+        out = None
     if out is None:
         runner.feed_prepared(prepared)
         out = runner.rows(runner.engine.advance_watermark(INT64_MAX))

@@ -52,6 +52,8 @@ def scan_sessions(codes: Int64Array, times: Int64Array, ends: Int64Array, inclus
             new = t > run
         else:
             new = t >= run
+        # not within_max_duration(t, start, max_duration), inline as above; pinned by
+        # tests/engine/test_max_duration_rule.py
         if not new and max_duration > 0 and t >= limit:
             new = True
         if new:

@@ -17,6 +17,7 @@ from .core import check_aggregation, check_store
 from .emit import Emit, EngineMetrics, make_emit
 from .lifecycle import ENGINE_METADATA_KEY, USER_METADATA_KEY
 from .record import SessionRecord, check_encodable, first_unencodable
+from .time import final_latency_ms
 
 
 class BatchAggregator:
@@ -159,5 +160,5 @@ class BatchAggregator:
         for session, raw in list(self.store.find_sessions(first_open_end(self._last_close), upto)):
             out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
             self._metrics.emitted += 1
-            self._metrics.record_final(upto - session.end)
+            self._metrics.record_final(final_latency_ms(upto, session.end, 0))  # no grace
         self._last_close = upto

@@ -21,6 +21,7 @@ from ..types import Session
 from .emit import Emit, make_emit
 from .lifecycle import advance_table, cap_expiry
 from .record import Phase, SessionRecord, acc_of, as_stored
+from .time import close_time_ms, final_latency_ms
 
 if TYPE_CHECKING:
     from .host import EngineHost
@@ -95,7 +96,7 @@ def close_up_to(engine: EngineHost, upto: int, out: list[Emit]) -> None:
         latencies = []
         for session, raw in rows:
             out.append(make_emit(session, result(SessionRecord.from_wire(raw).acc)))
-            latencies.append(max(0, w - (session.end + grace)))
+            latencies.append(final_latency_ms(w, session.end, grace))
         metrics.emitted += len(rows)
         metrics.record_finals(latencies)
     else:
@@ -111,7 +112,6 @@ def emit_taken(engine: EngineHost, taken: list[ClosedRow], out: list[Emit]) -> N
     if not taken:
         return
     result = engine.aggregation.result
-    w_grace = engine.times.watermark - engine.config.grace_ms
     append = out.append
     new_emit = _new_emit
     new_session = _new_session
@@ -124,18 +124,23 @@ def emit_taken(engine: EngineHost, taken: list[ClosedRow], out: list[Emit]) -> N
             if type(acc) is not int:
                 acc = as_stored(acc)
             append(new_emit((new_session(row[3]), result(acc), None, False, row[0] - 1)))
-    # the rows are in end order; each latency is max(0, W - grace - end)
+    # final_latency_ms of each row, summed inline (this runs at each close of the event path;
+    # pinned by tests/engine/test_final_latency.py): the rows are in end order, and when the
+    # last has closed (always, closing up to W - grace) each latency is W - (end + grace)
     n = len(taken)
-    if taken[-1][0] <= w_grace:  # every latency >= 0 (always, when closing up to W - grace)
-        total = n * w_grace - sum([row[0] for row in taken])
-        top = w_grace - taken[0][0]
+    w = engine.times.watermark
+    grace = engine.config.grace_ms
+    ends = [row[0] for row in taken]
+    if close_time_ms(ends[-1], grace) <= w:
+        total = n * w - sum(ends) - n * grace
+        top = w - close_time_ms(ends[0], grace)
     else:
-        latencies = [w_grace - row[0] for row in taken]
-        total = sum([latency for latency in latencies if latency > 0])
-        top = max(0, latencies[0])
+        latencies = [final_latency_ms(w, end, grace) for end in ends]
+        total = sum(latencies)
+        top = max(latencies)
     metrics = engine.metrics
     metrics.emitted += n
-    metrics.record_final_sum(n, total, top, [row[0] for row in taken], w_grace)
+    metrics.record_final_sum(n, total, top, ends, w, grace)
 
 
 def fire_on_time(engine: EngineHost, w: int, out: list[Emit]) -> None:

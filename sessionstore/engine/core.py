@@ -33,7 +33,7 @@ from .emit import Emit, EmitStrategy, EngineMetrics, make_emit
 from .max_duration import MaxDuration
 from .record import SessionRecord
 from .table import OpenSessions
-from .time import TimeKeeper
+from .time import TimeKeeper, close_time_ms
 from .triggers import TriggerRunner
 
 
@@ -227,7 +227,7 @@ class EngineCore:
         first call on, they are recorded."""
         self.record_close_times = True
         grace = self.config.grace_ms
-        times = [end + grace for end in self.new_close_times]
+        times = [close_time_ms(end, grace) for end in self.new_close_times]
         self.new_close_times = []
         return times
 

@@ -13,7 +13,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from ..gap_boundary import reaches
+from ..gap_boundary import reaches, within_max_duration
 
 _FIRST = operator.itemgetter(0)
 
@@ -39,23 +39,23 @@ def cut(events: list[Any], max_duration_ms: int, inclusive: bool) -> list[Cut]:
         first = events[i]
         start = first[0]
         limit = start + max_duration_ms
-        run, j = _run_from(events, i + 1, first[2], limit, inclusive)
+        run, j = _run_from(events, i + 1, first[2], start, max_duration_ms, inclusive)
         # own_window_end(start, run, max_duration_ms), inline (tests/engine/test_rules.py)
         out.append((start, run if run < limit else limit, run, j))
         i = j
     return out
 
 
-def _run_from(events: list[Any], j: int, run: int, limit: int, inclusive: bool
-              ) -> tuple[int, int]:
-    """Extend a session whose largest own end is ``run`` over ``events[j:]`` while they are
-    gap-connected and before ``limit`` (its start + max_duration); return the new largest own
-    end and the index after its last event."""
+def _run_from(events: list[Any], j: int, run: int, start: int, max_duration_ms: int,
+              inclusive: bool) -> tuple[int, int]:
+    """Extend a session that started at ``start``, whose largest own end is ``run``, over
+    ``events[j:]`` while they are gap-connected and within its maximum duration; return the
+    new largest own end and the index after its last event."""
     n = len(events)
     while j < n:
         event = events[j]
         t = event[0]
-        if t >= limit or not reaches(run, t, inclusive):
+        if not within_max_duration(t, start, max_duration_ms) or not reaches(run, t, inclusive):
             break
         if event[2] > run:
             run = event[2]
@@ -92,14 +92,14 @@ def cut_until_unchanged(gathered: list[Any], following: int,
         first = gathered[i]
         start = first[0]
         limit = start + max_duration_ms
-        run, j = _run_from(gathered, i + 1, first[2], limit, inclusive)
+        run, j = _run_from(gathered, i + 1, first[2], start, max_duration_ms, inclusive)
         while j == len(gathered) and used < following:
-            more = _reached(events_of, used, run, limit, inclusive)
+            more = _reached(events_of, used, run, start, max_duration_ms, inclusive)
             if more is None:
                 break
             gathered.extend(more)
             used += 1
-            run, j = _run_from(gathered, j, run, limit, inclusive)
+            run, j = _run_from(gathered, j, run, start, max_duration_ms, inclusive)
         # own_window_end(start, run, max_duration_ms), inline (tests/engine/test_rules.py)
         out.append((start, run if run < limit else limit, run, j))
         i = j
@@ -149,7 +149,9 @@ def cut_pieces(pieces: list[list[Any]], new: int, following: int,
         parts: list[list[Any]] = []
         holds = False
         while True:
-            # every event of the run from i on reaches the next; the limit cuts the run
+            # every event of the run from i on reaches the next; the limit cuts the run: the
+            # first event not within_max_duration, by binary search (the rule inline, pinned
+            # by tests/engine/test_max_duration_rule.py)
             stop = bisect.bisect_left(piece, limit, i, key=_FIRST)
             searches += 1
             parts.append(piece[i:stop])
@@ -162,15 +164,16 @@ def cut_pieces(pieces: list[list[Any]], new: int, following: int,
             p += 1
             i = 0
             if p == len(pieces):
-                more = None if used == following else _reached(events_of, used, run, limit,
-                                                                inclusive)
+                more = None if used == following else _reached(
+                    events_of, used, run, start, max_duration_ms, inclusive)
                 if more is None:
                     break
                 pieces.append(more)
                 used += 1
             else:
                 t = pieces[p][0][0]
-                if t >= limit or not reaches(run, t, inclusive):
+                if not within_max_duration(t, start, max_duration_ms) \
+                        or not reaches(run, t, inclusive):
                     break
             piece = pieces[p]
         events = _joined(parts)
@@ -193,21 +196,21 @@ def _joined(parts: list[list[Any]]) -> list[Any]:
     return out
 
 
-def _reached(events_of: Callable[[int], list[Any]], used: int, run: int, limit: int,
-             inclusive: bool) -> list[Any] | None:
+def _reached(events_of: Callable[[int], list[Any]], used: int, run: int, start: int,
+             max_duration_ms: int, inclusive: bool) -> list[Any] | None:
     """The events of the ``used``-th stored session after a re-cut's events when the session
-    being cut (largest own end ``run``, ``start + max_duration`` = ``limit``) takes its first
-    event; None when it does not: that stored session starts where it did, and the cut from
-    there on is the stored one."""
+    being cut (started at ``start``, largest own end ``run``) takes its first event; None when
+    it does not: that stored session starts where it did, and the cut from there on is the
+    stored one."""
     more = events_of(used)
     t = more[0][0]
-    if t >= limit or not reaches(run, t, inclusive):
+    if not within_max_duration(t, start, max_duration_ms) or not reaches(run, t, inclusive):
         return None
     return more
 
 
-def scan_on(events: list[Any], head: list[int], inclusive: bool) -> None:
+def scan_on(events: list[Any], head: list[int], max_duration_ms: int, inclusive: bool) -> None:
     """Continue the scan of a first session ``head = [start, run, limit, stop]`` (the largest
     own end so far, ``start + max_duration``, and the index after its last event) over
     ``events[stop:]``, in place."""
-    head[1], head[3] = _run_from(events, head[3], head[1], head[2], inclusive)
+    head[1], head[3] = _run_from(events, head[3], head[1], head[0], max_duration_ms, inclusive)

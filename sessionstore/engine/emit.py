@@ -13,6 +13,7 @@ import numpy as np
 from ..store.metered import HistogramReading, LatencyHistogram, SlidingRate
 from ..triggers import Pane
 from ..types import Session
+from .time import final_latencies_ms
 
 
 class EmitStrategy(enum.Enum):
@@ -63,10 +64,10 @@ class EngineMetrics:
         self.final_latency_sum = 0
         self.final_latency_max = 0
         self.final_latency = LatencyHistogram(EVENT_TIME_BUCKETS_S)
-        # record_final_sum's (close_upto_ms, ends_ms), put in the histogram in bulk (the event
-        # path closes a few sessions per watermark move; a numpy pass for each costs more than
-        # the rest of the close)
-        self._pending_ends: list[tuple[int, list[int]]] = []
+        # record_final_sum's (watermark_ms, grace_ms, ends_ms), put in the histogram in bulk
+        # (the event path closes a few sessions per watermark move; a numpy pass for each costs
+        # more than the rest of the close)
+        self._pending_ends: list[tuple[int, int, list[int]]] = []
         self._pending_count = 0
 
     def record_final(self, latency_ms: int) -> None:
@@ -93,17 +94,18 @@ class EngineMetrics:
         self.final_latency_max = max(self.final_latency_max, int(latencies_ms.max()))
 
     def record_final_sum(self, count: int, latency_sum_ms: int, latency_max_ms: int,
-                         ends_ms: list[int], close_upto_ms: int) -> None:
-        """:meth:`record_finals` for ``count`` sessions whose latencies (each ``>= 0``) add up
-        to ``latency_sum_ms``, the largest ``latency_max_ms``; ``ends_ms`` are their ends and
-        ``close_upto_ms`` is ``W - grace``, for the histogram."""
+                         ends_ms: list[int], watermark_ms: int, grace_ms: int) -> None:
+        """:meth:`record_finals` for ``count`` sessions whose latencies
+        (:func:`~sessionstore.engine.time.final_latency_ms`) add up to ``latency_sum_ms``, the
+        largest ``latency_max_ms``; ``ends_ms`` are their ends, emitted at ``watermark_ms``
+        with ``grace_ms``, for the histogram."""
         if count == 0:
             return
         self.final.record(count)
         self.final_latency_sum += latency_sum_ms
         if latency_max_ms > self.final_latency_max:
             self.final_latency_max = latency_max_ms
-        self._pending_ends.append((close_upto_ms, ends_ms))
+        self._pending_ends.append((watermark_ms, grace_ms, ends_ms))
         self._pending_count += count
         if self._pending_count >= _PENDING_FINALS:
             self._observe_pending()
@@ -114,11 +116,12 @@ class EngineMetrics:
         if not pending:
             return
         # in float: W - grace - end may leave int64 with extreme times; a bucket needs no more
-        closes = np.repeat(np.array([float(close) for close, _ in pending], dtype=np.float64),
-                           [len(ends) for _, ends in pending])
-        ends = np.fromiter(itertools.chain.from_iterable(ends for _, ends in pending),
-                           dtype=np.float64, count=len(closes))
-        self.final_latency.observe_ms(np.maximum(closes - ends, 0.0))
+        lengths = [len(ends) for _, _, ends in pending]
+        watermarks = np.repeat(np.array([float(w) for w, _, _ in pending]), lengths)
+        graces = np.repeat(np.array([float(grace) for _, grace, _ in pending]), lengths)
+        ends = np.fromiter(itertools.chain.from_iterable(ends for _, _, ends in pending),
+                           dtype=np.float64, count=len(watermarks))
+        self.final_latency.observe_ms(final_latencies_ms(watermarks, ends, graces))
         pending.clear()
         self._pending_count = 0
 

@@ -19,7 +19,7 @@ from .config import expiry_cap_ms
 from .record import SessionRecord, check_encodable
 from .table import OpenSessions
 from .table_load import load_open_sessions
-from .time import TimeKeeper
+from .time import TimeKeeper, final_latencies_ms
 
 if TYPE_CHECKING:
     from .host import EngineHost
@@ -138,7 +138,8 @@ def advance_table(engine: EngineHost) -> SessionRows | None:
     if closed is not None and len(closed):
         closed = closed.take(closed.store_order())
         engine.metrics.emitted += len(closed)
-        engine.metrics.record_finals(times.watermark - (closed.ends_ms + engine.config.grace_ms))
+        engine.metrics.record_finals(final_latencies_ms(times.watermark, closed.ends_ms,
+                                                        engine.config.grace_ms))
     times.last_close = upto
     cap_expiry(engine)
     return closed

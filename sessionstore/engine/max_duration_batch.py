@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gap_boundary import reaches
+from ..gap_boundary import reaches, within_max_duration
 from ..types import Session
 from .cuts import cut, scan_on
 from .emit import Emit
@@ -184,7 +184,7 @@ class BatchStep:
         cur: list[Any] | None = None
         open_events: list[Any] = []
         if view:
-            # not is_final(end, cb0), inline: per session (tests/engine/test_closed_before.py)
+            # not is_final(end, cb0), inline: per session (max-duration tests)
             open_bounds = [bb for bb in view if bb[1] > cb0]
             if open_bounds:
                 last = max(open_bounds)
@@ -204,9 +204,9 @@ class BatchStep:
             t = times[row]
             own_end = ends[row]
             value = values[row]
-            # not is_final(cur end, closed_before[row]), inline: per event (test_closed_before)
-            if cur is not None and cur[1] > closed_before[row] and t < cur[0] + md \
-                    and reaches(cur[2], t, inclusive):
+            # not is_final(cur end, closed_before[row]), inline: per event (max-duration tests)
+            if cur is not None and cur[1] > closed_before[row] \
+                    and within_max_duration(t, cur[0], md) and reaches(cur[2], t, inclusive):
                 if not cur[7]:  # first change: own copies, the stored record stays as it was
                     cur[3] = list(cur[3])
                     if incremental:
@@ -272,10 +272,10 @@ class BatchStep:
                 if head is None:
                     first = pending[0]
                     head = [first[0], first[2], first[0] + md, 1]
-                    scan_on(pending, head, inclusive)
+                    scan_on(pending, head, md, inclusive)
                 start, run, limit, stop = head
                 end = run if run < limit else limit
-                if end > cb:  # not is_final(end, cb), inline: per arrival (test_closed_before)
+                if end > cb:  # not is_final(end, cb), inline: per arrival (max-duration tests)
                     break
                 final.append((start, end, run, pending[:stop]))
                 del pending[:stop]
@@ -292,7 +292,7 @@ class BatchStep:
                         head[3] += 1
                         if event[2] > head[1]:
                             head[1] = event[2]
-                    scan_on(pending, head, inclusive)  # a longer run may take more
+                    scan_on(pending, head, md, inclusive)  # a longer run may take more
         low = 0
         for start, end, max_end, stop in cut(pending, md, inclusive):
             final.append((start, end, max_end, pending[low:stop]))

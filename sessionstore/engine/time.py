@@ -7,6 +7,8 @@
 * Sessions ending at or before ``closed_before`` are final. The close cursor ``last_close`` is
   the largest ``W - grace`` the engine has emitted every closed session for; expiry is never
   allowed past it (see :func:`~sessionstore.engine.config.expiry_cap_ms`).
+* A session closes when ``W`` reaches ``end + grace`` (:func:`close_time_ms`); its emit-final
+  latency is how far ``W`` had passed that when it was emitted (:func:`final_latency_ms`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,32 @@ import numpy as np
 
 from ..timeutil import check_int64
 from .config import NO_WATERMARK, EngineConfig
+
+
+def close_time_ms(end_ms: Any, grace_ms: int) -> Any:
+    """The watermark at which a session ending at ``end_ms`` closes: ``end + grace`` (ints,
+    or elementwise an int64 array)."""
+    return end_ms + grace_ms
+
+
+def final_latency_ms(watermark_ms: int, end_ms: int, grace_ms: int) -> int:
+    """The emit-final latency rule: a session ending at ``end_ms`` emitted as final at
+    watermark ``watermark_ms`` was emitted ``max(0, W - (end + grace))`` ms of event time after
+    it closed (:func:`close_time_ms`); 0 when it was emitted before (a flush).
+
+    Every path calls this or :func:`final_latencies_ms`; the emit from the write cache's
+    memory (``closing.emit_taken``) sums it inline for speed, pinned by
+    ``tests/engine/test_final_latency.py``.
+    """
+    latency = watermark_ms - close_time_ms(end_ms, grace_ms)
+    return latency if latency > 0 else 0
+
+
+def final_latencies_ms(watermark_ms: Any, ends_ms: np.ndarray, grace_ms: Any) -> np.ndarray:
+    """:func:`final_latency_ms` elementwise, in the arrays' dtype: int64 is exact for closed
+    sessions (their ``end + grace <= W`` fits); float64 never wraps at extreme times, which a
+    histogram bucket can take (it needs no more precision)."""
+    return np.asarray(np.maximum(watermark_ms - close_time_ms(ends_ms, grace_ms), 0))
 
 
 class BatchArrival(NamedTuple):

@@ -33,7 +33,7 @@ from ..triggers import (
 from ..types import Session
 from .emit import Emit, EngineMetrics, make_emit
 from .record import Phase, SessionRecord
-from .time import TimeKeeper
+from .time import TimeKeeper, final_latency_ms
 
 
 class TriggerRunner:
@@ -116,8 +116,8 @@ class TriggerRunner:
         out.append(make_emit(session, self.aggregation.result(record.acc), pane))
         self.metrics.emitted += 1
         if is_last:
-            grace = self.times.config.grace_ms
-            self.metrics.record_final(max(0, self.times.watermark - (session.end + grace)))
+            self.metrics.record_final(final_latency_ms(self.times.watermark, session.end,
+                                                       self.times.config.grace_ms))
             return
         updated = SessionRecord(
             self.aggregation.initial() if self.discarding else record.acc,

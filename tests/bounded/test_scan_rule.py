@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionstore.bounded.scan import scan_sessions, session_starts
-from sessionstore.gap_boundary import reaches
+from sessionstore.gap_boundary import reaches, within_max_duration
 from sessionstore.jit import compiled
 
 
@@ -20,12 +20,12 @@ def starts_by_the_rule(rows: list[tuple[int, int, int]], inclusive: bool,
     """Which rows start a session, asking :func:`reaches` (rows sorted by (code, time))."""
     out = []
     previous = None
-    run = limit = 0
+    run = start = 0
     for code, t, end in rows:
         new = code != previous or not reaches(run, t, inclusive) or (
-            max_duration > 0 and t >= limit)
+            max_duration > 0 and not within_max_duration(t, start, max_duration))
         if new:
-            run, limit = end, t + max_duration
+            run, start = end, t
         else:
             run = max(run, end)
         out.append(new)

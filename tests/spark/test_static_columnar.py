@@ -190,7 +190,7 @@ def test_bounded_path_equals_the_engine_on_the_same_rows(spark, keys, gap_us, in
 
 
 def test_a_static_partition_takes_the_bounded_path(spark, monkeypatch):
-    """The engine is only the fallback (floating keys, a refused sum): with it disabled, a
+    """The engine is only the fallback (a refused sum): with it disabled, a
     static partition still gives its sessions."""
     config = config_for(spark, ["user", "day"], AGGS)
     rows = make_rows(400, seed=5)
