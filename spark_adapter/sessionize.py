@@ -85,8 +85,9 @@ def _interval_fields(spark: SparkSession, text: str) -> tuple[int, int, int] | N
     gap string ``text`` (``CAST(text AS INTERVAL)``), asked of Spark itself; None when Spark
     reads no interval from it. Read from the interval's text form ("1 years 2 months 3 days
     4 hours 5.000006 seconds"): ``extract`` would fold whole days of hours into the days."""
-    shown = spark.sql("SELECT CAST(TRY_CAST(:gap AS INTERVAL) AS STRING) AS i",
-                      args={"gap": text}).collect()[0].i
+    # a local relation (no SQL parameters, which Spark < 3.5 takes otherwise): no job runs
+    shown = spark.createDataFrame([(text,)], "gap string").selectExpr(
+        "CAST(TRY_CAST(gap AS INTERVAL) AS STRING) AS i").collect()[0].i
     if shown is None:
         return None
     fields = [0, 0, 0]
