@@ -66,22 +66,34 @@ def check_key_type(column: str, data_type: T.DataType) -> None:
                          f"be integers, decimals, strings, binary, booleans, dates or timestamps")
 
 
-def event_time_column(df: DataFrame, column: str) -> DataFrame:
-    """``df`` with its event-time ``column`` as sessionize takes it: a date column of a static
-    DataFrame becomes a timestamp, as native ``session_window`` casts it (midnight in the
-    session time zone); every other column type is returned as it is, for the caller's check.
+#: Hidden: a static date time column cast to a timestamp (the date column itself stays a date).
+EVENT_TIME_COLUMN = "sessionstore_event_time"
+
+
+def event_time_column(df: DataFrame, column: str) -> tuple[DataFrame, str]:
+    """``df`` and the name of its event-time column as sessionize takes it: for a date
+    ``column`` of a static DataFrame, a hidden timestamp column beside it, cast as native
+    ``session_window`` casts a date (midnight in the session time zone), so that the date column
+    stays a date for the keys and aggregations that name it (native's ``max`` of it is a
+    date); for every other column type, ``column`` itself, for the caller's check.
 
     Raises:
         ValueError: ``column`` is a date on a streaming DataFrame, naming it (Spark refuses a
-            watermark on a date, so native streaming ``session_window`` cannot take one).
+            watermark on a date, so native streaming ``session_window`` cannot take one), or
+            the DataFrame has a column named like the hidden one.
     """
     if not isinstance(df.schema[column].dataType, T.DateType):
-        return df
+        return df, column
     if df.isStreaming:
         raise ValueError(f"timestamp column {column!r} is a date: a stream's event time must be "
                          f"a timestamp (Spark refuses a watermark on a date); cast it, "
                          f"F.col({column!r}).cast('timestamp'), before sessionize")
-    return df.withColumn(column, F.col(column).cast(T.TimestampType()))
+    if EVENT_TIME_COLUMN in df.columns:
+        raise ValueError(f"the DataFrame has a column named {EVENT_TIME_COLUMN!r}, which "
+                         f"sessionize uses for a date time column; rename it")
+    quoted = "`" + column.replace("`", "``") + "`"
+    return (df.withColumn(EVENT_TIME_COLUMN, F.col(quoted).cast(T.TimestampType())),
+            EVENT_TIME_COLUMN)
 
 
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:

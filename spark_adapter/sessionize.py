@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from functools import partial
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,29 +51,96 @@ GAP_TYPES: tuple[type[T.DataType], ...] = tuple(
     if t is not None)
 
 
-def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> tuple[DataFrame, str] | None:
-    """``None`` for a fixed gap, else (``df`` with the hidden per-row gap column, a description
-    of the gap for messages).
+class DynamicGap(NamedTuple):
+    """A per-row gap: the input with the hidden gap column, and what is known of the gap."""
 
-    A fixed gap is an int (ms), a ``timedelta`` or a duration string. Anything else that gives
-    a duration string or an interval per row (a ``Column``, or a SQL expression string that is
-    not a duration) is dynamic, with the meaning of native ``session_window(ts, gapExpr)``
-    (SPARK-36465): the row's window is ``[ts, ts + CAST(gap AS INTERVAL))``, added in the
-    session time zone as Spark adds it (months and days are calendar units), and its gap is that
-    window's length in microseconds: null when the expression is null or no interval, <= 0 when
-    the interval is (native filters both out).
+    frame: DataFrame  # the input with GAP_COLUMN
+    description: str  # how the gap was given, for messages
+    bound_us: int | None  # the largest gap a row can get, when the gap is a literal string
+
+
+#: How far a day added in a time zone can stretch past 24 hours (or shrink): the widest spread
+#: of UTC offsets, UTC-12 to UTC+14.
+OFFSET_SPREAD_US = 26 * 3600 * 1_000_000
+# Spark's text form of an interval: its months, days and microseconds, term by term
+_INTERVAL_TERM = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?) (years|months|days|hours|minutes|seconds)")
+_INTERVAL_UNITS = {"years": (0, 12), "months": (0, 1), "days": (1, 1),
+                   "hours": (2, 3_600_000_000), "minutes": (2, 60_000_000),
+                   "seconds": (2, 1_000_000)}
+# session time zones with one offset for ever ("UTC", "Z", "+05:00", "Etc/GMT-3", "UTC+8")
+_FIXED_ZONE = re.compile(r"(?:Z|(?:(?:Etc/)?(?:UTC|GMT|UCT|UT))?(?:[+-]\d{1,2}(?::?\d{2}){0,2})?)")
+
+
+def _days_are_exact(df: DataFrame, timestamp: str) -> bool:
+    """Whether native adds a day to ``timestamp`` as exactly 24 hours: on a timestamp_ntz (no
+    zone), or in a session time zone that never changes its offset."""
+    if isinstance(df.schema[timestamp].dataType, T.TimestampNTZType):
+        return True
+    zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    return _FIXED_ZONE.fullmatch(zone) is not None
+
+
+def _interval_fields(spark: SparkSession, text: str) -> tuple[int, int, int] | None:
+    """(months, days, microseconds) of the interval native ``session_window`` reads from the
+    gap string ``text`` (``CAST(text AS INTERVAL)``), asked of Spark itself; None when Spark
+    reads no interval from it. Read from the interval's text form ("1 years 2 months 3 days
+    4 hours 5.000006 seconds"): ``extract`` would fold whole days of hours into the days."""
+    # a local relation (no SQL parameters, which Spark < 3.5 takes otherwise): no job runs
+    shown = spark.createDataFrame([(text,)], "gap string").selectExpr(
+        "CAST(TRY_CAST(gap AS INTERVAL) AS STRING) AS i").collect()[0].i
+    if shown is None:
+        return None
+    fields = [0, 0, 0]
+    for number, unit in _INTERVAL_TERM.findall(shown):
+        field, scale = _INTERVAL_UNITS[unit]
+        fields[field] += int(decimal.Decimal(number) * scale)
+    return fields[0], fields[1], fields[2]
+
+
+def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> DynamicGap | None:
+    """``None`` for a fixed gap, else the input with the hidden per-row gap column.
+
+    A fixed gap is an int (ms), a ``timedelta`` (exact: native refuses a day-time interval as a
+    gap, so it has no calendar meaning) or a duration string that native reads as an exact
+    length. Anything else that gives a duration string or an interval per row (a ``Column``,
+    or a SQL expression string that is not a duration) is dynamic, with the meaning of native
+    ``session_window(ts, gapExpr)`` (SPARK-36465): the row's window is
+    ``[ts, ts + CAST(gap AS INTERVAL))``, added in the session time zone as Spark adds it
+    (months and days are calendar units), and its gap is that window's length in
+    microseconds: null when the expression is null or no interval, <= 0 when the interval is
+    (native filters both out). So is a literal string whose interval has months, or days that
+    the zone can make 23 or 25 hours long (``"1 day"`` across a daylight-saving change; as
+    native's ``session_window(ts, "1 day")``); its bound is then known: ``bound_us``.
 
     Raises:
-        ValueError: the expression does not resolve or has another type (naming it).
+        ValueError: the expression does not resolve or has another type (naming it), a literal
+            calendar gap that is never > 0.
         TypeError: ``gap`` is of no accepted type.
     """
+    bound_us: int | None = None
     if isinstance(gap, Column):
         column, description = gap, f"{gap}"
     elif isinstance(gap, str):
+        not_duration: ValueError | None = None
         try:
             duration_us(gap, "gap")
-            return None
-        except ValueError as not_duration:
+        except ValueError as exc:
+            not_duration = exc
+        # native casts a literal gap string to an interval: one with months, or with days that
+        # the session zone can make 23 or 25 hours long, is a per-row gap there too
+        fields = None if not_duration is None and _days_are_exact(df, timestamp) else \
+            _interval_fields(df.sparkSession, gap)
+        if fields is not None and fields[:2] != (0, 0):
+            months, days, exact_us = fields
+            if months <= 0 and days <= 0 and exact_us <= 0:
+                raise ValueError(f"gap must be > 0, got {gap!r}")
+            column, description = F.lit(gap), repr(gap)
+            # a month is at most 31 days; a day 24 hours, give or take the widest offset change
+            bound_us = max(1, max(months, 0) * 31 * 86_400_000_000
+                           + max(days, 0) * 86_400_000_000 + exact_us + OFFSET_SPREAD_US)
+        elif not_duration is None:
+            return None  # what native reads from it, if anything, is an exact length
+        else:
             try:
                 column, description = F.expr(gap), repr(gap)
                 df.select(column).schema  # noqa: B018 - resolves it: errors surface here
@@ -105,7 +174,8 @@ def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> tuple[DataFrame, st
         micros = F.expr(f"timestampdiff(MICROSECOND, {_quote(timestamp)}, {END_SCRATCH})")
     else:
         micros = F.unix_micros(F.col(END_SCRATCH)) - F.unix_micros(ts)
-    return with_end.withColumn(GAP_COLUMN, micros).drop(END_SCRATCH), description
+    return DynamicGap(with_end.withColumn(GAP_COLUMN, micros).drop(END_SCRATCH), description,
+                      bound_us)
 
 
 def _quote(name: str) -> str:
@@ -190,7 +260,12 @@ def sessionize(
             timestamp session bounds). Rows whose time is null are dropped (as Spark's
             ``session_window`` does) and counted.
         gap: the inactivity gap: ``"10 minutes"``, ``"250 microseconds"``, a ``timedelta``
-            (microseconds kept) or an int of milliseconds; or a per-row gap, as native
+            (exact, microseconds kept) or an int of milliseconds. A string means what native
+            ``session_window(ts, gap)`` makes of it: days and months (``"1 day"``,
+            ``"1 month"``) are calendar units added in the session time zone, so a day is 23
+            or 25 hours across a daylight-saving change (exactly 24 on a timestamp_ntz or in a
+            fixed-offset zone), and each row gets its own window length, bounded without
+            ``max_gap``. Or a per-row gap, as native
             ``session_window(ts, gapExpr)`` takes it: a ``Column`` or a SQL expression string
             (one that is not a duration) giving a duration string or a calendar interval, e.g.
             ``F.col("duration")`` or ``F.when(F.col("kind") == "a", "5 seconds")
@@ -231,7 +306,8 @@ def sessionize(
             may have (a duration, as ``gap``). State is kept long enough for it; a row whose gap
             exceeds it fails the task (or the query) with a ``ValueError`` naming the gap
             expression, the row and both values. Optional on a static DataFrame, which retains
-            nothing (as native, no bound is needed then). Refused with a fixed gap.
+            nothing (as native, no bound is needed then). Refused with a gap that is no
+            ``Column`` or expression (its bound is known).
         max_duration: a session never spans more than this (a duration, as ``gap``): per key,
             in event-time order, a row joins the current session only if it is gap-connected to
             it *and* earlier than the session's start + ``max_duration``; otherwise it starts a
@@ -276,23 +352,28 @@ def sessionize(
         if column not in schema:
             raise ValueError(f"column {column!r} is not in the DataFrame (columns: "
                              f"{sorted(schema)})")
-    df = columns.event_time_column(df, timestamp)  # a static date column: as native casts it
-    schema[timestamp] = df.schema[timestamp].dataType
+    source = df  # what aggregations read: a date time column stays a date there, as native's
+    # a static date time column: cast as native casts it, into a hidden column beside it
+    df, time_column = columns.event_time_column(df, timestamp)
+    schema[time_column] = df.schema[time_column].dataType
     for column in key_columns:
         columns.check_key_type(column, schema[column])
-    if not isinstance(schema[timestamp], columns.TIMES):
+    if not isinstance(schema[time_column], columns.TIMES):
         raise ValueError(f"timestamp column {timestamp!r} must be a timestamp, got "
-                         f"{schema[timestamp].simpleString()}")
-    dynamic = _dynamic_gap(df, gap, timestamp)
+                         f"{schema[time_column].simpleString()}")
+    dynamic = _dynamic_gap(df, gap, time_column)
     gap_us: int | None = None
+    literal = dynamic is None or dynamic.bound_us is not None  # a gap the user wrote out
+    if literal and max_gap is not None:
+        raise ValueError(f"max_gap bounds a per-row gap; gap={gap!r} is fixed, leave "
+                         f"max_gap out")
     if dynamic is None:
         gap_us = duration_us(gap, "gap")
         if gap_us <= 0:
             raise ValueError(f"gap must be > 0, got {gap_us} us")
-        if max_gap is not None:
-            raise ValueError(f"max_gap bounds a per-row gap; gap={gap!r} is fixed, leave "
-                             f"max_gap out")
         max_gap_us = gap_us
+    elif dynamic.bound_us is not None:  # calendar units: their longest is known
+        max_gap_us = dynamic.bound_us
     elif max_gap is None:
         if df.isStreaming:
             raise ValueError(f"gap {dynamic[1]} is per row: give max_gap=, the largest gap a row "
@@ -315,11 +396,11 @@ def sessionize(
     if trigger is not None and emit != "final":
         raise ValueError("a trigger replaces emit: leave emit at 'final'")
     # the arguments the state's retention is made of, as the user gave them (for messages)
-    retention_terms: dict[str, Any] = {"gap" if dynamic is None else "max_gap":
-                                       gap if dynamic is None else max_gap,
+    retention_terms: dict[str, Any] = {"gap" if literal else "max_gap":
+                                       gap if literal else max_gap,
                                        "max_duration": max_duration}
     agg, value_columns, output_names, agg_fields, json_outputs = _plan_aggregations(
-        df, aggregations, key_columns, timestamp
+        source, aggregations, key_columns, timestamp
     )
     spark = df.sparkSession
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
@@ -329,7 +410,7 @@ def sessionize(
         raise ValueError(f"n_buckets must be an int >= 1, got {n_buckets!r}")
     config = SessionizeConfig(
         key_columns=key_columns, key_types=[schema[k] for k in key_columns],
-        time_column=timestamp, time_type=schema[timestamp],
+        time_column=time_column, time_type=schema[time_column],
         value_columns=value_columns, value_types=[schema[c] for c in value_columns],
         gap_us=gap_us, inclusive_gap=bool(inclusive_gap), emit=emit, aggregation=agg,
         output_names=output_names, output_fields=agg_fields, json_outputs=json_outputs,
@@ -341,11 +422,11 @@ def sessionize(
     )
     if not df.isStreaming:
         _check_engine(config, STATIC_RETENTION_US, retention_terms)
-    carried = [c for c in value_columns if c not in key_columns and c != timestamp]
+    carried = [c for c in value_columns if c not in key_columns and c != time_column]
     if dynamic is None:
-        selected = df.select(*key_columns, timestamp, *carried)
+        selected = df.select(*key_columns, time_column, *carried)
     else:  # the gap is computed on the input, whose columns the expression may read
-        selected = dynamic[0].select(*key_columns, timestamp, *carried, GAP_COLUMN)
+        selected = dynamic[0].select(*key_columns, time_column, *carried, GAP_COLUMN)
 
     config.extra[static_columnar.PARTS_KEY] = [
         (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]

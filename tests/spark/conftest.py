@@ -39,3 +39,15 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def new_york(spark: object) -> Iterator[object]:
+    """The shared session with ``spark.sql.session.timeZone`` at America/New_York (daylight
+    saving: 2024-03-10 lasts 23 hours, 2024-11-03 25), restored afterwards."""
+    before = spark.conf.get("spark.sql.session.timeZone")  # type: ignore[attr-defined]
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")  # type: ignore[attr-defined]
+    try:
+        yield spark
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)  # type: ignore[attr-defined]

@@ -10,7 +10,6 @@ York (and would not at midnight UTC, 48 hours apart).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,17 +25,6 @@ ROWS = [("a", dt.date(2024, 3, 9), 1), ("a", dt.date(2024, 3, 11), 2),
         ("b", dt.date(2024, 3, 10), 7), ("b", dt.date(2024, 3, 10), 8),
         ("b", dt.date(2024, 3, 12), None), ("c", dt.date(1969, 12, 31), -3)]
 AGGS = {"n": "count", "total": ("sum", "v"), "top": ("max", "v")}
-
-
-@pytest.fixture
-def new_york(spark: Any) -> Iterator[Any]:
-    """The shared session, in a time zone with a daylight-saving change on 2024-03-10."""
-    before = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
-    try:
-        yield spark
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", before)
 
 
 def native_rows(df: Any, gap: str) -> list[tuple[Any, ...]]:
@@ -81,3 +69,33 @@ def test_a_date_time_column_on_a_stream_is_refused_naming_it(spark, tmp_path):
             sessionize(stream, key="user", timestamp="day", gap="1 hour", watermark_delay="0s",
                        aggregations={"n": "count"}, engine=engine,
                        state_location=str(tmp_path / "state"))
+
+
+def test_aggregations_and_keys_over_the_date_time_column_stay_dates(new_york):
+    """Native aggregates and groups by the date column itself, not the timestamp it casts for
+    the session bounds: min and max of it are dates, and so is the column as a key. Kills the
+    cast column reaching aggregations and keys (they came out as timestamps). The gap is in
+    calendar days, so the date's hidden timestamp takes the per-row calendar path too."""
+    df = new_york.createDataFrame(ROWS, SCHEMA)
+    gap = "2 days"
+    aggs = {"n": "count", "first_day": ("min", "day"), "last_day": ("max", "day")}
+    native = df.groupBy("user", F.session_window("day", gap).alias("w")).agg(
+        F.count("*"), F.min("day"), F.max("day")).select("user", "w.start", "w.end", "count(1)",
+                                                         "min(day)", "max(day)")
+    expected = sorted(tuple(r) for r in native.collect())
+    assert [r[3:] for r in expected if r[0] == "a"] == [  # midnight + 2 days: joins 03-11
+        (2, dt.date(2024, 3, 9), dt.date(2024, 3, 11)),
+        (1, dt.date(2024, 3, 14), dt.date(2024, 3, 14))]
+    dated = df.where(F.col("day").isNotNull())  # a key must be set (sessionize refuses nulls)
+    native_keyed = dated.groupBy("user", "day", F.session_window("day", gap).alias("w")).count()
+    expected_keyed = sorted(tuple(r) for r in native_keyed.select(
+        "user", "day", "w.start", "w.end", "count").collect())
+    for engine in ("arrow", "processor"):
+        out = sessionize(df, key="user", timestamp="day", gap=gap, aggregations=aggs,
+                         engine=engine)
+        assert [f.dataType for f in out.schema.fields][-2:] == [T.DateType()] * 2
+        assert sorted(tuple(r) for r in out.collect()) == expected, engine
+        keyed = sessionize(dated, key=["user", "day"], timestamp="day", gap=gap,
+                           aggregations={"n": "count"}, engine=engine)
+        assert keyed.schema["day"].dataType == T.DateType()
+        assert sorted(tuple(r) for r in keyed.collect()) == expected_keyed, engine
