@@ -11,16 +11,17 @@ into byte matrices cut into rows; any other key (tuples, mixed columns) falls ba
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from typing import Any, cast, overload
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from .. import keyschema
+from ..arrays import ByteRows
 
-__all__ = ["encode_key_column", "encode_keys"]
+__all__ = ["EncodedKeys", "encode_key_column", "encode_key_rows", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -57,6 +58,41 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
     return encode_key_column(keys, rows)[0]
 
 
+class EncodedKeys(Sequence[bytes]):
+    """Key encodings held as their :class:`~sessionstore.keyschema.KeyMatrix`, cut into bytes
+    objects only when read as a sequence (see :func:`encode_key_rows`)."""
+
+    __slots__ = ("matrix", "_cut")
+
+    def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+        self.matrix = matrix
+        self._cut: list[bytes] | None = None
+
+    def rows(self) -> ByteRows:
+        """The encodings as byte rows (no bytes object per key)."""
+        return ByteRows.of_matrix_rows(self.matrix.rows, self.matrix.lengths)
+
+    def as_list(self) -> list[bytes]:
+        if self._cut is None:
+            self._cut = self.rows().tolist()
+        return self._cut
+
+    def __len__(self) -> int:
+        return len(self.matrix.lengths)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.as_list())
+
+
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
                       ) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
     """:func:`encode_keys`, and the encodings' :class:`~sessionstore.keyschema.KeyMatrix`
@@ -66,6 +102,25 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
     Raises:
         TypeError / ValueError: as :func:`encode_keys`.
     """
+    encoded, matrix = _encode_key_column(keys, rows, cut=True)
+    assert isinstance(encoded, list)
+    return encoded, matrix
+
+
+def encode_key_rows(keys: Sequence[Any], rows: Sequence[int] | None = None
+                    ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
+    """:func:`encode_key_column`, except that keys the vectorised encoders take come back as
+    :class:`EncodedKeys` (their matrix, not cut into bytes objects until read): for a caller
+    that keeps the encodings as byte rows.
+
+    Raises:
+        TypeError / ValueError: as :func:`encode_keys`.
+    """
+    return _encode_key_column(keys, rows, cut=False)
+
+
+def _encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None, *, cut: bool
+                       ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
     n = len(keys)
     kinds = set(map(type, keys)) if n >= _VECTOR_MIN else set()
     if kinds == {int}:  # bool is its own type: never taken here
@@ -74,11 +129,11 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
         except OverflowError:
             pass  # an int beyond int64: the per-key path names its row
         else:
-            return _assemble(n, _encode_int64(values))
+            return _assemble(n, _encode_int64(values), cut)
     elif kinds == {str} or kinds == {bytes}:
         pieces = _encode_str(keys, binary=kinds == {bytes})
         if pieces is not None:
-            return _assemble(n, pieces)
+            return _assemble(n, pieces, cut)
     try:
         return list(map(keyschema.encode_key, keys)), None
     except (TypeError, ValueError):
@@ -95,19 +150,24 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
 _Pieces = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]]
 
 
-def _assemble(n: int, pieces: _Pieces) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
-    """The encodings of ``n`` keys as bytes, and as a KeyMatrix unless one is too wide."""
+def _assemble(n: int, pieces: _Pieces, cut: bool = True
+              ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
+    """The encodings of ``n`` keys as bytes (or, unless ``cut``, as :class:`EncodedKeys`),
+    and as a KeyMatrix unless one is too wide (then always as bytes)."""
     width = max((matrix.shape[1] for _, matrix in pieces), default=0)
     if n == 0 or width > keyschema.KEY_MATRIX_MAX_WIDTH:
         return _cut(n, pieces), None
     if len(pieces) == 1:  # one width: the rows in order, and the matrix as it is
-        return _cut(n, pieces), keyschema.KeyMatrix(pieces[0][1],
-                                                    np.full(n, width, dtype=np.int64))
+        whole = keyschema.KeyMatrix(pieces[0][1], np.full(n, width, dtype=np.int64))
+        return (_cut(n, pieces) if cut else EncodedKeys(whole)), whole
     padded = np.zeros((n, width), dtype=np.uint8)
     lengths = np.empty(n, dtype=np.int64)
     for rows, matrix in pieces:
         padded[rows, :matrix.shape[1]] = matrix
         lengths[rows] = matrix.shape[1]
+    if not cut:
+        padded_matrix = keyschema.KeyMatrix(padded, lengths)
+        return EncodedKeys(padded_matrix), padded_matrix
     narrow = [(rows, matrix) for rows, matrix in pieces if matrix.shape[1] < width]
     if sum(len(rows) for rows, _ in narrow) * 4 >= n:
         return _cut(n, pieces), keyschema.KeyMatrix(padded, lengths)
