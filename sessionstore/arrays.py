@@ -4,7 +4,8 @@ first equal) for deduplicating without a sort. Nothing here knows about sessions
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -383,3 +384,39 @@ def _cut_rows(data: npt.NDArray[np.uint8], first: Int64Array, width: int,
         matrix = np.ascontiguousarray(matrix[:, :width])
     cut: list[bytes] = np.ascontiguousarray(matrix).view(f"V{width}").ravel().tolist()
     return cut
+
+
+class LazyBytesList(Sequence[bytes]):
+    """A sequence of byte strings held as :class:`ByteRows` (:meth:`rows`) and cut into bytes
+    objects only when first read as a sequence (then kept): for values a consumer may take as
+    rows, with no Python object per string, or as a list."""
+
+    __slots__ = ("_cut",)
+
+    def __init__(self, cut: list[bytes] | None = None) -> None:
+        self._cut = cut
+
+    def rows(self) -> ByteRows:
+        """The strings as byte rows."""
+        raise NotImplementedError
+
+    def as_list(self) -> list[bytes]:
+        """The strings as bytes objects (cut once, then kept)."""
+        if self._cut is None:
+            self._cut = self.rows().tolist()
+        return self._cut
+
+    def __len__(self) -> int:
+        return len(self._cut) if self._cut is not None else len(self.rows())
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.as_list())

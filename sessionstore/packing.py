@@ -16,13 +16,13 @@ A store accepts such values only when its serde is :class:`~sessionstore.serde.M
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .arrays import ByteRows
+from .arrays import ByteRows, LazyBytesList
 
 __all__ = ["PackedValues", "pack_session_records"]
 
@@ -50,7 +50,7 @@ _LOWS = np.array([_INT_FORMATS[f][0] for f in _BY_LOW], dtype=np.int64)
 _FORMAT_BY_LOW = np.array(_BY_LOW, dtype=np.int64)
 
 
-class PackedValues(Sequence[bytes]):
+class PackedValues(LazyBytesList):
     """Values already serialised by :class:`~sessionstore.serde.MsgpackSerde`, one ``bytes``
     per value: a store whose serde is that serde writes them as they are.
 
@@ -60,56 +60,33 @@ class PackedValues(Sequence[bytes]):
     Python object per value.
     """
 
-    __slots__ = ("_list", "_rows")
+    __slots__ = ("_rows",)
 
     def __init__(self, values: Iterable[bytes] = ()) -> None:
-        self._list: list[bytes] | None = list(values)
+        super().__init__(list(values))
         self._rows: ByteRows | None = None
 
     @classmethod
     def of_rows(cls, rows: ByteRows) -> PackedValues:
         """The values ``rows.tolist()``, kept as rows until read as a sequence."""
         packed = cls()
-        packed._list = None
+        packed._cut = None
         packed._rows = rows
         return packed
 
-    def as_list(self) -> list[bytes]:
-        """The values as bytes objects (cut once, then kept)."""
-        if self._list is None:
-            assert self._rows is not None
-            self._list = self._rows.tolist()
-        return self._list
-
     def rows(self) -> ByteRows:
-        """The values as byte rows."""
         if self._rows is None:
-            assert self._list is not None
-            self._rows = ByteRows.of_list(self._list)
+            assert self._cut is not None
+            self._rows = ByteRows.of_list(self._cut)
         return self._rows
 
     def take(self, rows: npt.NDArray[np.int64]) -> PackedValues:
         """The values of ``rows``, in that order."""
-        if self._list is None:
+        if self._cut is None:
             return PackedValues.of_rows(self.rows().take(rows))
-        boxed = np.empty(len(self._list), dtype=object)  # gathers faster than a comprehension
-        boxed[:] = self._list
+        boxed = np.empty(len(self._cut), dtype=object)  # gathers faster than a comprehension
+        boxed[:] = self._cut
         return PackedValues(boxed[rows].tolist())
-
-    def __len__(self) -> int:
-        return len(self._list) if self._list is not None else len(self.rows())
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        return self.as_list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.as_list())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackedValues):

@@ -11,15 +11,15 @@ into byte matrices cut into rows; any other key (tuples, mixed columns) falls ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, cast, overload
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from .. import keyschema
-from ..arrays import ByteRows
+from ..arrays import ByteRows, LazyBytesList
 
 __all__ = ["EncodedKeys", "encode_key_column", "encode_key_rows", "encode_keys"]
 
@@ -58,39 +58,22 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
     return encode_key_column(keys, rows)[0]
 
 
-class EncodedKeys(Sequence[bytes]):
+class EncodedKeys(LazyBytesList):
     """Key encodings held as their :class:`~sessionstore.keyschema.KeyMatrix`, cut into bytes
     objects only when read as a sequence (see :func:`encode_key_rows`)."""
 
-    __slots__ = ("matrix", "_cut")
+    __slots__ = ("matrix",)
 
     def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+        super().__init__()
         self.matrix = matrix
-        self._cut: list[bytes] | None = None
 
     def rows(self) -> ByteRows:
         """The encodings as byte rows (no bytes object per key)."""
         return ByteRows.of_matrix_rows(self.matrix.rows, self.matrix.lengths)
 
-    def as_list(self) -> list[bytes]:
-        if self._cut is None:
-            self._cut = self.rows().tolist()
-        return self._cut
-
     def __len__(self) -> int:
         return len(self.matrix.lengths)
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        return self.as_list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.as_list())
 
 
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
