@@ -4,7 +4,8 @@ first equal) for deduplicating without a sort. Nothing here knows about sessions
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -242,3 +243,180 @@ def length_prefixed_kernel(data: npt.NDArray[np.uint8], first: Int64Array,
             return False
         stop[i] = at
     return at == size
+
+
+# -- byte rows: many byte strings in one buffer --------------------------------------------
+
+
+class ByteRows:
+    """Byte strings held as rows of one buffer, with no Python object per string: row ``i`` is
+    ``data[first[i]:stop[i]]``. ``stride`` is set when row ``i`` starts at ``i * stride`` and
+    has at most ``stride`` bytes (a zero-padded byte matrix, flattened): gathering such rows is
+    a matrix row gather, and cutting them a matrix view per distinct length.
+
+    Build them with :meth:`of_list`, :meth:`of_matrix` or :meth:`of_matrix_rows`; the
+    constructor takes the columns as they are. Never changed once built (logs share them).
+    """
+
+    __slots__ = ("data", "first", "stop", "stride")
+
+    def __init__(self, data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
+                 stride: int | None = None) -> None:
+        self.data = data
+        self.first = first
+        self.stop = stop
+        self.stride = stride
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    #: :meth:`of_list` pads pieces up to this long into a matrix (longer ones: one buffer)
+    MAX_STRIDE = 256
+
+    @classmethod
+    def of_list(cls, pieces: list[bytes]) -> ByteRows:
+        """The rows of ``pieces``, in order."""
+        n = len(pieces)
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=n)
+        longest = int(lengths.max()) if n else 0
+        if 0 < longest <= cls.MAX_STRIDE:
+            # numpy's fixed-width bytes pad with zeros, and the raw buffer keeps a piece's own
+            # trailing zeros (the lengths say where each ends)
+            fixed = np.array(pieces, dtype=f"S{longest}")
+            return cls.of_matrix_rows(fixed.view(np.uint8).reshape(n, longest), lengths)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        return cls(data, offsets[:-1], offsets[1:], 0 if n and not longest else None)
+
+    @classmethod
+    def of_matrix(cls, matrix: npt.NDArray[np.uint8]) -> ByteRows:
+        """Each row of the two-dimensional ``matrix`` as one byte string."""
+        return cls.of_matrix_rows(matrix, np.full(len(matrix), matrix.shape[1], dtype=np.int64))
+
+    @classmethod
+    def of_matrix_rows(cls, matrix: npt.NDArray[np.uint8], lengths: Int64Array) -> ByteRows:
+        """Row ``i`` of the zero-padded ``matrix`` cut at ``lengths[i]`` bytes."""
+        n, width = matrix.shape
+        first = np.arange(n, dtype=np.int64) * width
+        return cls(np.ascontiguousarray(matrix).reshape(-1), first, first + lengths, width)
+
+    def _matrix(self) -> npt.NDArray[np.uint8]:
+        assert self.stride is not None
+        return self.data.reshape(len(self.first), self.stride)
+
+    def take(self, rows: Int64Array) -> ByteRows:
+        """The rows ``rows``, in that order, in a buffer of their own."""
+        if self.stride is not None:
+            # np.take gathers whole rows several times faster than fancy indexing
+            return ByteRows.of_matrix_rows(np.take(self._matrix(), rows, axis=0),
+                                           np.take(self.stop - self.first, rows))
+        first = self.first[rows]
+        lengths = self.stop[rows] - first
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        where = (np.arange(int(offsets[-1]), dtype=np.int64)
+                 + np.repeat(first - offsets[:-1], lengths))
+        return ByteRows(self.data[where], offsets[:-1], offsets[1:])
+
+    @staticmethod
+    def concat(parts: list[ByteRows]) -> ByteRows:
+        """The rows of ``parts``, one after another, in one buffer."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return ByteRows.of_list([])
+        lengths = np.concatenate([part.stop - part.first for part in parts])
+        strides = [part.stride for part in parts]
+        if None not in strides:
+            widest = max(stride for stride in strides if stride is not None)
+            if all(stride == widest for stride in strides):  # one width: the buffers as they are
+                return ByteRows.of_matrix_rows(
+                    np.concatenate([part.data for part in parts]).reshape(len(lengths), widest),
+                    lengths)
+            matrix = np.zeros((len(lengths), widest), dtype=np.uint8)
+            at = 0
+            for part in parts:
+                rows = part._matrix()
+                matrix[at:at + len(rows), :rows.shape[1]] = rows
+                at += len(rows)
+            return ByteRows.of_matrix_rows(matrix, lengths)
+        data = np.concatenate([part.data for part in parts])
+        shifts = np.cumsum([0] + [len(part.data) for part in parts[:-1]])
+        first = np.concatenate([part.first + shift
+                                for part, shift in zip(parts, shifts, strict=True)])
+        return ByteRows(data, first, first + lengths)
+
+    def tolist(self, rows: Int64Array | None = None) -> list[bytes]:
+        """The rows (those of ``rows``, in that order) as bytes objects: one numpy cut per
+        distinct row length, not a slice per row."""
+        first, stop = (self.first, self.stop) if rows is None \
+            else (self.first[rows], self.stop[rows])
+        n = len(first)
+        if n == 0:
+            return []
+        lengths = stop - first
+        stride = self.stride
+        matrix = None
+        if stride is not None:
+            matrix = self._matrix() if rows is None else np.take(self._matrix(), rows, axis=0)
+        low, high = int(lengths.min()), int(lengths.max())
+        if low == high:
+            return _cut_rows(self.data, first, low, matrix)
+        out = np.empty(n, dtype=object)
+        for length in np.flatnonzero(np.bincount(lengths - low)).tolist():
+            at = np.flatnonzero(lengths == length + low)
+            out[at] = _cut_rows(self.data, first[at], length + low,
+                                None if matrix is None else np.take(matrix, at, axis=0))
+        listed: list[bytes] = out.tolist()
+        return listed
+
+
+def _cut_rows(data: npt.NDArray[np.uint8], first: Int64Array, width: int,
+              matrix: npt.NDArray[np.uint8] | None) -> list[bytes]:
+    """Rows of ``width`` bytes as bytes objects: ``data[first[i]:first[i] + width]``, or, when
+    given, the first ``width`` bytes of each row of ``matrix`` (the same rows, padded)."""
+    if width == 0:
+        return [b""] * len(first)
+    if matrix is None:
+        matrix = data[first[:, None] + np.arange(width, dtype=np.int64)]
+    elif matrix.shape[1] != width:
+        matrix = np.ascontiguousarray(matrix[:, :width])
+    cut: list[bytes] = np.ascontiguousarray(matrix).view(f"V{width}").ravel().tolist()
+    return cut
+
+
+class LazyBytesList(Sequence[bytes]):
+    """A sequence of byte strings held as :class:`ByteRows` (:meth:`rows`) and cut into bytes
+    objects only when first read as a sequence (then kept): for values a consumer may take as
+    rows, with no Python object per string, or as a list."""
+
+    __slots__ = ("_cut",)
+
+    def __init__(self, cut: list[bytes] | None = None) -> None:
+        self._cut = cut
+
+    def rows(self) -> ByteRows:
+        """The strings as byte rows."""
+        raise NotImplementedError
+
+    def as_list(self) -> list[bytes]:
+        """The strings as bytes objects (cut once, then kept)."""
+        if self._cut is None:
+            self._cut = self.rows().tolist()
+        return self._cut
+
+    def __len__(self) -> int:
+        return len(self._cut) if self._cut is not None else len(self.rows())
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.as_list())

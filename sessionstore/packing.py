@@ -4,9 +4,11 @@ The batch path writes one record per session, ``[acc, 0, 0, 0, None]`` (see
 :mod:`sessionstore.engine.record`), where ``acc`` is a number (count, sum, min, max) or, for a
 combined aggregation, a list of numbers. Packing those one by one with msgpack costs a Python
 call per session, the largest single cost of a bulk write after the planning. Here the records
-of int64 and float64 accumulator columns are built with numpy as byte matrices and cut into
-rows, byte for byte what :class:`~sessionstore.serde.MsgpackSerde` writes for the same Python
-record (``tests/kernels/test_packing.py`` checks it against msgpack).
+of int64 and float64 accumulator columns are built with numpy as one byte matrix, a row per
+record, byte for byte what :class:`~sessionstore.serde.MsgpackSerde` writes for the same Python
+record (``tests/kernels/test_packing.py`` checks it against msgpack). The rows become bytes
+objects only for a store that needs them (RocksDB's writers take one per record); the in-memory
+store logs the rows as they are (:class:`PackedValues`).
 
 A store accepts such values only when its serde is :class:`~sessionstore.serde.MsgpackSerde`
 (see ``SegmentedSessionStore._dumps_all``); the engine packs only for such a store.
@@ -14,10 +16,13 @@ A store accepts such values only when its serde is :class:`~sessionstore.serde.M
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .arrays import ByteRows, LazyBytesList
 
 __all__ = ["PackedValues", "pack_session_records"]
 
@@ -45,9 +50,53 @@ _LOWS = np.array([_INT_FORMATS[f][0] for f in _BY_LOW], dtype=np.int64)
 _FORMAT_BY_LOW = np.array(_BY_LOW, dtype=np.int64)
 
 
-class PackedValues(list):  # type: ignore[type-arg]
+class PackedValues(LazyBytesList):
     """Values already serialised by :class:`~sessionstore.serde.MsgpackSerde`, one ``bytes``
-    per value: a store whose serde is that serde writes them as they are."""
+    per value: a store whose serde is that serde writes them as they are.
+
+    Built from bytes objects (``PackedValues([b"..."])``) or, by :func:`pack_session_records`,
+    from byte rows (:meth:`of_rows`): those become bytes objects only when the values are read
+    as a sequence, so that a store that keeps byte rows (the in-memory one) never makes a
+    Python object per value.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, values: Iterable[bytes] = ()) -> None:
+        super().__init__(list(values))
+        self._rows: ByteRows | None = None
+
+    @classmethod
+    def of_rows(cls, rows: ByteRows) -> PackedValues:
+        """The values ``rows.tolist()``, kept as rows until read as a sequence."""
+        packed = cls()
+        packed._cut = None
+        packed._rows = rows
+        return packed
+
+    def rows(self) -> ByteRows:
+        if self._rows is None:
+            assert self._cut is not None
+            self._rows = ByteRows.of_list(self._cut)
+        return self._rows
+
+    def take(self, rows: npt.NDArray[np.int64]) -> PackedValues:
+        """The values of ``rows``, in that order."""
+        if self._cut is None:
+            return PackedValues.of_rows(self.rows().take(rows))
+        boxed = np.empty(len(self._cut), dtype=object)  # gathers faster than a comprehension
+        boxed[:] = self._cut
+        return PackedValues(boxed[rows].tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedValues):
+            return self.as_list() == other.as_list()
+        return isinstance(other, list) and self.as_list() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedValues({self.as_list()!r})"
 
 
 def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
@@ -97,31 +146,33 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
                     else np.unique(layout))
     kinds = distinct.tolist()
     if len(kinds) == 1:
-        return PackedValues(_records(formats, payloads, combined, None, 0))
+        return PackedValues.of_rows(ByteRows.of_matrix(
+            _records(formats, payloads, combined, None, 0)))
+    # one zero-padded matrix: every row in the commonest layout first (one matrix operation),
+    # then the rows of the other layouts written over theirs at their own width
     rows_of = [np.flatnonzero(layout == kind) for kind in kinds]
     major = max(range(len(kinds)), key=lambda k: len(rows_of[k]))
-    if (n - len(rows_of[major])) * 4 < n:
-        # few rows of other layouts: every row is cut in the commonest layout, and the
-        # others replaced one by one (cheaper than gathering every row through an object
-        # array)
-        cut = _records(formats, payloads, combined, None, int(rows_of[major][0]))
-        for k, rows in enumerate(rows_of):
-            if k != major:
-                for row, record in zip(rows.tolist(),
-                                       _records(formats, payloads, combined, rows, 0),
-                                       strict=True):
-                    cut[row] = record
-        return PackedValues(cut)
-    out = np.empty(n, dtype=object)
-    for rows in rows_of:
-        out[rows] = _records(formats, payloads, combined, rows, 0)
-    return PackedValues(out.tolist())
+    common = _records(formats, payloads, combined, None, int(rows_of[major][0]))
+    others = [(rows, _records(formats, payloads, combined, rows, 0))
+              for k, rows in enumerate(rows_of) if k != major]
+    width = max([common.shape[1]] + [matrix.shape[1] for _, matrix in others])
+    padded = common if width == common.shape[1] else np.zeros((n, width), dtype=np.uint8)
+    if padded is not common:
+        padded[:, :common.shape[1]] = common
+    lengths = np.full(n, common.shape[1], dtype=np.int64)
+    for rows, matrix in others:
+        padded[rows, :matrix.shape[1]] = matrix
+        padded[rows, matrix.shape[1]:] = 0
+        lengths[rows] = matrix.shape[1]
+    return PackedValues.of_rows(ByteRows.of_matrix_rows(padded, lengths))
 
 
 def _records(formats: list[npt.NDArray[np.int64]], payloads: list[npt.NDArray[np.uint8]],
-             combined: bool, rows: npt.NDArray[np.int64] | None, first: int) -> list[bytes]:
-    """The records of ``rows`` (None: every row), all in the layout of the parts' formats at
-    row ``first`` of ``rows`` (a row of that layout: a row of another comes out wrong)."""
+             combined: bool, rows: npt.NDArray[np.int64] | None, first: int
+             ) -> npt.NDArray[np.uint8]:
+    """The records of ``rows`` (None: every row) as a byte matrix, one record per row, all in
+    the layout of the parts' formats at row ``first`` of ``rows`` (a row of that layout: a row
+    of another comes out wrong)."""
     pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
     at_row = first if rows is None else int(rows[first])
     for part_formats, payload in zip(formats, payloads, strict=True):
@@ -147,9 +198,7 @@ def _records(formats: list[npt.NDArray[np.int64]], payloads: list[npt.NDArray[np
         matrix[:, at:at + size] = picked
         at += size
     matrix[:, at:] = _RECORD_TAIL
-    # a void view cuts the matrix into bytes, keeping zero bytes
-    cut: list[bytes] = matrix.view(f"V{width}").ravel().tolist()
-    return cut
+    return matrix
 
 
 # -- unpacking: the inverse of pack_session_records, for a cold start ------------------------

@@ -113,3 +113,54 @@ def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
                                   np.array(first, dtype=np.int64),
                                   np.array(stop, dtype=np.int64))
     assert got.tolist() == expected
+
+
+# -- ByteRows against the list of bytes it stands for ------------------------------------------
+
+PIECES = st.lists(st.binary(max_size=6) | st.sampled_from([b"", b"\x00", b"a\x00\x00"]),
+                  max_size=12)
+
+
+@st.composite
+def byte_rows(draw: st.DrawFn) -> tuple[arrays.ByteRows, list[bytes]]:
+    """A ByteRows in each form it is built in (joined, padded matrix with a stride wider than
+    its rows, one-width matrix, all-empty), with the list of bytes it holds."""
+    pieces = draw(PIECES)
+    form = draw(st.sampled_from(["list", "padded", "matrix", "long"]))
+    if form == "padded" or (form == "matrix" and len(set(map(len, pieces))) > 1):
+        stride = max(map(len, pieces), default=0) + draw(st.integers(0, 2))
+        matrix = np.full((len(pieces), stride), 7, dtype=np.uint8)  # padding is never read
+        for row, piece in enumerate(pieces):
+            matrix[row, :len(piece)] = list(piece)
+        lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+        return arrays.ByteRows.of_matrix_rows(matrix, lengths), pieces
+    if form == "matrix":
+        width = len(pieces[0]) if pieces else 0
+        matrix = np.array([list(p) for p in pieces], dtype=np.uint8).reshape(len(pieces), width)
+        return arrays.ByteRows.of_matrix(matrix), pieces
+    if form == "long" and pieces:  # beyond MAX_STRIDE: one joined buffer, no stride
+        pieces = [*pieces, b"\x01" * (arrays.ByteRows.MAX_STRIDE + 1)]
+    return arrays.ByteRows.of_list(pieces), pieces
+
+
+@settings(max_examples=round(300 * PROFILE_SCALE), deadline=None)
+@given(parts=st.lists(byte_rows(), min_size=1, max_size=4), data=st.data())
+def test_byte_rows_hold_their_bytes(parts: list[tuple[arrays.ByteRows, list[bytes]]],
+                                    data: st.DataObject) -> None:
+    """tolist, take (rows repeated, in any order), tolist of rows and concat (of rows of
+    different strides and forms) give what the same operations give on the lists. Kills: a
+    take or cut that reads a row's padding, a concat that drops a part's stride or shifts
+    the wrong offsets."""
+    for rows, pieces in parts:
+        assert len(rows) == len(pieces)
+        assert rows.tolist() == pieces
+        picked = data.draw(st.lists(st.integers(0, max(len(pieces) - 1, 0)),
+                                    max_size=8 if pieces else 0))
+        index = np.array(picked, dtype=np.int64)
+        assert rows.take(index).tolist() == [pieces[i] for i in picked]
+        assert rows.tolist(index) == [pieces[i] for i in picked]
+    joined = arrays.ByteRows.concat([rows for rows, _ in parts])
+    expected = [piece for _, pieces in parts for piece in pieces]
+    assert joined.tolist() == expected
+    everything = np.arange(len(expected), dtype=np.int64)[::-1].copy()
+    assert joined.take(everything).tolist() == expected[::-1]

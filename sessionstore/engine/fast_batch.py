@@ -15,7 +15,7 @@ import contextlib
 import gc
 import itertools
 import operator
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -158,7 +158,7 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     combined = engine.result_names is not None
     packed = (pack_session_records([part.value for part in new.parts], combined=combined)
               if _store_takes_packed(engine, kinds) else None)
-    records: list[Any] = new.wire_records(combined=combined) if packed is None else packed
+    records: Sequence[Any] = new.wire_records(combined=combined) if packed is None else packed
 
     # apply: from here on nothing can fail on the batch's content
     metrics = engine.metrics
@@ -200,8 +200,8 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
         boundary = state.expiry_boundary_ms(int(new.ends_ms.max()))
         live = new.ends_ms >= (INT64_MIN if boundary is None else boundary)
         if not live.all():
-            picked = list(itertools.compress(records, live.tolist()))
-            records = PackedValues(picked) if type(records) is PackedValues else picked
+            records = (records.take(np.flatnonzero(live)) if type(records) is PackedValues
+                       else list(itertools.compress(records, live.tolist())))
         state.put_many(uniques, new.starts_ms[live], new.ends_ms[live], records,
                        key_index=plan.session_codes[live])
     return blocks

@@ -18,10 +18,9 @@ import pyarrow as pa
 
 from .. import keyschema
 from .. import table_kernels as tk
-from ..arrays import Int64Array
+from ..arrays import ByteRows, Int64Array
 from ..jit import compiled
-from ..store.base import byte_rows
-from ..store.keycodec import encode_key_column
+from ..store.keycodec import EncodedKeys, encode_key_rows
 from ..timeutil import INT64_MAX, INT64_MIN
 from .columnar import (
     NotColumnar,
@@ -259,11 +258,12 @@ class EncodedKeyIndex:
             NotColumnar: a key the store cannot hold (nothing has changed yet).
         """
         try:
-            encoded, _ = encode_key_column(keys)
+            encoded, _ = encode_key_rows(keys)
         except (TypeError, ValueError) as exc:
             raise NotColumnar(f"a key the store cannot hold: {exc}") from None
-        data, offsets = byte_rows(encoded)
-        first, stop = offsets[:-1], offsets[1:]
+        # the encoder's matrix as it is (no bytes object per key), or the bytes joined
+        rows = encoded.rows() if isinstance(encoded, EncodedKeys) else ByteRows.of_list(encoded)
+        data, first, stop = rows.data, rows.first, rows.stop
         hashes = np.empty(len(encoded), dtype=np.int64)
         compiled(tk.bytes_hashes)(data, first, stop, hashes)
         return data, first, stop, hashes

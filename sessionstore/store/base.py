@@ -24,7 +24,7 @@ from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
-from .keycodec import encode_key_column
+from .keycodec import encode_key_column, encode_key_rows
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
@@ -149,12 +149,12 @@ class BulkSessions(NamedTuple):
     empty for a remove.
     """
 
-    encoded_keys: list[bytes]
+    encoded_keys: Sequence[bytes]
     key_rank: npt.NDArray[np.int64]
     key_index: npt.NDArray[np.int64]
     starts_ms: npt.NDArray[np.int64]
     ends_ms: npt.NDArray[np.int64]
-    values: list[bytes]
+    values: Sequence[bytes]
 
 
 class StoredSessions(NamedTuple):
@@ -190,19 +190,23 @@ def byte_rows(pieces: list[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[n
 
 
 def check_sessions_many(
-    keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None
-) -> tuple[list[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
-           keyschema.KeyMatrix | None]:
+    keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None, *,
+    cut: bool = True,
+) -> tuple[Sequence[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64],
+           npt.NDArray[np.int64], keyschema.KeyMatrix | None]:
     """Validate the sessions of a bulk operation; return ``(encoded_keys, index, starts, ends,
     matrix)``, where ``matrix`` is the encoded keys' :class:`~sessionstore.keyschema.KeyMatrix`
-    when the encoder built it on the way (None otherwise).
+    when the encoder built it on the way (None otherwise). The encodings are a list of bytes,
+    or, when not ``cut``, may be :class:`~.keycodec.EncodedKeys` (see
+    :func:`~.keycodec.encode_key_rows`).
 
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
+    encode = encode_key_column if cut else encode_key_rows
     if key_index is None:
         # vectorised for int and str columns; names a bad row
-        encoded, matrix = encode_key_column(keys)
+        encoded, matrix = encode(keys)
         index = np.arange(len(encoded), dtype=np.int64)
     else:
         index = int64_column("key_index", key_index)
@@ -217,10 +221,10 @@ def check_sessions_many(
         used = np.flatnonzero(present)
         if len(used) * 10 < n_keys * 9:
             picked = used.tolist()
-            encoded, matrix = encode_key_column([keys[row] for row in picked], picked)
+            encoded, matrix = encode([keys[row] for row in picked], picked)
             index = (np.cumsum(present) - 1)[index]
         else:
-            encoded, matrix = encode_key_column(keys)
+            encoded, matrix = encode(keys)
     n = len(index)
     starts = int64_column("starts_ms", starts_ms, n)
     ends = int64_column("ends_ms", ends_ms, n)
@@ -262,6 +266,12 @@ def _floor_segments(times_ms: npt.NDArray[np.int64], minus_ms: int,
 
 class SegmentedSessionStore(ABC):
     """Base of the KIP-94 segmented session store. See :class:`~sessionstore.SessionStore`."""
+
+    #: Whether the backend's bulk writes keep keys and values as byte rows (see
+    #: :class:`~sessionstore.arrays.ByteRows`): the bulk calls then hand it encodings and packed
+    #: values that are not cut into bytes objects (:class:`~.keycodec.EncodedKeys`,
+    #: :class:`~sessionstore.packing.PackedValues`); otherwise lists of bytes.
+    _KEEPS_BYTE_ROWS = False
 
     def __init__(
         self,
@@ -459,8 +469,8 @@ class SegmentedSessionStore(ABC):
             TypeError / ValueError: a bad key, time or value, naming the argument and the row.
         """
         self._check_open()
-        encoded, index, starts, ends, matrix = check_sessions_many(keys, starts_ms, ends_ms,
-                                                                   key_index)
+        encoded, index, starts, ends, matrix = check_sessions_many(
+            keys, starts_ms, ends_ms, key_index, cut=not self._KEEPS_BYTE_ROWS)
         n = len(index)
         if len(values) != n:
             raise ValueError(f"values has {len(values)} rows, there are {n} sessions")
@@ -499,12 +509,17 @@ class SegmentedSessionStore(ABC):
         key_rank = self._key_ranks(encoded, matrix)
         rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
                                           starts[accepted])]
+        picked: Sequence[bytes]
         if len(rows) == n and (rows == np.arange(n)).all():
             picked = data
+        elif type(data) is PackedValues:
+            picked = data.take(rows)
         else:  # an object array gathers about twice as fast as a list comprehension
             boxed = np.empty(n, dtype=object)
             boxed[:] = data
             picked = boxed[rows].tolist()
+        if type(picked) is PackedValues and not self._KEEPS_BYTE_ROWS:
+            picked = picked.as_list()
         self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
                                       picked))
         self._expire_after_bulk(int(min_live[accepted[-1]]))
@@ -515,7 +530,7 @@ class SegmentedSessionStore(ABC):
             self._metrics["expired-segments"] += self._drop_segments_below(final_min_live)
             self._expired_below = final_min_live
 
-    def _dumps_all(self, values: Sequence[Any]) -> list[bytes]:
+    def _dumps_all(self, values: Sequence[Any]) -> Sequence[bytes]:
         """Serialise every value, or raise naming the first row that cannot be. Values the
         caller packed already (:class:`~sessionstore.packing.PackedValues`) are taken as they
         are by a store whose serde is msgpack's, and refused by any other."""
@@ -550,8 +565,8 @@ class SegmentedSessionStore(ABC):
         anything is deleted.
         """
         self._check_open()
-        encoded, index, starts, ends, matrix = check_sessions_many(keys, starts_ms, ends_ms,
-                                                                   key_index)
+        encoded, index, starts, ends, matrix = check_sessions_many(
+            keys, starts_ms, ends_ms, key_index, cut=not self._KEEPS_BYTE_ROWS)
         if len(index):
             self._delete_many(
                 BulkSessions(encoded, self._key_ranks(encoded, matrix), index, starts, ends, [])
@@ -746,7 +761,7 @@ class SegmentedSessionStore(ABC):
 
     # -- backend hooks ----------------------------------------------------------------------
 
-    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+    def _key_ranks(self, encoded: Sequence[bytes], matrix: keyschema.KeyMatrix | None = None
                    ) -> npt.NDArray[np.int64]:
         """Ranks of the encoded keys for :class:`BulkSessions`: equal encodings get equal
         ranks. In byte order (:func:`keyschema.key_order`) here, for backends that write in

@@ -19,8 +19,9 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from .. import keyschema
+from ..arrays import ByteRows, LazyBytesList
 
-__all__ = ["encode_key_column", "encode_keys"]
+__all__ = ["EncodedKeys", "encode_key_column", "encode_key_rows", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -57,6 +58,24 @@ def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[
     return encode_key_column(keys, rows)[0]
 
 
+class EncodedKeys(LazyBytesList):
+    """Key encodings held as their :class:`~sessionstore.keyschema.KeyMatrix`, cut into bytes
+    objects only when read as a sequence (see :func:`encode_key_rows`)."""
+
+    __slots__ = ("matrix",)
+
+    def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+        super().__init__()
+        self.matrix = matrix
+
+    def rows(self) -> ByteRows:
+        """The encodings as byte rows (no bytes object per key)."""
+        return ByteRows.of_matrix_rows(self.matrix.rows, self.matrix.lengths)
+
+    def __len__(self) -> int:
+        return len(self.matrix.lengths)
+
+
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
                       ) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
     """:func:`encode_keys`, and the encodings' :class:`~sessionstore.keyschema.KeyMatrix`
@@ -66,6 +85,25 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
     Raises:
         TypeError / ValueError: as :func:`encode_keys`.
     """
+    encoded, matrix = _encode_key_column(keys, rows, cut=True)
+    assert isinstance(encoded, list)
+    return encoded, matrix
+
+
+def encode_key_rows(keys: Sequence[Any], rows: Sequence[int] | None = None
+                    ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
+    """:func:`encode_key_column`, except that keys the vectorised encoders take come back as
+    :class:`EncodedKeys` (their matrix, not cut into bytes objects until read): for a caller
+    that keeps the encodings as byte rows.
+
+    Raises:
+        TypeError / ValueError: as :func:`encode_keys`.
+    """
+    return _encode_key_column(keys, rows, cut=False)
+
+
+def _encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None, *, cut: bool
+                       ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
     n = len(keys)
     kinds = set(map(type, keys)) if n >= _VECTOR_MIN else set()
     if kinds == {int}:  # bool is its own type: never taken here
@@ -74,11 +112,11 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
         except OverflowError:
             pass  # an int beyond int64: the per-key path names its row
         else:
-            return _assemble(n, _encode_int64(values))
+            return _assemble(n, _encode_int64(values), cut)
     elif kinds == {str} or kinds == {bytes}:
         pieces = _encode_str(keys, binary=kinds == {bytes})
         if pieces is not None:
-            return _assemble(n, pieces)
+            return _assemble(n, pieces, cut)
     try:
         return list(map(keyschema.encode_key, keys)), None
     except (TypeError, ValueError):
@@ -95,19 +133,24 @@ def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
 _Pieces = list[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]]
 
 
-def _assemble(n: int, pieces: _Pieces) -> tuple[list[bytes], keyschema.KeyMatrix | None]:
-    """The encodings of ``n`` keys as bytes, and as a KeyMatrix unless one is too wide."""
+def _assemble(n: int, pieces: _Pieces, cut: bool = True
+              ) -> tuple[list[bytes] | EncodedKeys, keyschema.KeyMatrix | None]:
+    """The encodings of ``n`` keys as bytes (or, unless ``cut``, as :class:`EncodedKeys`),
+    and as a KeyMatrix unless one is too wide (then always as bytes)."""
     width = max((matrix.shape[1] for _, matrix in pieces), default=0)
     if n == 0 or width > keyschema.KEY_MATRIX_MAX_WIDTH:
         return _cut(n, pieces), None
     if len(pieces) == 1:  # one width: the rows in order, and the matrix as it is
-        return _cut(n, pieces), keyschema.KeyMatrix(pieces[0][1],
-                                                    np.full(n, width, dtype=np.int64))
+        whole = keyschema.KeyMatrix(pieces[0][1], np.full(n, width, dtype=np.int64))
+        return (_cut(n, pieces) if cut else EncodedKeys(whole)), whole
     padded = np.zeros((n, width), dtype=np.uint8)
     lengths = np.empty(n, dtype=np.int64)
     for rows, matrix in pieces:
         padded[rows, :matrix.shape[1]] = matrix
         lengths[rows] = matrix.shape[1]
+    if not cut:
+        padded_matrix = keyschema.KeyMatrix(padded, lengths)
+        return EncodedKeys(padded_matrix), padded_matrix
     narrow = [(rows, matrix) for rows, matrix in pieces if matrix.shape[1] < width]
     if sum(len(rows) for rows, _ in narrow) * 4 >= n:
         return _cut(n, pieces), keyschema.KeyMatrix(padded, lengths)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterator
-from itertools import chain, compress, filterfalse
+from collections.abc import Collection, Iterator, Sequence
+from itertools import filterfalse
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import first_equal_rows, last_rows, length_prefixed_rows, sort_order
+from ..arrays import ByteRows, first_equal_rows, last_rows, sort_order
+from ..packing import PackedValues
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
+from .keycodec import EncodedKeys
 
 # A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
 # than this plus twice its applied sessions plus twice what the last compaction left: the log
@@ -24,18 +26,21 @@ _MAX_UNAPPLIED_ROWS = 1 << 17
 
 class _Bulk(NamedTuple):
     """One bulk write (``data`` given) or bulk delete (``data`` None) into one segment, not yet
-    applied: session ``i`` is ``(ends[i], keys[key_index[i]], starts[i])``. Never mutated, so that
-    a commit's snapshot can share it."""
+    applied: session ``i`` is ``(ends[i], keys[key_index[i]], starts[i])``, with value
+    ``data[i]``. The encodings and values are byte rows (:class:`~sessionstore.arrays.ByteRows`):
+    no Python object per key or value until the bulk is applied. Never mutated, so that a
+    commit's snapshot can share it."""
 
-    keys: list[bytes]
+    keys: ByteRows
     key_index: npt.NDArray[np.int64]
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
-    data: list[bytes] | None
+    data: ByteRows | None
 
     def entries(self) -> list[tuple[int, bytes, int]]:
-        """The sessions as ``(end, encoded_key, start)`` tuples."""
-        keys = self.keys
+        """The sessions as ``(end, encoded_key, start)`` tuples (sessions of one key share its
+        bytes object)."""
+        keys = self.keys.tolist()
         if len(self.key_index) * 4 < len(keys):
             picked = [keys[k] for k in self.key_index.tolist()]
         else:  # an object array gathers about twice as fast as a list comprehension
@@ -58,14 +63,14 @@ def compact_log(pending: list[_Bulk],
     """
     if not pending:
         return []
-    # each bulk has its own key list: one id per distinct encoding across them, the position
-    # of its first listing in the chained lists
-    listed = list(chain.from_iterable(bulk.keys for bulk in pending))
-    first_listed = first_equal_rows(*length_prefixed_rows(listed))
+    # each bulk has its own key rows: one id per distinct encoding across them, the position
+    # of its first listing in the chained rows
+    listed = ByteRows.concat([bulk.keys for bulk in pending])
+    first_listed = first_equal_rows(listed.data, listed.first, listed.stop)
     at = 0
     parts = []
     for bulk in pending:
-        parts.append(first_listed[at:at + len(bulk.keys)][bulk.key_index])
+        parts.append(first_listed[at + bulk.key_index])
         at += len(bulk.keys)
     key_ids = np.concatenate(parts)
     ends = np.concatenate([bulk.ends for bulk in pending])
@@ -74,46 +79,24 @@ def compact_log(pending: list[_Bulk],
                        [len(bulk.ends) for bulk in pending])
     last = last_rows(ends, key_ids, starts)  # each session's last operation
     written = last & writes
-    data = _kept_values(pending, written[writes])
+    values = [bulk.data for bulk in pending if bulk.data is not None]
+    data = (ByteRows.concat(values).take(np.flatnonzero(written[writes])) if values
+            else None)
     deleted = np.flatnonzero(last & ~writes) if len(applied) else np.zeros(0, dtype=np.int64)
     if len(deleted):  # only what the applied sessions hold: the log stays within the data
-        entries = zip(ends[deleted].tolist(), [listed[k] for k in key_ids[deleted].tolist()],
+        entries = zip(ends[deleted].tolist(), listed.tolist(key_ids[deleted]),
                       starts[deleted].tolist(), strict=True)
         deleted = deleted[np.fromiter(map(applied.__contains__, entries), dtype=np.bool_,
                                       count=len(deleted))]
-    kept: list[tuple[npt.NDArray[np.int64], list[bytes] | None]] = [
+    kept: list[tuple[npt.NDArray[np.int64], ByteRows | None]] = [
         (deleted, None), (np.flatnonzero(written), data)]
     used = np.zeros(len(listed), dtype=np.bool_)
     for picked, _ in kept:
         used[key_ids[picked]] = True
     renumber = np.cumsum(used) - 1
-    keys = list(compress(listed, used.tolist()))
-    return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked], values)
-            for picked, values in kept if len(picked)]
-
-
-def _kept_values(pending: list[_Bulk], kept: npt.NDArray[np.bool_]) -> list[bytes]:
-    """The values of the written rows of ``pending`` that ``kept`` marks (one flag per
-    written row, in log order), in log order. A bulk that loses few rows is copied in slices
-    between them, one that loses many through a mask."""
-    values: list[bytes] = []
-    at = 0
-    for bulk in pending:
-        if bulk.data is None:
-            continue
-        stop = at + len(bulk.data)
-        flags = kept[at:stop]
-        at = stop
-        lost = np.flatnonzero(~flags)
-        if len(lost) * 8 > len(flags):
-            values += compress(bulk.data, flags.tolist())
-            continue
-        begin = 0
-        for row in lost.tolist():
-            values += bulk.data[begin:row]
-            begin = row + 1
-        values += bulk.data[begin:]
-    return values
+    keys = listed.take(np.flatnonzero(used))
+    return [_Bulk(keys, renumber[key_ids[picked]], starts[picked], ends[picked], rows)
+            for picked, rows in kept if len(picked)]
 
 
 class _Segment:
@@ -191,7 +174,7 @@ class _Segment:
                 continue
             values = self._values
             added = list(filterfalse(values.__contains__, entries))
-            values.update(zip(entries, bulk.data, strict=True))
+            values.update(zip(entries, bulk.data.tolist(), strict=True))
             if added:
                 self.add_many(added)
 
@@ -291,6 +274,13 @@ class _Segment:
                     del index[key]
 
 
+def _key_rows(encoded: Sequence[bytes]) -> ByteRows:
+    """Encodings as byte rows: those the encoder left uncut as they are, others joined."""
+    if isinstance(encoded, EncodedKeys):
+        return encoded.rows()
+    return ByteRows.of_list(list(encoded))
+
+
 def _copy(segments: dict[int, _Segment]) -> dict[int, _Segment]:
     return {seg: segment.copy() for seg, segment in segments.items()}
 
@@ -302,6 +292,8 @@ class InMemorySessionStore(SegmentedSessionStore):
     Values go through the serde exactly as on disk, so round-trips match (tuples become lists).
     Nothing survives the process.
     """
+
+    _KEEPS_BYTE_ROWS = True
 
     def __init__(
         self,
@@ -327,7 +319,7 @@ class InMemorySessionStore(SegmentedSessionStore):
     def _write(self, encoded_key: bytes, end: int, start: int, data: bytes) -> None:
         self._segment(end // self._interval).write((end, encoded_key, start), data)
 
-    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+    def _key_ranks(self, encoded: Sequence[bytes], matrix: keyschema.KeyMatrix | None = None
                    ) -> npt.NDArray[np.int64]:
         """Identity, not byte order: nothing here is written in order. Each encoding ranks as
         the position of its first occurrence, found with a hash table over the encodings'
@@ -338,7 +330,8 @@ class InMemorySessionStore(SegmentedSessionStore):
             n, width = rows.shape
             first = np.arange(n, dtype=np.int64) * width
             return first_equal_rows(rows.ravel(), first, first + matrix.lengths)
-        return first_equal_rows(*length_prefixed_rows(encoded))
+        keys = _key_rows(encoded)
+        return first_equal_rows(keys.data, keys.first, keys.stop)
 
     def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
                      starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -359,16 +352,19 @@ class InMemorySessionStore(SegmentedSessionStore):
 
     def _write_many(self, sessions: BulkSessions) -> None:
         # logged as columns per touched segment, applied by the segment's next read (often
-        # never: segments expire whole); see _Segment
-        keys = list(sessions.encoded_keys)
+        # never: segments expire whole); see _Segment. The log holds byte rows of its own
+        # (the caller's lists and packed values are not shared).
+        keys = _key_rows(sessions.encoded_keys)
+        values = sessions.values
+        data = values.rows() if type(values) is PackedValues else ByteRows.of_list(
+            list(values))
         for seg, rows in self._by_segment(sessions):
             if rows is None:  # copies: the log must not share what the caller may change
                 bulk = _Bulk(keys, sessions.key_index.copy(), sessions.starts_ms.copy(),
-                             sessions.ends_ms.copy(), list(sessions.values))
+                             sessions.ends_ms.copy(), data)
             else:
-                values = sessions.values
                 bulk = _Bulk(keys, sessions.key_index[rows], sessions.starts_ms[rows],
-                             sessions.ends_ms[rows], [values[r] for r in rows.tolist()])
+                             sessions.ends_ms[rows], data.take(rows))
             self._segment(seg).log(bulk)
 
     def _delete(self, encoded_key: bytes, end: int, start: int) -> None:
@@ -378,7 +374,7 @@ class InMemorySessionStore(SegmentedSessionStore):
         segment.discard((end, encoded_key, start))
 
     def _delete_many(self, sessions: BulkSessions) -> None:
-        keys = list(sessions.encoded_keys)
+        keys = _key_rows(sessions.encoded_keys)
         for seg, rows in self._by_segment(sessions):
             segment = self._segments.get(seg)
             if segment is None:

@@ -30,7 +30,7 @@ import operator
 import os
 import shutil
 import threading
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -90,7 +90,7 @@ _KEY_FIRST_END = bytes([keyschema.KEY_FIRST[0] + 1])
 _SETITEM: Callable[[Any, bytes, bytes], None] = operator.setitem
 
 
-def _put_all(writer: Any, records: list[bytes], values: list[bytes]) -> None:
+def _put_all(writer: Any, records: Sequence[bytes], values: Sequence[bytes]) -> None:
     """``writer[record] = value`` for each pair, in order."""
     # operator.setitem is called without building an argument tuple (a bound __setitem__
     # builds one per record)
@@ -463,6 +463,10 @@ class SessionStore(SegmentedSessionStore):
         # is closed: a compaction never runs on a closed database
         self._compaction_lock = threading.Lock()
         self._sst_options = rocksdict.Options(raw_mode=True)
+        # LZ4 for the files a bulk write ingests: measured on 100k records, 14 ms and 1.77 MB
+        # against Snappy's (the default) 16.4 ms and 1.99 MB; the writer's per-record cost is
+        # most of a bulk write on RocksDB
+        self._sst_options.set_compression_type(rocksdict.DBCompressionType.lz4())
         self._ingest_options = rocksdict.IngestExternalFileOptions()
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
         # decoded index blocks by segment and block key (blocks never change once written)
@@ -689,16 +693,17 @@ class SessionStore(SegmentedSessionStore):
         cf[keyschema.key_first(encoded_key, end, start)] = data
         cf[keyschema.time_first(encoded_key, end, start)] = b""
 
-    def _key_ranks(self, encoded: list[bytes], matrix: keyschema.KeyMatrix | None = None
+    def _key_ranks(self, encoded: Sequence[bytes], matrix: keyschema.KeyMatrix | None = None
                    ) -> Any:
         """Byte-order ranks, keeping the keys' :class:`~sessionstore.keyschema.KeyMatrix` (the
         one given, or built here) for the record builders of the same call."""
+        assert isinstance(encoded, list)  # this store keeps no byte rows: bulk calls cut them
         if matrix is None:
             matrix = keyschema.key_matrix(encoded)
         self._matrix_of = (encoded, matrix)
         return keyschema.key_order(encoded, matrix)
 
-    def _take_matrix(self, encoded: list[bytes]) -> keyschema.KeyMatrix | None:
+    def _take_matrix(self, encoded: Sequence[bytes]) -> keyschema.KeyMatrix | None:
         """The matrix :meth:`_key_ranks` built for ``encoded`` (the same list), once."""
         held, self._matrix_of = self._matrix_of, None
         return held[1] if held is not None and held[0] is encoded else None
@@ -758,8 +763,8 @@ class SessionStore(SegmentedSessionStore):
                 for _segment, path, _key, _block in staged:
                     path.unlink(missing_ok=True)
 
-    def _stage_segment(self, segment: int, encoded: list[bytes], index: Any, starts: Any,
-                       ends: Any, values: list[bytes], matrix: keyschema.KeyMatrix | None
+    def _stage_segment(self, segment: int, encoded: Sequence[bytes], index: Any, starts: Any,
+                       ends: Any, values: Sequence[bytes], matrix: keyschema.KeyMatrix | None
                        ) -> tuple[int, Path, bytes, Any]:
         """Write one segment's sessions (in key-first order) as an SST file to ingest: one index
         block, then the key-first records, with a tombstone for each removal deferred in the
@@ -800,8 +805,8 @@ class SessionStore(SegmentedSessionStore):
             raise
         return segment, path, block_key, block
 
-    def _write_batch(self, encoded: list[bytes], key_rank: Any, index: Any, starts: Any,
-                     ends: Any, values: list[bytes], matrix: keyschema.KeyMatrix | None
+    def _write_batch(self, encoded: Sequence[bytes], key_rank: Any, index: Any, starts: Any,
+                     ends: Any, values: Sequence[bytes], matrix: keyschema.KeyMatrix | None
                      ) -> None:
         """Both records of each session through one WriteBatch, each layout inserted in its
         on-disk order: RocksDB's memtable takes sorted keys several times faster than random
@@ -826,7 +831,7 @@ class SessionStore(SegmentedSessionStore):
         self._db.write(batch)
 
     def _fill_batch(self, batch: Any, segments: Any, records: list[bytes],
-                    values: list[bytes] | None) -> None:
+                    values: Sequence[bytes] | None) -> None:
         """Add ``records`` (grouped by segment) to ``batch``; None values mean empty ones."""
         bounds = np.flatnonzero(np.diff(segments)).tolist()
         firsts = [0] + [b + 1 for b in bounds]

@@ -42,7 +42,12 @@ def test_packed_records_are_msgpacks_bytes(data: st.DataObject) -> None:
               for column, kind in zip(columns, kinds, strict=True)]
     got = pack_session_records(arrays, combined=combined)
     assert type(got) is PackedValues
-    assert list(got) == packed_by_msgpack([a.tolist() for a in arrays], combined)
+    expected = packed_by_msgpack([a.tolist() for a in arrays], combined)
+    # as byte rows (what the in-memory store logs), then as bytes objects
+    assert got.rows().tolist() == expected
+    picked = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=6 if n else 0))
+    assert list(got.take(np.array(picked, dtype=np.int64))) == [expected[i] for i in picked]
+    assert list(got) == expected and len(got) == n
     assert [msgpack.unpackb(b) for b in got] == [
         [[*row] if combined else row[0], 0, 0, 0, None]
         for row in zip(*[a.tolist() for a in arrays], strict=True)]
@@ -52,9 +57,10 @@ def test_packed_records_are_msgpacks_bytes(data: st.DataObject) -> None:
 @given(st.data())
 def test_columns_of_mostly_one_format_are_msgpacks_bytes(data: st.DataObject) -> None:
     """Counts are mostly small with a few large: most rows share one layout, the rest do not
-    (row 0 among them or not), which is packed by cutting every row in the commonest layout
-    and replacing the others. Kills: the others left in the common layout, and the common
-    layout taken from row 0."""
+    (row 0 among them or not), which is packed by writing every row in the commonest layout
+    into one padded matrix and the others over theirs, each with its own length. Kills: the
+    others left in the common layout, the common layout taken from row 0, and a row cut at
+    another row's length."""
     n = data.draw(st.integers(2, 60))
     parts = data.draw(st.integers(1, 3))
     combined = parts > 1 or data.draw(st.booleans())
@@ -72,7 +78,12 @@ def test_columns_of_mostly_one_format_are_msgpacks_bytes(data: st.DataObject) ->
         arrays.append(np.array(column, dtype=np.int64))
     got = pack_session_records(arrays, combined=combined)
     assert type(got) is PackedValues
-    assert list(got) == packed_by_msgpack([a.tolist() for a in arrays], combined)
+    expected = packed_by_msgpack([a.tolist() for a in arrays], combined)
+    # as byte rows (what the in-memory store logs), then as bytes objects
+    assert got.rows().tolist() == expected
+    picked = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=6 if n else 0))
+    assert list(got.take(np.array(picked, dtype=np.int64))) == [expected[i] for i in picked]
+    assert list(got) == expected and len(got) == n
 
 
 def test_other_columns_are_not_packed() -> None:

@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from sessionstore import keyschema
 from sessionstore.arrays import length_prefixed_rows
-from sessionstore.store.keycodec import encode_key_column, encode_keys
+from sessionstore.store.keycodec import (
+    EncodedKeys,
+    encode_key_column,
+    encode_key_rows,
+    encode_keys,
+)
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 # every boundary of msgpack's int formats, and one either side
@@ -31,6 +36,16 @@ def _checked(keys: list[object]) -> list[bytes]:
     encoded = encode_keys(keys)
     same, matrix = encode_key_column(keys)
     assert same == encoded
+    # the uncut form (the in-memory store's bulk log keeps it) holds the same bytes, as a
+    # sequence and as byte rows, and comes with the same matrix
+    uncut, uncut_matrix = encode_key_rows(keys)
+    assert list(uncut) == encoded and len(uncut) == len(encoded)
+    if isinstance(uncut, EncodedKeys):
+        assert uncut.rows().tolist() == encoded
+        assert uncut_matrix is uncut.matrix and matrix is not None
+        assert uncut_matrix.rows.tolist() == matrix.rows.tolist()
+    else:
+        assert uncut_matrix is None or uncut_matrix.lengths.tolist() == list(map(len, encoded))
     expected = [_oracle(k) for k in keys]
     widest = max(map(len, expected), default=0)
     if matrix is None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, Session, keyschema
+from sessionstore.arrays import ByteRows
 from sessionstore.store import memory
 from sessionstore.store.base import SegmentedSessionStore
 from tests.store.test_bulk_write import PROFILE_SCALE, configurations, contents
@@ -42,22 +43,25 @@ def bulks(draw: st.DrawFn) -> memory._Bulk:
         key_index, starts, ends = ([column[i] for i in rows]
                                    for column in (key_index, starts, ends))
         data = [bytes([draw(st.integers(0, 255))]) for _ in rows]
-    return memory._Bulk([bytes(k) for k in keys],  # equal encodings, distinct objects
+    return memory._Bulk(ByteRows.of_list(keys),  # a key's encoding may be listed twice
                         np.array(key_index, dtype=np.int64),
-                        np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), data)
+                        np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
+                        None if data is None else ByteRows.of_list(data))
 
 
 def replayed(applied: dict[Entry, bytes], log: list[memory._Bulk]) -> dict[Entry, bytes]:
     """The oracle: each row of each bulk in turn, on a plain dict."""
     values = dict(applied)
     for bulk in log:
+        keys = bulk.keys.tolist()
+        data = None if bulk.data is None else bulk.data.tolist()
         for row in range(len(bulk.ends)):
-            entry = (int(bulk.ends[row]), bulk.keys[int(bulk.key_index[row])],
+            entry = (int(bulk.ends[row]), keys[int(bulk.key_index[row])],
                      int(bulk.starts[row]))
-            if bulk.data is None:
+            if data is None:
                 values.pop(entry, None)
             else:
-                values[entry] = bulk.data[row]
+                values[entry] = data[row]
     return values
 
 
@@ -72,8 +76,8 @@ def settled(applied: dict[Entry, bytes], log: list[memory._Bulk]) -> memory._Seg
 
 
 def frozen(log: list[memory._Bulk]) -> list[tuple[Any, ...]]:
-    return [(list(b.keys), b.key_index.tolist(), b.starts.tolist(), b.ends.tolist(),
-             None if b.data is None else list(b.data)) for b in log]
+    return [(b.keys.tolist(), b.key_index.tolist(), b.starts.tolist(), b.ends.tolist(),
+             None if b.data is None else b.data.tolist()) for b in log]
 
 
 @settings(max_examples=round(300 * PROFILE_SCALE), deadline=None)
@@ -97,13 +101,13 @@ def test_a_compacted_log_applies_as_the_log_does(
         assert frozen(log) == before
         assert sorted(bulk.data is None for bulk in compacted) in ([], [False], [True],
                                                                    [False, True])
-        rows = [(int(b.ends[i]), b.keys[int(b.key_index[i])], int(b.starts[i]))
+        rows = [(int(b.ends[i]), b.keys.tolist()[int(b.key_index[i])], int(b.starts[i]))
                 for b in compacted for i in range(len(b.ends))]
         assert len(rows) == len(set(rows))
         # a delete only of what is applied: the log stays within the data
         assert all(row in applied for b in compacted if b.data is None
-                   for row in [(int(b.ends[i]), b.keys[int(b.key_index[i])], int(b.starts[i]))
-                               for i in range(len(b.ends))])
+                   for row in [(int(b.ends[i]), b.keys.tolist()[int(b.key_index[i])],
+                                int(b.starts[i])) for i in range(len(b.ends))])
         segment = settled(applied, compacted)
         assert segment.values() == expected
         # the indexes a read uses, not only the values
