@@ -613,6 +613,11 @@ class SessionStore(SegmentedSessionStore):
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         options.set_paranoid_checks(True)
+        # A commit's checkpoint flushes every column family whose memtable holds writes (3-10
+        # of them per task in the Spark benchmark): one flush job with one MANIFEST record for
+        # all of them, instead of a job each with its own directory and MANIFEST syncs (for six
+        # families, 12 syncs instead of 27).
+        options.set_atomic_flush(True)
         try:
             names = rocksdict.Rdict.list_cf(str(live), options) if live.exists() \
                 else ["default"]
