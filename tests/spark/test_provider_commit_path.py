@@ -1,19 +1,27 @@
-"""A snapshot published between a segment's expiry and its drop from RocksDB (which the store
-leaves to the housekeeping after the commit point): its manifest names the live segments only,
-its files still include the expired segment's, and a restore from it (what an executor lost
-right after the commit sees) opens without the expired segment and drops it before the next
-snapshot.
+"""What a commit's critical path no longer does, and what it still guarantees.
+
+* A snapshot published between a segment's expiry and its drop from RocksDB (which the store
+  leaves to the housekeeping after the commit point): its manifest names the live segments only,
+  its files still include the expired segment's, and a restore from it (what an executor lost
+  right after the commit sees) opens without the expired segment and drops it before the next
+  snapshot.
+* A commit uploads its new objects in parallel, and the directory entries of the objects are
+  durable before the manifest that names them.
 
 Real RocksDB files, a local state location; no SparkSession.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from sessionstore import Session
 from sessionstore.store.checkpoint import read_manifest
 from spark_adapter import SessionStoreProvider
+from spark_adapter import provider as provider_module
 
 RETENTION_MS = 1_000
 SEGMENT_MS = 500
@@ -79,3 +87,36 @@ def test_a_restore_between_expiry_and_drop_opens_without_the_expired_segment(tmp
     assert again.live_segments() == [5]
     assert every_session(again) == [(("c", 2600, 2700), 3), (("c", 2600, 2800), 4)]
     third.close()
+
+
+def test_new_objects_are_durable_in_their_directory_before_the_manifest_names_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    events: list[tuple[str, str]] = []
+    sync_dir, replace = provider_module.fsync_dir, os.replace
+
+    def recording_sync(path: Path) -> None:
+        events.append(("sync", str(path)))
+        sync_dir(path)
+
+    def recording_replace(source: str, target: str) -> None:
+        events.append(("replace", str(target)))
+        replace(source, target)
+
+    monkeypatch.setattr(provider_module, "fsync_dir", recording_sync)
+    monkeypatch.setattr(provider_module.os, "replace", recording_replace)
+    p = provider(tmp_path, "local")
+    store = p.load(-1)
+    for segment in range(3):  # three segments written: three new SST files in the checkpoint
+        store.put(Session("k", segment * SEGMENT_MS, segment * SEGMENT_MS + 10), segment)
+    events.clear()
+    commit(p, store, 0)
+    manifest = p.read_manifest(0)
+    objects = {entry["object"] for entry in manifest["files"].values() if "object" in entry}
+    assert len(objects) >= 3
+    assert p.metrics["objects_uploaded"] == len(objects)
+    assert p.metrics["bytes_uploaded"] == sum(
+        entry["size"] for entry in manifest["files"].values() if "object" in entry)
+    assert set(os.listdir(tmp_path / "state" / "op" / "0" / "sst")) == objects
+    published = events.index(("replace", p._manifest_path(0)))
+    assert ("sync", p.base + "/sst") in events[:published]
+    p.close()
