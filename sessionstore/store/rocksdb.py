@@ -116,7 +116,9 @@ def _housekeep(root: Path, doomed: list[Path] | None, db: Any, expired: dict[int
         try:
             db.drop_column_family(_cf_name(segment))
         except Exception as exc:  # noqa: BLE001 - recorded as expired: the next commit retries
-            log.warning("could not drop expired segment %d of %s: %s", segment, root, exc)
+            # the message only: a handler that keeps records would keep, through the
+            # traceback's frames, the column families and so the database open
+            log.warning("could not drop expired segment %d of %s: %s", segment, root, str(exc))
             failed[segment] = expired[segment]
 
 

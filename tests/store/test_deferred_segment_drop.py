@@ -155,3 +155,52 @@ def test_a_segment_written_again_after_expiry_starts_empty(tmp_path: Path):
     with SessionStore(path, retention_ms=RETENTION, segment_interval_ms=INTERVAL) as store:
         store.cap_expiry_time(0)
         assert every_session(store) == [(("c", 10, 200), "new"), (("b", 2000, 2100), "b")]
+
+
+class _FailingFirstDrop:
+    """Stands in for the database in the housekeeping thread: the first drop fails."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+        self.failed: list[str] = []
+
+    def drop_column_family(self, name: str) -> None:
+        if not self.failed:
+            self.failed.append(name)
+            raise Exception("IO error: injected drop failure")  # RocksDB's bare Exception
+        self.db.drop_column_family(name)
+
+
+def test_a_drop_that_fails_stays_recorded_as_expired_until_it_succeeds(tmp_path: Path,
+                                                                       monkeypatch):
+    from sessionstore.store import rocksdb
+
+    housekeep = rocksdb._housekeep
+    stand_ins: list[_FailingFirstDrop] = []
+
+    def failing_once(root, doomed, db, expired, failed):
+        if not stand_ins:
+            stand_ins.append(_FailingFirstDrop(db))
+            db = stand_ins[0]
+        housekeep(root, doomed, db, expired, failed)
+
+    monkeypatch.setattr(rocksdb, "_housekeep", failing_once)
+    path = tmp_path / "s"
+    with SessionStore(path, retention_ms=RETENTION, segment_interval_ms=INTERVAL) as store:
+        store.put(Session("a", 0, 100), 1)
+        store.put(Session("b", 2000, 2100), 2)  # expires segment 0
+        store.commit()  # v1 holds segment 0, recorded as expired
+        assert committed_contents(store).expired == ("seg0",)
+        store.put(Session("b", 2000, 2200), 3)
+        store.commit()  # the first drop failed: still held, still recorded as expired
+        assert stand_ins[0].failed == ["seg0"]
+        assert committed_contents(store).expired == ("seg0",)
+        assert "seg0" in committed_contents(store).column_families
+        store.put(Session("b", 2000, 2300), 4)
+        store.commit()  # dropped after v2: gone from v3
+        assert "seg0" not in committed_contents(store).column_families
+        assert committed_contents(store).expired == ()
+    with SessionStore(path, retention_ms=RETENTION, segment_interval_ms=INTERVAL) as store:
+        store.cap_expiry_time(0)
+        assert [s for s, _ in store.find_sessions(-(2**63), 2**63 - 1)] == [
+            ("b", 2000, 2100), ("b", 2000, 2200), ("b", 2000, 2300)]
