@@ -995,7 +995,9 @@ class SessionStore(SegmentedSessionStore):
 
     def _commit_state(self, state: CommittedState) -> None:
         # the previous commit's housekeeping ends first: the segments it failed to drop are
-        # recorded as expired again, and no drop runs while RocksDB takes the checkpoint
+        # recorded as expired again, and no drop runs while RocksDB takes the checkpoint (a
+        # family dropped meanwhile could be in the checkpoint without being recorded as expired,
+        # and a reopen would count it live)
         self._join_housekeeping()
         root = self._path / CHECKPOINTS_DIR
         root.mkdir(exist_ok=True)
