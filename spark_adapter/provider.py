@@ -102,6 +102,10 @@ _LOCK_POLL_S = 0.01
 _STAGING_PREFIX = "staging-"
 _CHUNK = 1 << 20
 _DOWNLOAD_THREADS = 8  # parallel object reads of one restore (each waits on the network)
+# parallel object writes of one commit: each waits on the network, or on a local file system on
+# its fsync (a commit's checkpoint adds a file per segment its batch wrote, 3-10 in the Spark
+# benchmark, whose syncs then overlap instead of queueing)
+_UPLOAD_THREADS = 8
 # A working copy closed before its next commit loses its background compaction (a reopen starts
 # from the committed checkpoint), so level-0 files could pile up; at this many times
 # compact_level0_files, a commit compacts before its checkpoint (and uploads the output itself).
@@ -223,18 +227,30 @@ def read_object(fs: pafs.FileSystem, path: str) -> bytes:
         raise SnapshotError(f"cannot read {path}: {exc}") from None
 
 
-def publish_object(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+def publish_object(fs: pafs.FileSystem, path: str, data: bytes,
+                   sync_dirs: tuple[str, ...] = ()) -> None:
     """Write ``data`` to ``path`` so that readers see all of it or nothing.
 
     Local files go through a synced temporary file and a rename; an object store's single PUT is
-    atomic on its own.
+    atomic on its own. ``sync_dirs``: local directories whose entries must be durable before
+    ``path`` is (where the objects it names were created); synced while the temporary file is,
+    all before the rename.
     """
     if isinstance(fs, pafs.LocalFileSystem):
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync_dirs:
+                with concurrent.futures.ThreadPoolExecutor(
+                        max_workers=len(sync_dirs),
+                        thread_name_prefix="sessionstore-publish-sync") as pool:
+                    synced = [pool.submit(fsync_dir, Path(d)) for d in sync_dirs]
+                    os.fsync(handle.fileno())
+                for future in synced:
+                    future.result()
+            else:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
         fsync_dir(Path(os.path.dirname(path)))
     else:
@@ -379,6 +395,7 @@ class SessionStoreProvider:
         self.maintenance_every = maintenance_every
         self.compact_level0_files = compact_level0_files
         self.base = f"{base}/{self.operator}/{self.partition}"
+        self._local_fs = isinstance(self.fs, pafs.LocalFileSystem)
         location_id = hashlib.sha1(state_location.encode()).hexdigest()[:16]
         root = Path(local_root) if local_root is not None else default_local_root()
         self.local = root / location_id / self.operator / str(self.partition)
@@ -822,9 +839,11 @@ class SessionStoreProvider:
         # maintenance deletes an unreferenced object once it is orphan_grace_ms old: an object
         # uploaded in the background is referenced only while it is well within that age
         fresh_after = time.monotonic() - self.orphan_grace_ms / 2000
+        preuploaded_before = self.metrics["objects_preuploaded"]
         self.fs.create_dir(f"{self.base}/sst", recursive=True)
         self.fs.create_dir(f"{self.base}/manifests", recursive=True)
         files: dict[str, dict[str, Any]] = {}
+        uploads: list[tuple[str, str]] = []  # (local path, name): copied below, in parallel
         for entry in sorted(os.scandir(checkpoint), key=lambda e: e.name):
             if not entry.is_file():
                 raise SnapshotError(f"unexpected directory {entry.path} in a checkpoint")
@@ -845,12 +864,13 @@ class SessionStoreProvider:
                     files[entry.name] = early[0]
                     self.metrics["objects_preuploaded"] += 1
                 else:
-                    files[entry.name] = self._upload_object(entry.path, entry.name)
+                    uploads.append((entry.path, entry.name))
             else:
                 data = Path(entry.path).read_bytes()
                 files[entry.name] = {"size": len(data),
                                      "sha256": hashlib.sha256(data).hexdigest(),
                                      "data": base64.b64encode(data).decode()}
+        files.update(self._upload_objects(uploads))
         body = {
             "batch": version,
             "id": spark_meta["id"],
@@ -860,18 +880,45 @@ class SessionStoreProvider:
             "files": files,
             SPARK_METADATA_KEY: spark_meta,
         }
-        publish_object(self.fs, self._manifest_path(version), seal(body))
+        # the new objects' directory entries are durable before the manifest naming them is
+        fresh = uploads or self.metrics["objects_preuploaded"] > preuploaded_before
+        publish_object(self.fs, self._manifest_path(version), seal(body),
+                       (f"{self.base}/sst",) if fresh and self._local_fs else ())
         return body
 
+    def _upload_objects(self, uploads: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+        """Upload ``(local path, name)`` pairs, a few at a time (their writes and syncs
+        overlap); return each name's manifest entry once all are stored. Raises the error of
+        the first that failed (in the given order), once every upload has ended."""
+        if len(uploads) <= 1:
+            return {name: self._upload_object(path, name) for path, name in uploads}
+        with concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(_UPLOAD_THREADS, len(uploads)),
+                thread_name_prefix="sessionstore-upload") as pool:
+            futures = [(name, pool.submit(self._copy_object, path, name))
+                       for path, name in uploads]
+        entries = {name: future.result() for name, future in futures}
+        self.metrics["objects_uploaded"] += len(entries)
+        self.metrics["bytes_uploaded"] += sum(entry["size"] for entry in entries.values())
+        return entries
+
     def _upload_object(self, source: str, name: str, counters: str = "") -> dict[str, Any]:
-        """Copy an immutable file to a fresh object name, hashing it on the way; counted in
-        ``metrics[counters + "objects_uploaded"]`` and ``...bytes_uploaded``."""
+        """:meth:`_copy_object`, counted in ``metrics[counters + "objects_uploaded"]`` and
+        ``...bytes_uploaded``."""
+        entry = self._copy_object(source, name)
+        self.metrics[f"{counters}objects_uploaded"] += 1
+        self.metrics[f"{counters}bytes_uploaded"] += entry["size"]
+        return entry
+
+    def _copy_object(self, source: str, name: str) -> dict[str, Any]:
+        """Copy an immutable file to a fresh object name, hashing it on the way (synced, on a
+        local file system); return its manifest entry. Safe to run in several threads."""
         stem, dot, ext = name.rpartition(".")
         remote = f"{stem}-{uuid.uuid4().hex[:16]}{dot}{ext}"
         target = self._object_path(remote)
         digest = hashlib.sha256()
         size = 0
-        local = isinstance(self.fs, pafs.LocalFileSystem)
+        local = self._local_fs
         # a copy, never a hard link: the snapshot must not share an inode with the working copy
         with open(source, "rb") as src, \
                 (open(target, "wb") if local else self.fs.open_output_stream(target)) as dst:
@@ -882,8 +929,6 @@ class SessionStoreProvider:
             if local:
                 dst.flush()
                 os.fsync(dst.fileno())
-        self.metrics[f"{counters}objects_uploaded"] += 1
-        self.metrics[f"{counters}bytes_uploaded"] += size
         return {"object": remote, "size": size, "sha256": digest.hexdigest()}
 
     # -- background compaction ----------------------------------------------------------------

@@ -109,12 +109,17 @@ class CheckpointContents:
         files: every file of the checkpoint except the manifest: name -> (size, SHA-256).
         pointer: the version was committed through the ``COMMITTED`` pointer, so the store must
             have one (False for stores written before the pointer existed).
+        expired: the column families of ``column_families`` that hold expired segments: expiry
+            removed them before the commit, and the writer drops them from RocksDB after it (off
+            the commit's path), so the checkpoint may still hold them. Opening never counts
+            them as live (see :func:`live_segment_families`).
     """
 
     sequence: int
     column_families: tuple[str, ...]
     files: Mapping[str, tuple[int, bytes]]
     pointer: bool = False
+    expired: tuple[str, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -124,6 +129,8 @@ class CheckpointContents:
         }
         if self.pointer:
             record["pointer"] = True
+        if self.expired:  # absent when there are none: such manifests read as before
+            record["expired"] = list(self.expired)
         return record
 
     @classmethod
@@ -140,6 +147,12 @@ class CheckpointContents:
             pointer = record.get("pointer", False)
             if type(pointer) is not bool:
                 raise TypeError(f"pointer {pointer!r}")
+            expired = record.get("expired", [])
+            if not isinstance(expired, list) or not all(
+                    isinstance(n, str) and n in families and segment_of_cf(n) is not None
+                    for n in expired):
+                raise TypeError(f"expired {expired!r} (each must be a segment's column family "
+                                f"of column_families)")
             checked: dict[str, tuple[int, bytes]] = {}
             for name, entry in files.items():
                 size, digest = entry
@@ -149,7 +162,7 @@ class CheckpointContents:
                 checked[name] = (size, digest)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreCorruptedError(source, f"bad contents record: {exc}") from None
-        return cls(sequence, tuple(families), checked, pointer)
+        return cls(sequence, tuple(families), checked, pointer, tuple(expired))
 
 
 def describe_files(
@@ -350,6 +363,25 @@ def segment_of_cf(name: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def live_segment_families(names: Iterable[str], contents: CheckpointContents | None
+                          ) -> tuple[dict[int, str], dict[int, str]]:
+    """Split a checkpoint's column family names into the live segments' and the expired ones'
+    (recorded in ``contents.expired``: left for the writer to drop), both by segment id.
+
+    The one rule for which segments a committed version holds: the writer's open, the read-only
+    view and a Spark snapshot's restore all go through it, so an expired segment is never read
+    again, whether or not its drop happened before a crash.
+    """
+    expired = set(contents.expired) if contents is not None else set()
+    live: dict[int, str] = {}
+    gone: dict[int, str] = {}
+    for name in names:
+        segment = segment_of_cf(name)
+        if segment is not None:
+            (gone if name in expired else live)[segment] = name
+    return live, gone
 
 
 def copy_checkpoint(source: Path, target: Path) -> None:

@@ -32,11 +32,11 @@ from .checkpoint import (
     CHECKPOINTS_DIR,
     check_database,
     copy_checkpoint,
+    live_segment_families,
     newest_committed_version,
     open_read_only,
     read_manifest,
     relocated,
-    segment_of_cf,
     translate_rocksdb_error,
     verify_files,
     version_dir_name,
@@ -203,11 +203,9 @@ class ReadOnlySessionStore:
             if isinstance(exc, StoreCorruptedError):
                 raise relocated(exc, target, source) from None
             raise
-        cfs = {}
-        for name in names:
-            segment = segment_of_cf(name)
-            if segment is not None:
-                cfs[segment] = db.get_column_family(name)
+        # a segment the version records as expired is not part of it (its drop comes later)
+        live, _expired = live_segment_families(names, contents)
+        cfs = {segment: db.get_column_family(name) for segment, name in live.items()}
         old_db, old_dir = self._handles.get("db"), self._scratch / version_dir_name(self._version)
         self._handles["db"], self._cfs = db, cfs
         self._version = state.version
