@@ -185,3 +185,15 @@ def test_the_fingerprint_covers_every_setting_but_the_aggregation_object(spark, 
         for name, value in change.items():
             setattr(other, name, value)
         assert kept.fingerprint(other) != kept.fingerprint(config), change
+
+
+def test_an_offered_partition_costs_its_idle_watcher_no_polling(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(kept, "WATCH_IDLE_S", 3600.0)
+    config = stream_config(spark, tmp_path, AGGS, 5_000)
+    run_task(config, 0, micro_batches(spark, config, 3, 2)[0])
+    _offered(config)
+    time.sleep(0.2)  # the wake-ups of the keep itself are behind it
+    looks = kept.watcher_looks()
+    time.sleep(0.5)
+    assert kept.watcher_looks() == looks  # it sleeps on its pipes and the socket: no timer
+    assert kept.offers(key_of(config))
