@@ -56,14 +56,22 @@ def _keeper(config_bytes: bytes, batch0: list[bytes], ready: Any, report: Any, d
     kept.close_all()
 
 
-def test_a_task_whose_partition_another_worker_keeps_runs_there(spark, tmp_path):
-    fresh = stream_config(spark, tmp_path / "fresh", AGGS, 5_000)
-    relayed = stream_config(spark, tmp_path / "relayed", AGGS, 5_000)
-    batches = micro_batches(spark, fresh, 17, 5)
+def _oracle(spark: Any, root: Path, name: str, seed: int, n_batches: int
+            ) -> tuple[Any, Any, list[list[pa.RecordBatch]], list[Any]]:
+    """(the oracle's configuration, the tested one's, the micro-batches, the oracle's output and
+    counters per micro-batch: loaded afresh every time)."""
+    fresh = stream_config(spark, root / "fresh", AGGS, 5_000)
+    config = stream_config(spark, root / name, AGGS, 5_000)
+    batches = micro_batches(spark, fresh, seed, n_batches)
     expected = []
     for batch, rows in enumerate(batches):
         expected.append(run_task(fresh, batch, rows))
         kept.discard(key_of(fresh))  # the oracle always loads afresh
+    return fresh, config, batches, expected
+
+
+def test_a_task_whose_partition_another_worker_keeps_runs_there(spark, tmp_path):
+    fresh, relayed, batches, expected = _oracle(spark, tmp_path, "relayed", 17, 5)
     context = multiprocessing.get_context("spawn")
     ready, done, report = context.Event(), context.Event(), context.Queue()
     keeper = context.Process(target=_keeper, args=(
@@ -117,13 +125,7 @@ def _rows(items: list[Any]) -> tuple[list[tuple], dict[str, int]]:
 
 
 def test_a_keeper_declines_while_it_runs_or_under_another_configuration(spark, tmp_path):
-    fresh = stream_config(spark, tmp_path / "fresh", AGGS, 5_000)
-    config = stream_config(spark, tmp_path / "kept", AGGS, 5_000)
-    batches = micro_batches(spark, fresh, 29, 3)
-    expected = []
-    for batch, rows in enumerate(batches):
-        expected.append(run_task(fresh, batch, rows))
-        kept.discard(key_of(fresh))
+    fresh, config, batches, expected = _oracle(spark, tmp_path, "kept", 29, 3)
     assert run_task(config, 0, batches[0]) == expected[0]
     _offered(config)
     table = _table(config, batches[1])
@@ -152,13 +154,7 @@ def test_a_keeper_declines_while_it_runs_or_under_another_configuration(spark, t
 
 
 def test_a_relayed_micro_batch_that_fails_fails_the_task_and_commits_nothing(spark, tmp_path):
-    fresh = stream_config(spark, tmp_path / "fresh", AGGS, 5_000)
-    config = stream_config(spark, tmp_path / "kept", AGGS, 5_000)
-    batches = micro_batches(spark, fresh, 41, 3)
-    expected = []
-    for batch, rows in enumerate(batches):
-        expected.append(run_task(fresh, batch, rows))
-        kept.discard(key_of(fresh))
+    fresh, config, batches, expected = _oracle(spark, tmp_path, "kept", 41, 3)
     run_task(config, 0, batches[0])
     _offered(config)
     served = kept.relay_counts()["served"]
