@@ -5,7 +5,9 @@ rows or not, because the input is shuffled to a fixed ``n``. A task
 
 1. opens its partition's store at exactly version ``batchId - 1`` (the provider), or takes back
    the store and engine its worker process kept open after committing ``batchId - 1`` when that
-   commit is still the published one (:mod:`spark_adapter.kept`);
+   commit is still the published one (:mod:`spark_adapter.kept`); when another idle worker
+   process keeps them, the task sends it its rows and that process runs steps 2-5
+   (:func:`run_partition`) and sends the output back;
 2. decides the micro-batch's watermark ``W_b`` (below) and keeps the previous one, ``W_{b-1}``,
    which the store already holds, for lateness;
 3. feeds its rows to the engine: a row whose own window ``[t, t + gap)`` ended at or before
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
@@ -245,16 +247,61 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
                      observed: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of the streaming Arrow engine (see the module docstring).
 
+    A partition kept open by another idle worker process on this host runs there instead
+    (:func:`spark_adapter.kept.relay`): this task sends it the rows and passes its output on.
+
     ``observed``, when given, receives this micro-batch's counters (:data:`OBSERVED_COUNTERS`)
     once the version is committed."""
     batch_id = _task_batch()
     location = query_location(config)
     partition = task_partition(config)
-    watermarks = WatermarkLog(location, config.operator, config.n_partitions)
     parts = static_columnar.columnar_parts(config)
     key = kept.key_of(config, location, partition)
-    opened = kept.take(key, batch_id - 1) or _open_partition(config, location, partition,
-                                                             batch_id - 1, parts)
+    opened = kept.take(key, batch_id - 1)
+    try:
+        table = config.input_table(batches)
+    except BaseException:
+        if opened is not None:  # as a failure after it: the next task loads afresh
+            opened.close()
+        raise
+    if opened is None:
+        provider = _provider(config, location, partition)
+        relayed = None if parts is None else kept.relay(
+            provider.local, key, config, kept.Assignment(location, partition, batch_id), table)
+        if relayed is not None:
+            yield from _relayed_output(relayed, observed)
+            return
+        opened = _open_partition(config, provider, batch_id - 1, parts)
+    with kept.running():
+        yield from run_partition(config, opened, key, kept.Assignment(location, partition,
+                                                                      batch_id), table, observed)
+
+
+def _relayed_output(relayed: Iterator[pa.RecordBatch | dict[str, int]],
+                    observed: dict[str, int] | None) -> Iterator[pa.RecordBatch]:
+    for item in relayed:
+        if isinstance(item, dict):
+            if observed is not None:
+                observed.update(item)
+        else:
+            yield item
+
+
+def run_partition(config: SessionizeConfig, opened: kept.OpenPartition, key: kept.Key,
+                  task: kept.Assignment, table: pa.Table,
+                  observed: dict[str, int] | None = None
+                  ) -> Generator[pa.RecordBatch, None, None]:
+    """One micro-batch of one partition on its open provider and engine (``opened``, at
+    exactly version ``task.batch_id - 1``): feed ``table``, close what the watermark passed,
+    commit ``task.batch_id``; then keep ``opened`` for the partition's next task in this
+    process (:func:`spark_adapter.kept.keep`), or close it if the commit was not reached.
+
+    It needs no Spark task around it, so the worker process that keeps the partition can run
+    it for a task of another worker (:func:`spark_adapter.kept.relay`).
+    """
+    location, partition, batch_id = task.location, task.partition, task.batch_id
+    parts = static_columnar.columnar_parts(config)
+    watermarks = WatermarkLog(location, config.operator, config.n_partitions)
     provider, engine = opened.provider, opened.engine
     committed = False
     try:
@@ -270,7 +317,6 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
         # a fresh store starts at 0
         opening = engine.advance_watermark(**engine_arguments(to_us=previous_w_ms * US_PER_MS))
         watermark_ms = _decide_watermark(provider, watermarks, config, batch_id, previous_w_ms)
-        table = config.input_table(batches)
         if runner is None:
             out, counts, _ = sessionize_rows(engine, config, table, config.order_sensitive)
         else:
@@ -309,13 +355,17 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
             opened.close()
 
 
-def _open_partition(config: SessionizeConfig, location: str, partition: int, version: int,
-                    parts: list[Any] | None) -> kept.OpenPartition:
-    """A fresh provider with its store at exactly ``version``, and an engine on it."""
-    provider = SessionStoreProvider(
+def _provider(config: SessionizeConfig, location: str, partition: int) -> SessionStoreProvider:
+    """The partition's provider, nothing loaded yet (its ``local`` names the working copy)."""
+    return SessionStoreProvider(
         location, config.operator, partition, local_root=config.local_dir,
         keep_versions=config.keep_versions, **engine_arguments(retention_us=config.retention_us),
     )
+
+
+def _open_partition(config: SessionizeConfig, provider: SessionStoreProvider, version: int,
+                    parts: list[Any] | None) -> kept.OpenPartition:
+    """``provider`` with its store loaded at exactly ``version``, and an engine on it."""
     store = provider.load(version)
     try:
         engine = SessionAggregator(
@@ -325,7 +375,7 @@ def _open_partition(config: SessionizeConfig, location: str, partition: int, ver
     except BaseException:
         provider.close()
         raise
-    return kept.OpenPartition(provider, engine)
+    return kept.OpenPartition(provider, engine, config if parts is not None else None)
 
 
 # -- the counters in the query's progress (``df.observe``) ----------------------------------------
