@@ -111,6 +111,7 @@ _IN_USE: dict[Key, OpenPartition] = {}
 _OFFERED: set[Key] = set()  # the kept partitions the watcher offers on a relay socket now
 RELAY_HANDSHAKE_S = 10.0  # how long a task waits for a keeper's yes or no
 _FRAME = struct.Struct(">cQ")  # a relay message: its kind and its length
+_PEERCRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 
 def key_of(config: SessionizeConfig, location: str, partition: int) -> Key:
@@ -373,9 +374,26 @@ def _offer(local: Path) -> socket.socket | None:
     return listener
 
 
+def same_user(connection: socket.socket) -> bool:
+    """Whether the process at the other end of the Unix socket ``connection`` runs as this
+    process's user (``SO_PEERCRED``). An abstract socket has no file permissions: any local
+    user could bind or connect to its name, so neither side trusts a peer of another user
+    with rows, output or state."""
+    try:
+        raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except (OSError, AttributeError):
+        return False
+    _pid, uid, _gid = _PEERCRED.unpack(raw)
+    return bool(uid == os.getuid())
+
+
 def _accept(listener: socket.socket) -> None:
     with contextlib.suppress(BlockingIOError, OSError):
         connection, _ = listener.accept()
+        if not same_user(connection):
+            log.warning("refused a relay connection from another user's process")
+            connection.close()
+            return
         connection.setblocking(True)
         threading.Thread(target=_serve, args=(connection,), name="sessionstore-relay",
                          daemon=True).start()
@@ -445,6 +463,10 @@ def relay(local: Path, key: Key, config: SessionizeConfig, task: Assignment,
     try:
         connection.settimeout(RELAY_HANDSHAKE_S)
         connection.connect(_address(local))
+        if not same_user(connection):  # someone else holds the name: never send them rows
+            log.warning("the relay socket of %s belongs to another user; loading here", local)
+            connection.close()
+            return None
         stream = connection.makefile("rwb")
         _send(stream, b"H", json.dumps({
             "key": list(key), "fingerprint": fingerprint(config), "location": task.location,

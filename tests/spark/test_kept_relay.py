@@ -10,6 +10,8 @@ was. The keeper is another process (spawned) where the task goes through
 from __future__ import annotations
 
 import multiprocessing
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -193,3 +195,48 @@ def test_an_offered_partition_costs_its_idle_watcher_no_polling(spark, tmp_path,
     time.sleep(0.5)
     assert kept.watcher_looks() == looks  # it sleeps on its pipes and the socket: no timer
     assert kept.offers(key_of(config))
+
+
+def test_neither_end_of_a_relay_trusts_another_users_process(spark, tmp_path, monkeypatch):
+    """An abstract socket has no file permissions: a task must not send its rows to, and a
+    keeper must not run rows from, a process of another user (``SO_PEERCRED``)."""
+    fresh, config, batches, expected = _oracle(spark, tmp_path, "kept", 53, 2)
+    assert run_task(config, 0, batches[0]) == expected[0]
+    _offered(config)
+    table = _table(config, batches[1])
+    served = kept.relay_counts()["served"]
+    real_uid = kept.os.getuid()
+    monkeypatch.setattr(kept.os, "getuid", lambda: real_uid + 1)  # every peer is "another user"
+    # the task's side: a keeper of another user gets no rows (here, a listener of ours that
+    # holds the name of a working copy nobody keeps)
+    impostor = kept._offer(tmp_path / "impostor")
+    assert impostor is not None
+    with impostor:
+        location = f"{config.state_location}/query-{QUERY_ID}"
+        out: list[Any] = []
+        task = threading.Thread(target=lambda: out.append(kept.relay(
+            tmp_path / "impostor", key_of(config), config, kept.Assignment(location, 0, 1),
+            table)))
+        task.start()
+        impostor.setblocking(True)
+        impostor.settimeout(10)
+        connection, _ = impostor.accept()
+        with connection:
+            connection.settimeout(10)
+            assert connection.recv(1) == b""  # closed unspoken: no request, no rows
+        task.join(30)
+        assert out == [None]  # and the task loads the partition itself
+    # the keeper's side: a connection from another user is closed unanswered
+    listener = kept._offer(tmp_path / "elsewhere")
+    assert listener is not None
+    with listener, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(kept._address(tmp_path / "elsewhere"))
+        kept._accept(listener)
+        client.settimeout(10)
+        assert client.recv(1) == b""
+    assert _relay(config, 1, table) is None  # nor the real keeper, seen as another user
+    monkeypatch.undo()
+    assert kept.relay_counts()["served"] == served
+    assert kept.holds(key_of(config))  # untouched: the task then loads it as before
+    assert _rows(_relay(config, 1, table) or []) == expected[1]
+    assert committed(config, 1) == committed(fresh, 1)
