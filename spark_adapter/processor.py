@@ -14,7 +14,11 @@ Watermark (kept equal to the Arrow engine's, hence to native ``session_window``'
 * rows are processed at the watermark the engine already holds (the previous batch's), and the
   engine advances to the current one only in ``handleExpiredTimer``, which Spark calls after
   every input row of the partition: each bucket keeps one *heartbeat* timer just past the
-  current watermark, so it fires in every micro-batch that moves the watermark, rows or not.
+  current watermark, so it fires in every micro-batch that moves the watermark, rows or not;
+* every bucket arms its heartbeat in the first batch (``sessionize`` gives each bucket one row
+  of initial state), so a partition's engine holds the previous batch's watermark even when
+  its first rows come late in the query; and a bucket's rows leave its due timer alone (the
+  timer, not the rows, advances the engine to this batch's watermark).
 """
 
 from __future__ import annotations
@@ -122,16 +126,26 @@ class SessionizeProcessor(StatefulProcessor):
 
     def _heartbeat(self, watermark_ms: int) -> None:
         """One timer just past the current watermark: it fires in the next micro-batch that
-        moves the watermark, so that this partition closes its sessions then, rows or not."""
+        moves the watermark, so that this partition closes its sessions then, rows or not.
+
+        A timer at or before the current watermark is left alone: it is due in this micro-batch
+        (Spark fires it after the partition's rows, and deletes it after the call), and it is
+        what advances the engine to this batch's watermark."""
         target = max(watermark_ms, 0) + 1
         armed = False
         for moment in list(self.handle.listTimers()):
             if moment == target:
                 armed = True
-            else:
+            elif moment > watermark_ms:
                 self.handle.deleteTimer(moment)
         if not armed:
             self.handle.registerTimer(target)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame,
+                           timerValues: TimerValues) -> None:
+        """The first batch: every bucket (``sessionize`` gives each one row) arms its heartbeat,
+        whether rows ever reach it or not."""
+        self._heartbeat(timerValues.getCurrentWatermarkInMs())
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:

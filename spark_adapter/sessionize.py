@@ -627,16 +627,22 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     # grown by the same amount, the watermark value equals native's and the rows Spark drops
     # are exactly native's late rows. With a per-row gap it is declared on t + max_gap: the
     # value is still native's, Spark drops only rows late by any gap, and the engine, which
-    # processes rows at the previous watermark, drops the others whose own t + gap is late.
+    # processes rows at the previous watermark (see spark_adapter.processor), drops the others
+    # whose own t + gap is late.
     ceil_gap_ms = config.ceil_gap_ms()
     end = F.timestamp_micros(F.unix_micros(F.col(config.time_column).cast("timestamp"))
                              + F.lit(ceil_gap_ms * US_PER_MS))
     watermarked = selected.withColumn(WINDOW_END_COLUMN, end).withWatermark(
         WINDOW_END_COLUMN, f"{config.delay_ms + ceil_gap_ms} milliseconds")
     bucketed = watermarked.withColumn(BUCKET_COLUMN, _bucket(config.key_columns, n_buckets))
+    # every bucket, as the first batch's initial state: each arms its heartbeat there, rows or
+    # not, so that every partition's engine holds the previous batch's watermark when rows come
+    every_bucket = spark.range(n_buckets).select(
+        F.col("id").cast(bucketed.schema[BUCKET_COLUMN].dataType).alias(BUCKET_COLUMN))
     return bucketed.groupBy(BUCKET_COLUMN).transformWithStateInPandas(
         SessionizeProcessor(config), config.output_schema(),
         "append" if config.emit == "final" else "update", "EventTime",
+        initialState=every_bucket.groupBy(BUCKET_COLUMN),
     )
 
 

@@ -11,6 +11,8 @@ the calendar (24.5 h apart, within that day's 25 h) and two by 24 h.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -127,11 +129,13 @@ def run_stream(spark: Any, root: Path, build: Any) -> dict[int, list[tuple[Any, 
         lambda r: {"user": r[0], "ts": r[1], "amount": r[2]}, build)[0]
 
 
-def test_streaming_calendar_gap_equals_native_batch_by_batch(new_york, tmp_path):
+@pytest.mark.parametrize("engine", ["arrow", "processor"])
+def test_streaming_calendar_gap_equals_native_batch_by_batch(new_york, tmp_path, engine):
     """Kills the 24-hour day on a stream (sessions and the late rule) and a literal day gap
-    that needs ``max_gap`` on a stream (its bound is inferred). The Arrow engine only: the
-    processor engine keeps the row ``late`` (a known defect of its per-row late rule for a row
-    whose gap is below the bound, with a ``Column`` gap too; see docs/spark.md)."""
+    that needs ``max_gap`` on a stream (its bound is inferred), on both engines. On the
+    processor engine it also kills a partition whose buckets had no rows before (so no
+    heartbeat timer, so an engine that never saw a watermark) keeping the row ``late``, which
+    native drops by its own calendar window end though Spark's ``t + max_gap`` keeps it."""
     def by_native(stream: Any) -> Any:
         return (stream.withWatermark("ts", DELAY)
                 .groupBy("user", F.session_window("ts", "1 day").alias("w"))
@@ -141,7 +145,7 @@ def test_streaming_calendar_gap_equals_native_batch_by_batch(new_york, tmp_path)
     def by_ours(stream: Any) -> Any:
         return sessionize(stream, key="user", timestamp="ts", gap="1 day", watermark_delay=DELAY,
                           aggregations=AGGS, state_location=str(tmp_path / "state"),
-                          local_dir=str(tmp_path / "local"))
+                          local_dir=str(tmp_path / "local"), engine=engine)
 
     expected = run_stream(new_york, tmp_path / "native", by_native)
     got = run_stream(new_york, tmp_path / "ours", by_ours)
@@ -149,3 +153,82 @@ def test_streaming_calendar_gap_equals_native_batch_by_batch(new_york, tmp_path)
     sessions = sorted(r for rows in expected.values() for r in rows)
     assert [r[0] for r in sessions] == ["f", "s", "s", "x"]  # "late" dropped
     assert [r[3] for r in sessions if r[0] == "f"] == [2]
+
+
+# Micro-batches that follow one another with data, each moving the watermark (no no-data batch
+# between them): a row of batch b is late against the watermark of batch b - 1, sessions close
+# at the watermark of batch b. Hours after midnight UTC, January 1 2024; the watermark delay is 0.
+BACK_TO_BACK: list[list[tuple[str, float, str]]] = [
+    [("a", 0, "1 hour"), ("b", 0, "2 hours")],
+    [("a", 10, "1 hour"), ("b", 10, "1 hour")],  # W = 0h
+    [("a", 20, "1 hour"), ("b", 20, "1 hour")],  # W = 10h: a's and b's first sessions close
+    # late-events W = 10h: "c" ends at 10.5h (kept, closes at once, at W = 20h); "d" at 9h,
+    # late by its own end though not by t + max_gap (18h)
+    [("c", 9.5, "1 hour"), ("d", 8, "1 hour"), ("a", 30, "1 hour")],
+]
+
+
+def _hours(value: float) -> str:
+    return (dt.datetime(2024, 1, 1) + dt.timedelta(hours=value)).isoformat()
+
+
+def test_back_to_back_batches_with_per_row_gap_equal_native(spark, tmp_path):
+    """Kills the processor engine's heartbeat deleting its own due timer: in a micro-batch with
+    rows that moves the watermark, each bucket with rows replaced the timer due in it by one past
+    the new watermark, so with every bucket of a partition holding rows (one bucket here) no
+    timer fired. The engine then closed nothing in that batch (native emits ``a`` and ``b``'s
+    first sessions there) and judged the next batch's rows against the watermark of two
+    batches back (it kept ``d``, which native drops as late by its own window end)."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    try:
+        results = {}
+        for name in ("native", "arrow", "processor"):
+            results[name] = _run_back_to_back(spark, tmp_path / name, name)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    expected = results["native"]
+    assert results["arrow"] == expected
+    assert results["processor"] == expected
+    # the rows mean what the comments say: four data batches back to back (0-3), then a
+    # no-data one; each batch closes what ends by its own watermark, and "d" is dropped
+    users = {b: [(r[0], r[1].hour) for r in rows] for b, rows in expected.items()}
+    assert users == {2: [("a", 0), ("b", 0)], 3: [("a", 10), ("b", 10), ("c", 9)],
+                     4: [("a", 20), ("b", 20)]}
+
+
+def _run_back_to_back(spark: Any, root: Path, engine: str) -> dict[int, list[tuple[Any, ...]]]:
+    """Every file is in place before the query starts (distinct modification times, one file a
+    micro-batch), so the data batches run one after another with no no-data batch between."""
+    source = root / "source"
+    source.mkdir(parents=True)
+    for i, rows in enumerate(BACK_TO_BACK):
+        path = source / f"b{i:03d}.json"
+        path.write_text("".join(json.dumps({"user": u, "ts": _hours(h), "g": g}) + "\n"
+                                for u, h, g in rows))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    stream = spark.readStream.schema("user string, ts timestamp, g string") \
+        .option("maxFilesPerTrigger", 1).json(str(source))
+    if engine == "native":
+        built = (stream.withWatermark("ts", "0 seconds")
+                 .groupBy("user", F.session_window("ts", F.col("g")).alias("w"))
+                 .agg(F.count("*").alias("n"))
+                 .select("user", "w.start", "w.end", "n"))
+    else:
+        built = sessionize(stream, key="user", timestamp="ts", gap=F.col("g"),
+                           max_gap="10 hours", watermark_delay="0 seconds",
+                           aggregations={"n": "count"}, engine=engine, n_buckets=1
+                           if engine == "processor" else None,
+                           state_location=str(root / "state"), local_dir=str(root / "local"))
+    got: dict[int, list[tuple[Any, ...]]] = {}
+
+    def sink(frame: Any, batch_id: int) -> None:
+        got[batch_id] = sorted(tuple(r) for r in frame.collect())
+
+    query = (built.writeStream.foreachBatch(sink).outputMode("append")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return {b: rows for b, rows in got.items() if rows}
