@@ -213,8 +213,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
                     else:
                         bucket.append(key)
                         bucket.append(start)
-            # else: the joined session ended after the close cursor and the end only moved
-            # later, so the key's entry in the end index still comes at or before it
+            # else: the new bounds hold the joined session's, which ended after the close
+            # cursor: its end-index entry lies within them and stands for the new session
             dirty_keys_add(key)
             if pending is not None:
                 state._track((key, start, end))

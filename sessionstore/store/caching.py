@@ -113,11 +113,11 @@ class CachingSessionStore:
         # index_ends: end -> [key, start, key, start, ...] (flat, so that an entry allocates
         # nothing the collector tracks), a heap of those ends, and the time after which every
         # session of the wrapped store is in the cache (INT64_MAX: not known). A session is
-        # indexed when put or loaded with new bounds, but not when a change only moves its end
-        # later (the event path's common step): every session a view holds that ends after the
-        # close cursor has an entry of its key at or before its end. An entry whose session is
-        # gone makes take_closed read the key's whole view (_take_key), and index the key's
-        # earliest session after the cursor again
+        # indexed when put or loaded, but not when it grows over the bounds of sessions it
+        # replaces (the event path's common step: an end moves later): every session a view
+        # holds that ends after the close cursor has an entry within its bounds. When
+        # take_closed reaches an entry whose session is gone, the sessions now holding its
+        # bounds close, or are indexed again at their own ends
         self._index_ends = index_ends and max_sessions > 0
         self._by_end: dict[int, list[Any]] = {}
         self._end_heap: list[int] = []
@@ -198,8 +198,6 @@ class CachingSessionStore:
         found: list[ClosedRow] = []
         append = found.append
         left = 0  # clean sessions that leave the views
-        # key -> (end, start) of its earliest session ending after upto_ms, to index again
-        later: dict[Any, tuple[int, int]] = {}
         while heap and heap[0] <= upto_ms:
             end = heappop(heap)
             pairs = iter(by_end.pop(end))
@@ -222,13 +220,24 @@ class CachingSessionStore:
                         else:
                             append((end, kb, start, (key, start, end), cached[0], True))
                         continue
-                # that session moved its end later (or merged away, or closed): the key's
-                # whole view, what closes and its earliest end after upto_ms
-                left += self._take_key(key, view, low_ms if complete else INT64_MAX, upto_ms,
-                                       append, later)
-        index = self._index
-        for key, (end, start) in later.items():
-            index(key, start, end)
+                # that session grew (its end moved later, or it merged into another), or
+                # closed: the sessions that hold its bounds now close, or are indexed again at
+                # their own ends (commonly one, ending after upto_ms)
+                due = None
+                for bounds in view:
+                    if bounds[0] <= start and bounds[1] >= end:
+                        if bounds[1] > upto_ms:  # _index, inlined
+                            bucket = by_end.get(bounds[1])
+                            if bucket is None:
+                                by_end[bounds[1]] = [key, bounds[0]]
+                                heapq.heappush(heap, bounds[1])
+                            else:
+                                bucket.append(key)
+                                bucket.append(bounds[0])
+                        elif complete and bounds[1] >= low_ms:
+                            due = [bounds] if due is None else [*due, bounds]
+                if due is not None:
+                    left += self._take(key, view, due, upto_ms, append)
         self._size -= left
         if not complete:
             return None
@@ -240,20 +249,12 @@ class CachingSessionStore:
             self._closed_rows.extend([row for row in found if row[5]])
         return found
 
-    def _take_key(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]], low_ms: int,
-                  upto_ms: int, append: Callable[[ClosedRow], None],
-                  later: dict[Any, tuple[int, int]]) -> int:
-        """:meth:`take_closed_rows` for a key whose indexed session is gone from its view:
-        append the rows of its sessions with ``low_ms <= end <= upto_ms`` (taking them from the
-        view) and note in ``later`` its earliest session ending after ``upto_ms``. Returns how
-        many of the rows were clean (already in the wrapped store)."""
-        due = [bounds for bounds in view if low_ms <= bounds[1] <= upto_ms]
-        after = min([bounds for bounds in view if bounds[1] > upto_ms],
-                    key=lambda bounds: bounds[1], default=None)
-        if after is not None:
-            later[key] = (after[1], after[0])
-        if not due:
-            return 0
+    def _take(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
+              due: list[tuple[int, int]], upto_ms: int, append: Callable[[ClosedRow], None]
+              ) -> int:
+        """:meth:`take_closed_rows` for sessions ``due`` of ``key`` found through an entry of
+        the end index that is not their own: append their rows, taking them from ``view``.
+        Returns how many of them were clean (already in the wrapped store)."""
         if self._floors[key] < upto_ms:
             self._floors[key] = upto_ms
         kb = self._key_bytes.get(key)
@@ -405,7 +406,8 @@ class CachingSessionStore:
 
         The sessions of ``joined`` end after the close cursor (the ``upto_ms`` of the last
         :meth:`take_closed`), as every session an event joins does: then a ``session`` that
-        ends at or after one of them needs no entry of its own in the end index."""
+        holds the bounds of one of them needs no entry of its own in the end index (that
+        one's entry lies within its bounds)."""
         if type(session) is not tuple:
             session = _plain(session)
         held = self._views.get(key)
@@ -418,12 +420,12 @@ class CachingSessionStore:
         dirty = self._dirty
         pending = self._pending
         bounds = (session[1], session[2])
-        covered = False  # by the end index entry of a joined session ending no later
+        covered = False  # by the end-index entry of a joined session it holds
         for b in joined:
             if b != bounds:
                 gone = held.pop(b)
                 self._size -= 1
-                if b[1] <= bounds[1]:
+                if bounds[0] <= b[0] and b[1] <= bounds[1]:
                     covered = True
                 if gone[1] != NEW:  # NEW: never written, nothing to undo downstream
                     old = (key, b[0], b[1])

@@ -140,6 +140,9 @@ def test_the_cache_reads_and_writes_what_its_store_would(ops: list[Any], size: i
         elif kind == "take":
             upto = cursor + op[1]
             expected = list(ref.find_sessions(first_open_end(cursor), upto))
+            # the engine closes only when this says so: every session the cache has seen, even
+            # one it forgot or wrote out, keeps an entry in the end index until it closes
+            assert cache.has_ends_upto(upto) or not expected
             rows = cache.take_closed_rows(first_open_end(cursor), upto)
             got = (list(cache.find_sessions(first_open_end(cursor), upto)) if rows is None
                    else [(Session(*row[3]), row[4]) for row in rows])
@@ -173,3 +176,33 @@ def test_the_cache_reads_and_writes_what_its_store_would(ops: list[Any], size: i
     cache.flush()
     assert cache.dirty_count == 0
     assert _all(flaky.store) == _all(ref)
+
+
+def _grown(cache: CachingSessionStore) -> None:
+    """Key ``"a"``: a session (1, 5), grown by a merge into (1, 20), which then has no
+    end-index entry of its own (the one of (1, 5) lies within it)."""
+    view = cache.sessions_of("a", 0)
+    cache.put(Session("a", 1, 5), 1)
+    cache.put_merged("a", view, [(1, 5)], ("a", 1, 20), 2)
+
+
+def test_a_session_the_view_forgets_keeps_an_end_index_entry() -> None:
+    cache = CachingSessionStore(_open(50), 100, index_ends=True)
+    _grown(cache)
+    cache.put(Session("a", 30, 31), 3)
+    cache.put(Session("a", 40, 41), 4)
+    cache.sessions_of("a", 25)  # a floor past (1, 20): the view forgets it, still unwritten
+    assert cache.take_closed_rows(1, 10) is None  # (1, 5)'s entry: nothing there any more
+    assert cache.has_ends_upto(20)  # else the engine never reads (1, 20) back to close it
+    cache.flush()
+    assert _all(cache.wrapped) == [(Session("a", 1, 20), 2), (Session("a", 30, 31), 3),
+                                   (Session("a", 40, 41), 4)]
+
+
+def test_a_session_written_out_by_an_eviction_keeps_an_end_index_entry() -> None:
+    cache = CachingSessionStore(_open(50), 100, index_ends=True)
+    _grown(cache)
+    cache.evict()  # (1, 20) is in the store only now
+    assert cache.take_closed_rows(1, 10) is None
+    assert cache.has_ends_upto(20)
+    assert _all(cache.wrapped) == [(Session("a", 1, 20), 2)]
