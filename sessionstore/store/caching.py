@@ -556,20 +556,24 @@ class CachingSessionStore:
         to write: a write marks the entry CLEAN and drops the copy, :meth:`_unstage` drops the
         copies a failed flush left."""
         views = self._views
-        dirty = self._dirty
+        stage = self._stage_entry
         for sid in held:
             view = views[sid[0]]
             bounds = (sid[1], sid[2])
-            value, state = view[bounds]
-            if state == NEW and dirty.get(sid) is TOMBSTONE:
-                view[bounds] = (value, CHANGED)  # a removal pending: the store holds it
-            dirty[sid] = value
+            stage(view, bounds, sid, *view[bounds])
+
+    def _stage_entry(self, view: dict[tuple[int, int], tuple[Any, int]], bounds: tuple[int, int],
+                     sid: tuple[Any, int, int], value: Any, state: int) -> None:
+        """:meth:`_stage` one change, ``view[bounds] == (value, state)``."""
+        if state == NEW and self._dirty.get(sid) is TOMBSTONE:
+            view[bounds] = (value, CHANGED)  # a removal pending: the store holds it
+        self._dirty[sid] = value
 
     def _stage_held(self, key: Any = None) -> list[tuple[Any, int, int]]:
         """:meth:`_stage` every change the views hold (only ``key``'s when given), in one pass;
         returns them."""
         views = self._views
-        dirty = self._dirty
+        stage = self._stage_entry
         keys = self._dirty_keys if key is None else (key,) if key in self._dirty_keys else ()
         held = []
         for k in keys:
@@ -579,9 +583,7 @@ class CachingSessionStore:
             for bounds, (value, state) in view.items():
                 if state != CLEAN:
                     sid = (k, bounds[0], bounds[1])
-                    if state == NEW and dirty.get(sid) is TOMBSTONE:
-                        view[bounds] = (value, CHANGED)  # a removal pending: the store holds it
-                    dirty[sid] = value
+                    stage(view, bounds, sid, value, state)
                     held.append(sid)
         return held
 
