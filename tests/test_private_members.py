@@ -26,7 +26,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "item 1), which will give it public members")
        for name in ("_views", "_floors", "_dirty", "_index_ends", "_by_end", "_end_heap",
                     "_forget_before", "_encode_key", "_key_bytes", "_complete_above",
-                    "_pending", "_track", "_size", "_overflow")},
+                    "_pending", "_track", "_size", "_overflow", "_dirty_keys")},
     ("sessionstore/engine/planner.py", "_replace"): (
         "a namedtuple's public API (the underscore keeps it clear of field names)"),
     ("benchmarks/peers.py", "_gateway"): (

@@ -18,7 +18,10 @@ tests in ``tests/engine`` run both against each other and against an independent
 every cache size, segment size and watermark mode.
 
 The fused step reaches into :class:`~sessionstore.store.caching.CachingSessionStore`'s
-containers (``_views``, ``_floors``, ``_dirty``, the end index): it is
+containers (``_views``, ``_floors``, ``_dirty``, ``_dirty_keys``, the end index) and writes
+the cache's layout: a change stays in its view entry, ``(record, NEW | CHANGED)``, with its key
+in ``_dirty_keys``, and only a removal of a stored session goes to ``_dirty``; a session whose
+end only moves later gets no new end-index entry. It is
 :meth:`~sessionstore.store.caching.CachingSessionStore.sessions_of` and
 :meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` inlined, and must change with
 them (the one reach into another module's private members that
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..aggregations import is_count
-from ..store.caching import TOMBSTONE
+from ..store.caching import CHANGED, CLEAN, NEW, TOMBSTONE
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
@@ -84,6 +87,7 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     views_get = views.get
     floors = state._floors
     dirty = state._dirty
+    dirty_keys_add = state._dirty_keys.add
     index_ends = state._index_ends
     by_end = state._by_end
     end_heap = state._end_heap
@@ -94,8 +98,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
     count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
-    count_entries = [(record, False) for record in count_records]
-    count_stored = [(record, True) for record in count_records]
+    count_new = [(record, NEW) for record in count_records]
+    count_changed = [(record, CHANGED) for record in count_records]
     tombstone = TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
@@ -169,48 +173,53 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
         record = count_records[acc] if shared else plain_record(acc)
-        sid = (key, start, end)
         pending = state._pending
-        # CachingSessionStore.put_merged, inlined
+        # CachingSessionStore.put_merged, inlined: the view holds the change (NEW or CHANGED)
         if entry is not None and joined[0] == start and joined[1] == end:  # the same session
             same = True
+            was = entry[1]
             if shared:
-                view[joined] = (count_stored if entry[1] else count_entries)[acc]
+                view[joined] = (count_new if was == NEW else count_changed)[acc]
             else:
-                view[joined] = (record, entry[1])
+                view[joined] = (record, NEW if was == NEW else CHANGED)
+            if was == CLEAN:
+                dirty_keys_add(key)
+                if pending is not None:
+                    state._track((key, start, end))
         else:
             same = False
-            bounds = (start, end)
             grown = True
             if entry is not None:
                 del view[joined]
                 grown = False
-                old_sid = (key, joined[0], joined[1])
-                if entry[1]:
-                    if pending is not None and old_sid not in dirty:
+                if entry[1] != NEW:  # NEW: never written, nothing to undo downstream
+                    old_sid = (key, joined[0], joined[1])
+                    if pending is not None:
                         state._track(old_sid)
                     dirty[old_sid] = tombstone
-                else:
-                    dirty.pop(old_sid, None)  # never written: nothing to undo downstream
             # the view holds no other session with these bounds: one ending after
             # closed_before would overlap the event's window (it ends at or after own_end and
-            # starts at or before t) and have joined it; the others end before own_end
-            view[bounds] = count_entries[acc] if shared else (record, False)
+            # starts at or before t) and have joined it; the others end before own_end. No
+            # removal of these bounds is pending either: the session that replaced it would
+            # hold the event's window, and have joined it, or have closed (the event is late)
+            view[(start, end)] = count_new[acc] if shared else (record, NEW)
             if grown:
                 state._size += 1
-            if index_ends:
-                bucket = by_end.get(end)
-                if bucket is None:
-                    by_end[end] = [key, start]
-                    heappush(end_heap, end)
-                else:
-                    bucket.append(key)
-                    bucket.append(start)
-        if pending is not None and sid not in dirty:
-            state._track(sid)
-        dirty[sid] = record
-        if not same and state._size > max_sessions:
-            state._overflow()
+                if index_ends:  # CachingSessionStore._index, inlined
+                    bucket = by_end.get(end)
+                    if bucket is None:
+                        by_end[end] = [key, start]
+                        heappush(end_heap, end)
+                    else:
+                        bucket.append(key)
+                        bucket.append(start)
+            # else: the new bounds hold the joined session's, which ended after the close
+            # cursor: its end-index entry lies within them and stands for the new session
+            dirty_keys_add(key)
+            if pending is not None:
+                state._track((key, start, end))
+            if state._size > max_sessions:
+                state._overflow()
         out = []
         if updates:
             if entry is not None and not same:

@@ -44,7 +44,14 @@ from ..timeutil import INT64_MAX, INT64_MIN
 from ..types import Session
 
 TOMBSTONE = object()
-_CLEAN = object()
+# The state of a session a view holds, the second item of its entry ``(value, state)``: NEW is
+# a change the wrapped store has never held (written on flush, dropped if removed first),
+# CHANGED a change of a session the store holds (written on flush, a removal on removal),
+# CLEAN the session as the store holds it. A change stays in its view (not in ``_dirty``)
+# until it is written, taken or forgotten: its key is in ``_dirty_keys``.
+NEW = 0
+CHANGED = 1
+CLEAN = 2
 _NO_CAP_CHANGE = object()
 # Below this many changes a flush writes session by session: a bulk call's fixed cost (array
 # building, sorting, a WriteBatch) outweighs the per-put overhead it saves on the small flushes
@@ -81,26 +88,36 @@ class CachingSessionStore:
         self.wrapped = wrapped
         self.max_sessions = max_sessions
         self.forward = forward
-        # key -> {(start, end): (value, in_wrapped_store)}; complete for ends > _floors[key].
-        # Entries are tuples, replaced on change: the collector stops tracking them (lists, one
-        # per cached session, would stay tracked and make every collection slower)
-        self._views: dict[Any, dict[tuple[int, int], tuple[Any, bool]]] = {}
+        # key -> {(start, end): (value, NEW | CHANGED | CLEAN)}; complete for ends >
+        # _floors[key]. Entries are tuples, replaced on change: the collector stops tracking
+        # them (lists, one per cached session, would stay tracked and make every collection
+        # slower)
+        self._views: dict[Any, dict[tuple[int, int], tuple[Any, int]]] = {}
         self._floors: dict[Any, int] = {}
         self._size = 0
-        # (key, start, end) -> value, or TOMBSTONE for a removal
+        # the changes no view holds: (key, start, end) -> value (a change a view forgot, or
+        # of a key without a view), or TOMBSTONE for a removal. Never a session a view holds,
+        # except while a flush writes it (see _stage)
         self._dirty: dict[tuple[Any, int, int], Any] = {}
-        # (end, seq, session) of the dirty sessions, as a heap for flush(upto_end_ms); only
-        # kept from the first such flush (built from _dirty then) until the next full flush:
-        # the event path's emit-on-close never asks for one while the cache is complete
+        # the keys whose views may hold a NEW or CHANGED entry (all of them do after a put;
+        # a key stays until the next full flush)
+        self._dirty_keys: set[Any] = set()
+        # (end, seq, session) of the changed sessions, as a heap for flush(upto_end_ms); only
+        # kept from the first such flush (built from the changes then) until the next full
+        # flush: the event path's emit-on-close never asks for one while the cache is complete
         self._pending: list[tuple[int, int, tuple[Any, int, int]]] | None = None
         self._seq = 0
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
         self._bulk = forward is None and _has_bulk_writes(wrapped)
-        # index_ends: end -> [key, start, key, start, ...] of sessions put or loaded (flat, so
-        # that an entry allocates nothing the collector tracks; stale entries are skipped when
-        # read), a heap of those ends, and the time after which every session of the wrapped
-        # store is in the cache (INT64_MAX: not known)
+        # index_ends: end -> [key, start, key, start, ...] (flat, so that an entry allocates
+        # nothing the collector tracks), a heap of those ends, and the time after which every
+        # session of the wrapped store is in the cache (INT64_MAX: not known). A session is
+        # indexed when put or loaded, but not when it grows over the bounds of sessions it
+        # replaces (the event path's common step: an end moves later): every session a view
+        # holds that ends after the close cursor has an entry within its bounds. When
+        # take_closed reaches an entry whose session is gone, the sessions now holding its
+        # bounds close, or are indexed again at their own ends
         self._index_ends = index_ends and max_sessions > 0
         self._by_end: dict[int, list[Any]] = {}
         self._end_heap: list[int] = []
@@ -174,7 +191,6 @@ class CachingSessionStore:
         complete = self._complete_above < low_ms
         views = self._views
         floors = self._floors
-        dirty = self._dirty
         key_bytes = self._key_bytes
         heappop = heapq.heappop
         # sorted once into store order below; (end, key bytes, start) is unique per session,
@@ -184,29 +200,44 @@ class CachingSessionStore:
         left = 0  # clean sessions that leave the views
         while heap and heap[0] <= upto_ms:
             end = heappop(heap)
-            bucket = by_end.pop(end)
-            if not complete or end < low_ms:
-                continue
-            pairs = iter(bucket)
+            pairs = iter(by_end.pop(end))
+            exact = complete and end >= low_ms
             for key, start in zip(pairs, pairs, strict=True):
                 view = views.get(key)
-                if view is None:
+                if not view:
                     continue
-                cached = view.pop((start, end), None)
-                if cached is None:
-                    continue  # merged away, or a second index entry of the same session
-                sid = (key, start, end)
-                value = dirty.pop(sid, _CLEAN)
-                if floors[key] < upto_ms:
-                    floors[key] = upto_ms
-                kb = key_bytes.get(key)
-                if kb is None:
-                    kb = self._encode_key(key)
-                if value is _CLEAN:
-                    left += 1  # already in the wrapped store: it just leaves the view
-                    append((end, kb, start, sid, cached[0], False))
-                else:
-                    append((end, kb, start, sid, value, True))
+                if exact:
+                    cached = view.pop((start, end), None)
+                    if cached is not None:  # the session indexed here: it closes
+                        if floors[key] < upto_ms:
+                            floors[key] = upto_ms
+                        kb = key_bytes.get(key)
+                        if kb is None:
+                            kb = self._encode_key(key)
+                        if cached[1] == CLEAN:
+                            left += 1  # already in the wrapped store: it just leaves the view
+                            append((end, kb, start, (key, start, end), cached[0], False))
+                        else:
+                            append((end, kb, start, (key, start, end), cached[0], True))
+                        continue
+                # that session grew (its end moved later, or it merged into another), or
+                # closed: the sessions that hold its bounds now close, or are indexed again at
+                # their own ends (commonly one, ending after upto_ms)
+                due = None
+                for bounds in view:
+                    if bounds[0] <= start and bounds[1] >= end:
+                        if bounds[1] > upto_ms:  # _index, inlined
+                            bucket = by_end.get(bounds[1])
+                            if bucket is None:
+                                by_end[bounds[1]] = [key, bounds[0]]
+                                heapq.heappush(heap, bounds[1])
+                            else:
+                                bucket.append(key)
+                                bucket.append(bounds[0])
+                        elif complete and bounds[1] >= low_ms:
+                            due = [bounds] if due is None else [*due, bounds]
+                if due is not None:
+                    left += self._take(key, view, due, upto_ms, append)
         self._size -= left
         if not complete:
             return None
@@ -217,6 +248,25 @@ class CachingSessionStore:
         elif left < len(found):
             self._closed_rows.extend([row for row in found if row[5]])
         return found
+
+    def _take(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
+              due: list[tuple[int, int]], upto_ms: int, append: Callable[[ClosedRow], None]
+              ) -> int:
+        """:meth:`take_closed_rows` for sessions ``due`` of ``key`` found through an entry of
+        the end index that is not their own: append their rows, taking them from ``view``.
+        Returns how many of them were clean (already in the wrapped store)."""
+        if self._floors[key] < upto_ms:
+            self._floors[key] = upto_ms
+        kb = self._key_bytes.get(key)
+        if kb is None:
+            kb = self._encode_key(key)
+        clean = 0
+        for start, end in due:
+            value, state = view.pop((start, end))
+            if state == CLEAN:
+                clean += 1  # already in the wrapped store: it just leaves the view
+            append((end, kb, start, (key, start, end), value, state != CLEAN))
+        return clean
 
     def _encode_key(self, key: Any) -> bytes:
         """``keyschema.encode_key``, remembered for the keys the cache holds."""
@@ -229,7 +279,7 @@ class CachingSessionStore:
 
     # -- the engine's view ------------------------------------------------------------------
 
-    def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, bool]]:
+    def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, int]]:
         """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): (value, _)}``.
 
         Loads the key on first use. The mapping may hold sessions ending at or before the floor
@@ -251,7 +301,7 @@ class CachingSessionStore:
             self._floors[key] = floor_ms
             return view
         low = first_open_end(floor_ms)
-        view = {(s.start, s.end): (value, True)
+        view = {(s.start, s.end): (value, CLEAN)
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
         if self.max_sessions == 0:
             return view  # not kept: writes of this key go straight through
@@ -265,7 +315,7 @@ class CachingSessionStore:
         self._size += len(view)
         return view
 
-    def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, bool]],
+    def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
                        floor_ms: int) -> None:
         """Drop a key's sessions ending at or before the floor from its view.
 
@@ -275,9 +325,13 @@ class CachingSessionStore:
         """
         dirty = self._dirty
         for bounds in [b for b in view if b[1] <= floor_ms]:
-            del view[bounds]
-            if (key, bounds[0], bounds[1]) not in dirty:
+            value, state = view.pop(bounds)
+            if state == CLEAN:
                 self._size -= 1
+            else:
+                dirty[(key, bounds[0], bounds[1])] = value
+            if self._index_ends:  # the view forgets it: index it at its own end
+                self._index(key, bounds[0], bounds[1])
         self._floors[key] = floor_ms
         if floor_ms > self._complete_above:
             self._complete_above = floor_ms  # the cache no longer holds what it forgot
@@ -285,7 +339,20 @@ class CachingSessionStore:
     @property
     def dirty_count(self) -> int:
         """Changes not yet written to the wrapped store."""
-        return len(self._dirty) + len(self._closed_rows)
+        return len(self._dirty) + len(self._closed_rows) + len(self._held_changes())
+
+    def _held_changes(self, key: Any = None) -> list[tuple[Any, int, int]]:
+        """The changes the views hold (NEW or CHANGED entries), as ``(key, start, end)``; only
+        ``key``'s when given."""
+        views = self._views
+        keys = self._dirty_keys if key is None else (key,) if key in self._dirty_keys else ()
+        return [(k, b[0], b[1]) for k in keys if k in views
+                for b, cached in views[k].items() if cached[1] != CLEAN]
+
+    def _has_changes(self) -> bool:
+        """Whether a change other than the closed rows :meth:`take_closed` handed out is not
+        yet written to the wrapped store."""
+        return bool(self._dirty) or bool(self._held_changes())
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -309,16 +376,16 @@ class CachingSessionStore:
         cached = view.get(bounds)
         if cached is None:
             # a removal still pending means the wrapped store holds the session (a re-cut can
-            # put back the bounds of a session it removed)
-            view[bounds] = (value, self._dirty.get(sid) is TOMBSTONE)
+            # put back the bounds of a session it removed); the view holds the change now
+            view[bounds] = (value, CHANGED if self._dirty.pop(sid, None) is TOMBSTONE else NEW)
             self._size += 1
             if self._index_ends:
                 self._index(key, start, end)
         else:
-            view[bounds] = (value, cached[1])
-        if self._pending is not None and sid not in self._dirty:
+            view[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
+        self._dirty_keys.add(key)
+        if self._pending is not None and (cached is None or cached[1] == CLEAN):
             self._track(sid)
-        self._dirty[sid] = value
         if self._size > self.max_sessions:
             self._overflow()
         return True
@@ -329,13 +396,18 @@ class CachingSessionStore:
         object for the cache's life)."""
         return self._views
 
-    def put_merged(self, key: Any, view: Mapping[tuple[int, int], tuple[Any, bool]],
+    def put_merged(self, key: Any, view: Mapping[tuple[int, int], tuple[Any, int]],
                    joined: Sequence[tuple[int, int]], session: tuple[Any, int, int],
                    value: Any) -> None:
         """:meth:`remove` each of ``joined`` (bounds of ``key``'s sessions, from ``view``, the
         mapping :meth:`sessions_of` returned) other than the bounds of ``session``, then
         :meth:`put` ``session``: one event's merge, in one call. ``session`` is a plain
-        ``(key, start, end)`` tuple (see the module docstring), or a :class:`Session`."""
+        ``(key, start, end)`` tuple (see the module docstring), or a :class:`Session`.
+
+        The sessions of ``joined`` end after the close cursor (the ``upto_ms`` of the last
+        :meth:`take_closed`), as every session an event joins does: then a ``session`` that
+        holds the bounds of one of them needs no entry of its own in the end index (that
+        one's entry lies within its bounds)."""
         if type(session) is not tuple:
             session = _plain(session)
         held = self._views.get(key)
@@ -348,35 +420,30 @@ class CachingSessionStore:
         dirty = self._dirty
         pending = self._pending
         bounds = (session[1], session[2])
+        covered = False  # by the end-index entry of a joined session it holds
         for b in joined:
             if b != bounds:
                 gone = held.pop(b)
                 self._size -= 1
-                old = (key, b[0], b[1])
-                if gone[1]:
-                    if pending is not None and old not in dirty:
+                if bounds[0] <= b[0] and b[1] <= bounds[1]:
+                    covered = True
+                if gone[1] != NEW:  # NEW: never written, nothing to undo downstream
+                    old = (key, b[0], b[1])
+                    if pending is not None:
                         self._track(old)
                     dirty[old] = TOMBSTONE
-                else:
-                    dirty.pop(old, None)  # never written: nothing to undo downstream
         cached = held.get(bounds)
         if cached is None:
-            held[bounds] = (value, dirty.get(session) is TOMBSTONE)  # as put() does
+            held[bounds] = (value, CHANGED if dirty.pop(session, None) is TOMBSTONE
+                            else NEW)  # as put() does
             self._size += 1
-            if self._index_ends:
-                end = bounds[1]
-                bucket = self._by_end.get(end)
-                if bucket is None:
-                    self._by_end[end] = [key, bounds[0]]
-                    heapq.heappush(self._end_heap, end)
-                else:
-                    bucket.append(key)
-                    bucket.append(bounds[0])
+            if self._index_ends and not covered:
+                self._index(key, bounds[0], bounds[1])
         else:
-            held[bounds] = (value, cached[1])
-        if pending is not None and session not in dirty:
+            held[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
+        self._dirty_keys.add(key)
+        if pending is not None and (cached is None or cached[1] == CLEAN):
             self._track(session)
-        dirty[session] = value
         if self._size > self.max_sessions:
             self._overflow()
 
@@ -400,12 +467,10 @@ class CachingSessionStore:
         if cached is None:
             return
         self._size -= 1
-        if cached[1]:
-            if self._pending is not None and sid not in self._dirty:
+        if cached[1] != NEW:  # NEW: never written, nothing to undo downstream
+            if self._pending is not None:
                 self._track(sid)
             self._dirty[sid] = TOMBSTONE
-        else:
-            self._dirty.pop(sid, None)  # never written: nothing to undo downstream
 
     def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
                  key_index: Any = None) -> Any:
@@ -438,21 +503,25 @@ class CachingSessionStore:
         """Write (and forward) the changes of sessions ending at or before ``upto_end_ms``
         (all, by default), in (end, key bytes, start) order."""
         dirty = self._dirty
-        batch: list[tuple[Any, int, int]] = []
         if upto_end_ms is None:
-            batch = list(dirty)
+            held = self._stage_held()
             self._pending = None
         else:
             pending = self._pending
-            if pending is None:  # the first ranged flush since a full one: index what is dirty
-                pending = [(sid[2], seq, sid) for seq, sid in enumerate(dirty, self._seq + 1)]
+            if pending is None:  # the first ranged flush since a full one: index the changes
+                changes = [*dirty, *self._held_changes()]
+                pending = [(sid[2], seq, sid) for seq, sid in enumerate(changes, self._seq + 1)]
                 self._seq += len(pending)
                 heapq.heapify(pending)
                 self._pending = pending
+            due: list[tuple[Any, int, int]] = []
             while pending and pending[0][0] <= upto_end_ms:
-                batch.append(heapq.heappop(pending)[2])
+                due.append(heapq.heappop(pending)[2])
             # a session put, removed before it was written, and put again is tracked twice
-            batch = list(dict.fromkeys(s for s in batch if s in dirty))
+            due = list(dict.fromkeys(due))
+            held = [s for s in due if s not in dirty and self._holds_change(s)]
+            self._stage(held)
+        batch = list(dirty) if upto_end_ms is None else [s for s in due if s in dirty]
         # A large flush builds a few short-lived lists of tuples per session and makes no
         # reference cycles; the collector would walk them several times over (about a fifth
         # of a commit's CPU time), so it is paused for the flush and resumed after it, also
@@ -465,11 +534,66 @@ class CachingSessionStore:
                 self._write_closed(max((s[2] for s in batch if dirty[s] is not TOMBSTONE),
                                        default=None))
             self._write_batch(batch)
+        except BaseException:
+            self._unstage(held)
+            raise
         finally:
             if pause:
                 gc.enable()
-        if self._deferred_cap is not _NO_CAP_CHANGE and not dirty:
+        if upto_end_ms is None:
+            self._dirty_keys.clear()  # every view entry is CLEAN now
+        if self._deferred_cap is not _NO_CAP_CHANGE and not self._has_changes():
             self._apply_deferred_cap()
+
+    def _holds_change(self, sid: tuple[Any, int, int]) -> bool:
+        """Whether a view holds ``sid`` as a NEW or CHANGED entry."""
+        view = self._views.get(sid[0])
+        cached = None if view is None else view.get((sid[1], sid[2]))
+        return cached is not None and cached[1] != CLEAN
+
+    def _stage(self, held: list[tuple[Any, int, int]]) -> None:
+        """Copy the changes ``held`` (NEW or CHANGED view entries) into ``_dirty``, for a flush
+        to write: a write marks the entry CLEAN and drops the copy, :meth:`_unstage` drops the
+        copies a failed flush left."""
+        views = self._views
+        stage = self._stage_entry
+        for sid in held:
+            view = views[sid[0]]
+            bounds = (sid[1], sid[2])
+            stage(view, bounds, sid, *view[bounds])
+
+    def _stage_entry(self, view: dict[tuple[int, int], tuple[Any, int]], bounds: tuple[int, int],
+                     sid: tuple[Any, int, int], value: Any, state: int) -> None:
+        """:meth:`_stage` one change, ``view[bounds] == (value, state)``."""
+        if state == NEW and self._dirty.get(sid) is TOMBSTONE:
+            view[bounds] = (value, CHANGED)  # a removal pending: the store holds it
+        self._dirty[sid] = value
+
+    def _stage_held(self, key: Any = None) -> list[tuple[Any, int, int]]:
+        """:meth:`_stage` every change the views hold (only ``key``'s when given), in one pass;
+        returns them."""
+        views = self._views
+        stage = self._stage_entry
+        keys = self._dirty_keys if key is None else (key,) if key in self._dirty_keys else ()
+        held = []
+        for k in keys:
+            view = views.get(k)
+            if not view:
+                continue
+            for bounds, (value, state) in view.items():
+                if state != CLEAN:
+                    sid = (k, bounds[0], bounds[1])
+                    stage(view, bounds, sid, value, state)
+                    held.append(sid)
+        return held
+
+    def _unstage(self, held: list[tuple[Any, int, int]]) -> None:
+        """After a failed flush: drop the copies of :meth:`_stage` not written (the views still
+        hold those changes)."""
+        dirty = self._dirty
+        for sid in held:
+            if sid in dirty and self._holds_change(sid):
+                del dirty[sid]
 
     def _write_batch(self, batch: list[tuple[Any, int, int]]) -> None:
         """Write dirty sessions, in (end, key bytes, start) order."""
@@ -562,7 +686,7 @@ class CachingSessionStore:
                 bounds = (sid[1], sid[2])
                 cached = view.get(bounds)
                 if cached is not None:
-                    view[bounds] = (cached[0], True)
+                    view[bounds] = (cached[0], CLEAN)
 
     def _flush_one(self, sid: tuple[Any, int, int]) -> None:
         if sid not in self._dirty:
@@ -585,19 +709,29 @@ class CachingSessionStore:
             bounds = (sid[1], sid[2])
             cached = view.get(bounds)
             if cached is not None:
-                view[bounds] = (cached[0], True)
+                view[bounds] = (cached[0], CLEAN)
         if forward is not None:
             forward(session, value, old)
 
     def _flush_key(self, key: Any) -> None:
         if self._closed_rows:
             self._write_closed(None)
-        for sid in [s for s in self._dirty if s[0] == key]:
-            self._flush_one(sid)
+        held = self._stage_held(key)
+        try:
+            for sid in [s for s in self._dirty if s[0] == key]:
+                self._flush_one(sid)
+        except BaseException:
+            self._unstage(held)
+            raise
 
     def evict(self) -> None:
         """Write every change and forget every cached session."""
         self.flush()
+        if self._index_ends:  # the store holds them now: index each at its own end
+            index = self._index
+            for key, view in self._views.items():
+                for start, end in view:
+                    index(key, start, end)
         self._views.clear()
         self._floors.clear()
         self._size = 0
@@ -665,6 +799,7 @@ class CachingSessionStore:
         self._views.clear()
         self._floors.clear()
         self._dirty.clear()
+        self._dirty_keys.clear()
         self._pending = None
         self._size = 0
         self._closed_rows.clear()
@@ -684,7 +819,7 @@ class CachingSessionStore:
         written: each forwarded change carries the old value the wrapped store held when the
         change was made, and a raised cap would hide a delivered session that has since been
         merged away, so its retraction would be lost. Waiting expires less, never more."""
-        if self.forward is not None and self._dirty:
+        if self.forward is not None and self._has_changes():
             self._deferred_cap = cap_ms
             return
         self._deferred_cap = _NO_CAP_CHANGE
