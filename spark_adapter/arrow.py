@@ -355,6 +355,9 @@ def run_partition(config: SessionizeConfig, opened: kept.OpenPartition, key: kep
             opened.close()
 
 
+kept.serve_with(run_partition)  # a keeper runs other workers' micro-batches with it
+
+
 def _provider(config: SessionizeConfig, location: str, partition: int) -> SessionStoreProvider:
     """The partition's provider, nothing loaded yet (its ``local`` names the working copy)."""
     return SessionStoreProvider(

@@ -46,7 +46,7 @@ import struct
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -559,12 +559,28 @@ def _claim(key: Key, wanted: str, version: int) -> OpenPartition | None:
     return opened
 
 
+#: What a keeper runs a relayed micro-batch with: ``(config, opened, key, task, table,
+#: observed)`` -> the output batches, as a task runs its own micro-batch.
+RelayRunner = Callable[[Any, "OpenPartition", Key, Assignment, pa.Table, dict[str, int]],
+                       Generator[pa.RecordBatch, None, None]]
+_RUNNER: list[RelayRunner] = []
+
+
+def serve_with(runner: RelayRunner) -> None:
+    """Set the function a keeper runs relayed micro-batches with: the task's own body,
+    :func:`spark_adapter.arrow.run_partition`, which registers itself when its module loads
+    (so this module imports nothing of ``arrow``, which imports it)."""
+    _RUNNER[:] = [runner]
+
+
 def _run_relayed(stream: Any, opened: OpenPartition, key: Key, task: Assignment
                  ) -> bytes | None:
     """Run a relayed micro-batch on ``opened`` and send its output; returns the end message
     (the counters, or the error) to send, or None if the rows never arrived."""
-    from .arrow import run_partition  # the task's own body: arrow imports this module
-
+    if not _RUNNER:  # only arrow's tasks keep partitions, so arrow is loaded: never here
+        opened.close()
+        return json.dumps({"error": "RuntimeError: this worker has no relay runner"}).encode()
+    run_partition = _RUNNER[0]
     config = opened.config
     assert config is not None
     try:
