@@ -62,17 +62,14 @@ class PackedValues(LazyBytesList):
 
     __slots__ = ("_rows",)
 
-    def __init__(self, values: Iterable[bytes] = ()) -> None:
-        super().__init__(list(values))
-        self._rows: ByteRows | None = None
+    def __init__(self, values: Iterable[bytes] = (), *, rows: ByteRows | None = None) -> None:
+        super().__init__(None if rows is not None else list(values))
+        self._rows: ByteRows | None = rows
 
     @classmethod
     def of_rows(cls, rows: ByteRows) -> PackedValues:
         """The values ``rows.tolist()``, kept as rows until read as a sequence."""
-        packed = cls()
-        packed._cut = None
-        packed._rows = rows
-        return packed
+        return cls(rows=rows)
 
     def rows(self) -> ByteRows:
         if self._rows is None:
