@@ -13,27 +13,37 @@ Spark session on the same data, streaming and static.
 * Every engine is warmed up first (one streaming file and one static run each, not counted), then
   the engines run ``--repeats`` times, in alternating order (forward, then reversed), so neither
   always goes first. Each figure is the median over the repeats; every run is kept in the JSON.
+* ``--breakdown``: where a streaming micro-batch's time goes. Each micro-batch keeps every part of
+  Spark's ``durationMs`` and its stateful operators' commit times (from the progress), and the
+  stages of its jobs with their tasks (from the driver's UI REST API, which the option turns
+  on): each stage's wall time, each task's duration, run and deserialization time. Each run
+  then logs the medians over its data micro-batches after the first: the widest stage (the
+  stateful one), the rest of ``triggerExecution`` outside it, and task durations by index.
 
 Each run also counts its sessions and sums a hash of every session row (key, bounds,
 aggregates), so equal counts and checksums mean equal results. It reports numbers and asserts
 none; ratios against native are the figures to quote on a shared machine::
 
     python -m benchmarks.spark_bench [--rows N] [--batches B] [--repeats R]
-        [--engines native,arrow,processor] [--conf NAME=VALUE] [--no-write]
+        [--engines native,arrow,processor] [--conf NAME=VALUE] [--breakdown] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,7 +68,7 @@ FLUSH_USER = "flush"  # the far-future event's user: its own session never close
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
-def spark_session(partitions: int, confs: dict[str, str] | None = None) -> Any:
+def spark_session(partitions: int, confs: dict[str, str] | None = None, ui: bool = False) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
@@ -73,7 +83,7 @@ def spark_session(partitions: int, confs: dict[str, str] | None = None) -> Any:
         builder.master("local[2]").appName("sessionstore-bench")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
+        .config("spark.ui.enabled", str(ui).lower())  # --breakdown reads its REST API
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
         # every micro-batch's progress, not the default last 100
@@ -203,9 +213,88 @@ def digest(frame: Any) -> tuple[int, int]:
     return int(row["n"]), int(row["h"] or 0)
 
 
+class StageTimes:
+    """The stages and tasks of a streaming query's jobs, by micro-batch, from the driver's UI
+    REST API (``spark.ui.enabled``): what ``--breakdown`` reports."""
+
+    DURATIONS = ("triggerExecution", "addBatch", "getBatch", "latestOffset", "queryPlanning",
+                 "walCommit", "commitOffsets")
+
+    def __init__(self, spark: Any) -> None:
+        context = spark.sparkContext
+        if not context.uiWebUrl:
+            raise RuntimeError("--breakdown needs the Spark UI (spark.ui.enabled=true)")
+        self.base = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
+        self.seen = {job["jobId"] for job in self._get("jobs")}
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.base}/{path}", timeout=30) as response:
+            return json.load(response)
+
+    def by_batch(self, run_id: str) -> dict[int, list[dict[str, Any]]]:
+        """The completed stages of the query run ``run_id``'s jobs since this was made, by
+        micro-batch (Spark names the batch in each job's description)."""
+        stages: dict[int, list[dict[str, Any]]] = {}
+        for job in self._get("jobs"):
+            if job["jobId"] in self.seen or job.get("jobGroup") != run_id:
+                continue
+            found = re.search(r"batch = (\d+)", job.get("description") or "")
+            if found is None:
+                continue
+            for stage_id in job["stageIds"]:
+                for stage in self._get(f"stages/{stage_id}?details=true"):
+                    if stage["status"] == "COMPLETE":
+                        stages.setdefault(int(found.group(1)), []).append(_stage_times(stage))
+        return stages
+
+
+def _rest_time(value: str) -> float:
+    return datetime.strptime(value.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+
+
+def _stage_times(stage: dict[str, Any]) -> dict[str, Any]:
+    tasks = sorted(stage.get("tasks", {}).values(), key=lambda task: task["index"])
+    return {
+        "stage": stage["stageId"], "tasks": stage["numTasks"],
+        "ms": round(1000 * (_rest_time(stage["completionTime"])
+                            - _rest_time(stage["submissionTime"]))),
+        "run_ms": stage["executorRunTime"], "deserialize_ms": stage["executorDeserializeTime"],
+        "jvm_cpu_ms": round(stage["executorCpuTime"] / 1e6),
+        "task_ms": [task["duration"] for task in tasks],
+        "task_run_ms": [task["taskMetrics"]["executorRunTime"] for task in tasks],
+        "task_deserialize_ms": [task["taskMetrics"]["executorDeserializeTime"]
+                                for task in tasks],
+    }
+
+
+def breakdown_summary(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the data micro-batches after the first (which starts the Python workers):
+    each ``durationMs`` part, the widest stage (the stateful one: the shuffle's partitions,
+    and for ``sessionize`` the ticker's too), the rest of ``triggerExecution`` outside it, the
+    stateful operators' commit time, and task durations by task index in the widest stage."""
+    data = [b for b in batches if b["spark_rows"] and b.get("stages")][1:]
+    if not data:
+        return {}
+    widest = [max(b["stages"], key=lambda stage: stage["tasks"]) for b in data]
+    summary: dict[str, Any] = {
+        f"{name}_ms": statistics.median(b["durations"].get(name, 0) for b in data)
+        for name in StageTimes.DURATIONS}
+    summary["stateful_stage_ms"] = statistics.median(stage["ms"] for stage in widest)
+    summary["outside_stateful_stage_ms"] = statistics.median(
+        b["ms"] - stage["ms"] for b, stage in zip(data, widest, strict=True))
+    summary["state_commit_ms"] = statistics.median(b["state_commit_ms"] for b in data)
+    summary["stages"] = statistics.median(len(b["stages"]) for b in data)
+    width = min(len(stage["task_ms"]) for stage in widest)
+    summary["task_ms_by_index"] = [statistics.median(stage["task_ms"][i] for stage in widest)
+                                   for i in range(width)]
+    return summary
+
+
 def run_streaming(spark: Any, files: list[Path], root: Path,
-                  build: Callable[[Any, str | None], Any]) -> dict[str, Any]:
-    """Every file, one per micro-batch, then as many no-data batches as Spark runs."""
+                  build: Callable[[Any, str | None], Any],
+                  breakdown: bool = False) -> dict[str, Any]:
+    """Every file, one per micro-batch, then as many no-data batches as Spark runs; with
+    ``breakdown``, every micro-batch's stages and tasks too (:class:`StageTimes`)."""
     source = root / "source"
     source.mkdir(parents=True)
     for path in files:
@@ -221,6 +310,7 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
 
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1) \
         .parquet(str(source))
+    stage_times = StageTimes(spark) if breakdown else None
     with cpu_used() as cpu:
         started = time.perf_counter()
         query = (build(stream, DELAY).writeStream.foreachBatch(sink).outputMode("append")
@@ -228,12 +318,19 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
         query.processAllAvailable()
         wall_s = time.perf_counter() - started
     progress = list(query.recentProgress)
+    run_id = str(query.runId)
     query.stop()
+    stages = stage_times.by_batch(run_id) if stage_times is not None else {}
     # rows are counted from the files, never from Spark's numInputRows: Spark counts a source
     # once per scan in the plan, so a query that reads its input twice reports twice the rows
     file_rows = [pq.read_metadata(path).num_rows for path in files]
     batches = [{"spark_rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"],
-                "add_batch_ms": p["durationMs"].get("addBatch", 0)} for p in progress]
+                "add_batch_ms": p["durationMs"].get("addBatch", 0),
+                "durations": dict(p["durationMs"]),
+                "state_commit_ms": sum(op.get("commitTimeMs", 0)
+                                       for op in p.get("stateOperators") or []),
+                **({"stages": stages.get(p["batchId"], [])} if breakdown else {})}
+               for p in progress]
     data = [b for b in batches if b["spark_rows"]]
     if len(data) != len(files):
         raise RuntimeError(f"{len(data)} micro-batches read rows, expected one per file "
@@ -258,6 +355,7 @@ def run_streaming(spark: Any, files: list[Path], root: Path,
         "sessions": totals["sessions"],
         "checksum": str(totals["checksum"]),
         "batches": batches,
+        **({"breakdown": breakdown_summary(batches)} if breakdown else {}),
     }
 
 
@@ -279,7 +377,8 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = dict(ranked[(len(ranked) - 1) // 2])
     chosen["median_rows_per_s"] = statistics.median(r["rows_per_s"] for r in runs)
     chosen["runs"] = [{k: r[k] for k in ("rows_per_s", "seconds", "cpu_s", "jvm_cpu_s",
-                                          "python_cpu_s", "load_average") if k in r}
+                                          "python_cpu_s", "load_average", "breakdown")
+                       if k in r}
                       for r in runs]
     return chosen
 
@@ -296,6 +395,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="which of native, arrow and processor to run (comma-separated)")
     parser.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
                         help="a Spark setting for every engine (repeatable)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="record each streaming micro-batch's stages and tasks (turns the "
+                             "Spark UI on; see the module docstring)")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON")
     args = parser.parse_args(argv)
     chosen = args.engines.split(",")
@@ -307,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--conf takes NAME=VALUE, got {args.conf!r}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)  # ours only: py4j logs every command at INFO
-    spark = spark_session(args.partitions, confs)
+    spark = spark_session(args.partitions, confs, ui=args.breakdown)
     root = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     results: dict[str, Any] = {"rows": 0, "gap": GAP, "watermark_delay": DELAY,
                                "batches": args.batches, "partitions": args.partitions,
@@ -331,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
             order = peers if repeat % 2 == 0 else peers[::-1]
             for name, make in order:
                 run_root = root / f"stream-{repeat}" / name.replace(" ", "_")
-                run = run_streaming(spark, [*files, flush], run_root, make(run_root))
+                run = run_streaming(spark, [*files, flush], run_root, make(run_root),
+                                    args.breakdown)
                 run["load_average"] = os.getloadavg()[0]
                 streaming_runs[name].append(run)
                 log.info("streaming %-24s %9.0f rows/s  %5.1f s wall  CPU %.1f s (JVM %.1f, "
@@ -339,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
                          name, run["rows_per_s"], run["wall_seconds"], run["cpu_s"],
                          run["jvm_cpu_s"], run["python_cpu_s"], run["sessions"],
                          run["data_batches"], run["no_data_batches"], run["load_average"])
+                if args.breakdown:
+                    log.info("  breakdown (medians, ms): %s", run["breakdown"])
             for name, make in order:
                 run = run_static(spark, files, make(root / "static"), n_rows)
                 run["load_average"] = os.getloadavg()[0]
