@@ -147,8 +147,8 @@ class MaxDuration:
         ValueError: the engine has a trigger (not supported with a maximum duration).
     """
 
-    __slots__ = ("max_duration_ms", "held", "_engine", "_lazy", "_state", "_orders", "_event",
-                 "_batch")
+    __slots__ = ("max_duration_ms", "held", "_engine", "_lazy", "_fallible", "_state",
+                 "_orders", "_event", "_batch")
 
     def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         if engine.trigger is not None:
@@ -161,6 +161,8 @@ class MaxDuration:
         self._engine = engine
         state = DurationState(engine, max_duration_ms)
         self._lazy = state.lazy
+        # held keys whose writes can fail: user functions, held with ON_WINDOW_CLOSE
+        self._fallible = state.lazy and not state.incremental
         self._state = state
         self._orders = OpenOrders(state)
         self.held = HeldKeys(state, self._orders)
@@ -201,24 +203,52 @@ class MaxDuration:
                 emitted (:meth:`emit_log` emits them at the end of the batch).
         """
         engine = self._engine
-        engine.metrics.records_in += 1
         times = engine.times
+        closed_before = times.closed_before()
+        horizon = closed_before
+        if self._fallible:  # first the writes this event's watermark move needs (they may fail)
+            horizon = self.close_cursor_after(t)
+            self.held.write_upto(horizon, out)
+        engine.metrics.records_in += 1
         if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
             engine.drop(key, value, t)
             return
-        closed_before = times.closed_before()
-        self._event.step(key, value, t, own_end, closed_before, out, log, times.seq + 1,
-                         self._lazy)
+        self._event.step(key, value, t, own_end, closed_before, horizon, out, log,
+                         times.seq + 1, self._lazy)
         times.seq += 1
         if times.observe(t):
             engine.on_watermark(out)
+
+    def close_cursor_after(self, t: int) -> int:
+        """Where the close cursor moves when an event at ``t`` is accepted (what
+        :func:`~sessionstore.engine.closing.on_watermark` closes up to; at most the current
+        one when the watermark does not move)."""
+        times = self._engine.times
+        config = self._engine.config
+        watermark = times.watermark
+        if config.watermark == "event_time":
+            moved = t - config.max_out_of_orderness_ms
+            if moved > watermark:
+                watermark = moved
+        return watermark - config.grace_ms
+
+    def before_watermark(self, to_ms: int, out: list[Emit]) -> None:
+        """Write, before the watermark moves to ``to_ms``, the held keys that move would
+        write, when their writes can fail (so that a failure changes nothing; the engine's
+        ``advance_watermark`` calls this first)."""
+        if self._fallible:
+            self.held.write_upto(to_ms - self._engine.config.grace_ms, out)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None) -> None:
         """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
         without a write cache: :meth:`.BatchStep.process_many` (same arguments)."""
-        self._batch.process_many(keys, values, times, ends, codes, out, log)
+        horizon = None
+        if self._fallible and len(times):  # first the writes the batch's close needs
+            horizon = self.close_cursor_after(int(times.max()))
+            self.held.write_upto(horizon, out)
+        self._batch.process_many(keys, values, times, ends, codes, out, log, horizon)
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them
