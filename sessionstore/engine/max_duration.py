@@ -24,7 +24,7 @@ of its key (the in-order case) only extends the last session or starts a new one
 of one ``add``, on every path. What an earlier event costs depends on the emission:
 
 * **Re-cut per event** (the event path with ``ON_WINDOW_UPDATE``, which must emit each event's
-  changes; and aggregations that are not held, below): the event re-cuts, by the rule above,
+  changes; and events that are not held, below): the event re-cuts, by the rule above,
   the key's open sessions from the one it falls into (earlier sessions cannot change: the cut
   is a left-to-right scan, and the scan up to that session's first event is the same), reading
   the later ones only while the new cut reaches them (:func:`.cut_until_unchanged`: where a new
@@ -50,10 +50,17 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
   ``sessions(key)``, and when :data:`.HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
   them. Until the bound is reached none of the key's sessions could have closed, so the
-  written cut is the one a re-cut per event gives. Only the built-in aggregations are held,
-  and only while the numbers their sums, minima and maxima see are ints and floats whose int
-  sums cannot leave int64 (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
-  event that could make it fail takes the re-cut and fails at itself.
+  written cut is the one a re-cut per event gives. The built-in aggregations are held only
+  while the numbers their sums, minima and maxima see are ints and floats whose int sums
+  cannot leave int64 (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
+  event that could make it fail takes the re-cut and fails at itself. Aggregations with user
+  functions are held with ``ON_WINDOW_CLOSE`` only, and their writes can fail: a failing write
+  raises :class:`.HeldWriteError` (naming the aggregation, key and session), writes nothing
+  and keeps the key held; it is done before the call that needs it changes anything
+  (:meth:`MaxDuration.process` and :meth:`MaxDuration.process_many` first write what their
+  watermark move reaches, :meth:`MaxDuration.before_watermark` runs before an explicit move,
+  and no event is held with a bound the call's own close reaches), so that call changes
+  nothing; ``abort()`` drops the held events.
 
 Either way the difference (removed sessions, new or changed ones) goes through the engine's
 normal store writes and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache,
@@ -87,9 +94,9 @@ them have no sound pane history) raise ``ValueError``.
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
 order after its last open event (:meth:`.BatchStep._in_order`), or out of order with an
-aggregation that is not held (:meth:`.BatchStep._replay` follows the loop's re-cuts and
-closes; those fold from the events); the other keys take the event step one by one, which
-holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
+aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``:
+:meth:`.BatchStep._replay` follows the loop's re-cuts and closes; those fold from the events);
+the other keys take the event step one by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
 write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the

@@ -1,8 +1,8 @@
 """The batch step of the maximum-duration engine (:meth:`BatchStep.process_many`; see "The batch
 path" in :mod:`sessionstore.engine.max_duration`): a key whose events came in time order after
 its open events is cut in one pass (:meth:`BatchStep._in_order`), so is a disordered key of an
-aggregation that is not held (:meth:`BatchStep._replay`); every other key's events take the
-event step, in arrival order."""
+aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``,
+:meth:`BatchStep._replay`); every other key's events take the event step, in arrival order."""
 
 from __future__ import annotations
 
@@ -113,10 +113,11 @@ class BatchStep:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        # a disordered key is held (written once, lazily) by the step when built-in
-        # accumulators allow it (always here: a batch holds keys with either emission);
-        # otherwise replayed in one pass (the other aggregations fold from the events, so
-        # their accumulators do not depend on the order of the adds)
+        # a disordered key is held (written once, lazily) by the step: built-in accumulators
+        # with either emission (a batch holds keys with both), user functions with
+        # ON_WINDOW_CLOSE; otherwise (user functions with ON_WINDOW_UPDATE, whose failing
+        # write at the batch's end would follow its changes) replayed in one pass (they fold
+        # from the events, so their accumulators do not depend on the order of the adds)
         lazy = self._lazy or log is not None
         held_keys = lazy and self._holdable
         pending = self._held_keys.by_key

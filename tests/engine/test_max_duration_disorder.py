@@ -774,3 +774,33 @@ def test_an_event_a_maximum_duration_before_the_first_session_is_a_session_of_it
     assert engine.recut_counts == before
     assert [(s.start, s.end, v) for s, v in engine.sessions("k")] == [
         (950, 1_000, ["c"]), (1_000, 1_050, ["a", "b"])]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("order", ["reversed", "shuffled"])
+def test_the_update_event_path_works_in_proportion_to_what_it_emits(order, dynamic):
+    # issue 25, what remains: the event path with ON_WINDOW_UPDATE must emit each event's
+    # changes, so it is bound by its output, not held. Counted: the events re-cut (copied
+    # into records and folded) never exceed the events of the sessions it emits as updates
+    # (a count's value), and the re-cut steps stay within those plus two per emit (a
+    # newest-first chain: 500,500 events in emitted updates for 1,000 events, 4x per
+    # doubling, and the work follows them). Kills: a re-cut from the key's first open
+    # session instead of the one the event falls into (work on sessions it does not emit)
+    for n in (500, 1_000):
+        windows = (SessionWindows(None, max_gap_ms=100, max_duration_ms=n * 10 // 8) if dynamic
+                   else SessionWindows(100, max_duration_ms=n * 10 // 8))
+        engine = SessionAggregator(
+            InMemorySessionStore(retention_ms=windows.retention_ms + n * 10), windows,
+            aggregations.count(), emit=UPDATE, max_out_of_orderness_ms=n * 10)
+        times = list(reversed(range(0, n * 10, 10)))
+        if order == "shuffled":
+            random.Random(n).shuffle(times)
+        emitted = in_updates = 0
+        for t in times:
+            out = engine.process("k", None, t, gap_ms=100 - t % 3 if dynamic else None)
+            emitted += len(out)
+            in_updates += sum(e.value for e in out if not e.retraction)
+        assert 0 < recut(engine) <= in_updates
+        assert steps(engine) <= in_updates + 2 * emitted
+        if order == "reversed":
+            assert in_updates == n * (n + 1) // 2  # each event re-emits every session after it
