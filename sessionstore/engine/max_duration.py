@@ -213,9 +213,11 @@ class MaxDuration:
         times = engine.times
         closed_before = times.closed_before()
         horizon = closed_before
-        if self._fallible:  # first the writes this event's watermark move needs (they may fail)
+        if self._fallible:  # first the writes this event may need (they may fail)
             horizon = self.close_cursor_after(t)
-            self.held.write_upto(horizon, out)
+            self.held.write_upto(horizon, out)  # what its watermark move closes
+            if self.held.full(1):
+                self.held.write_all(out)  # the held-events limit
         engine.metrics.records_in += 1
         if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
             engine.drop(key, value, t)
@@ -252,9 +254,12 @@ class MaxDuration:
         """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
         without a write cache: :meth:`.BatchStep.process_many` (same arguments)."""
         horizon = None
-        if self._fallible and len(times):  # first the writes the batch's close needs
+        if self._fallible and len(times):  # first the writes the batch may need
             horizon = self.close_cursor_after(int(times.max()))
-            self.held.write_upto(horizon, out)
+            self.held.write_upto(horizon, out)  # what its close reaches
+            if self.held.full(len(times)):
+                self.held.write_all(out)  # the held-events limit (a longer batch than the
+                # limit may still write every key between two of its events)
         self._batch.process_many(keys, values, times, ends, codes, out, log, horizon)
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:

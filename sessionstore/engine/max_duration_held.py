@@ -51,10 +51,11 @@ class HeldWriteError(RuntimeError):
     The rule (docs/semantics.md, "Maximum duration"): nothing is written and the key stays
     held with every one of its events, so the call that raises changed nothing (a write is
     done before the call changes anything else: before an event is stepped or the watermark
-    moves). Every later call that needs the key (a watermark move reaching its bound,
-    ``commit()``, ``flush()``, ``sessions(key)``, ``process`` of one of its events that
-    cannot be held) raises this again, until ``abort()`` drops the events held since the
-    last commit.
+    moves; a ``process_batch`` of more events than :data:`HELD_EVENTS_LIMIT` may write every
+    key between two of its events). Every later call that needs the key (a watermark move
+    reaching its bound, ``commit()``, ``flush()``, ``sessions(key)``, ``process`` of one of
+    its events that cannot be held) raises this again, until ``abort()`` drops the events
+    held since the last commit.
 
     Attributes:
         aggregation: the name of the failing aggregation (its output's label in a
@@ -204,6 +205,11 @@ class HeldKeys:
             del self.by_key[key]  # nothing held (its heap entry is skipped as stale)
             return False
         return True
+
+    def full(self, more: int) -> bool:
+        """Whether holding ``more`` events would pass :data:`HELD_EVENTS_LIMIT` (a caller
+        whose writes can fail then writes every key first, before it changes anything)."""
+        return self.events_held + more > HELD_EVENTS_LIMIT
 
     def _push_due(self, key: Any, held: Held) -> None:
         """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes

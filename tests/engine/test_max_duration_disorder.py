@@ -811,3 +811,28 @@ def test_the_update_event_path_works_in_proportion_to_what_it_emits(order, dynam
         assert steps(engine) <= in_updates + 2 * emitted
         if order == "reversed":
             assert in_updates == n * (n + 1) // 2  # each event re-emits every session after it
+
+
+def test_a_failing_write_at_the_held_events_limit_changes_nothing(monkeypatch):
+    # the limit writes every held key; with a user function that write can fail, so it
+    # comes before the event that would pass the limit is taken. Key k holds 25 events (the
+    # limit here), one of them refused by the function; an out-of-order event of key b would
+    # be held. Kills: the limit's write left to the hold (the event is counted in, then the
+    # write fails)
+    monkeypatch.setattr(max_duration_held, "HELD_EVENTS_LIMIT", 25)
+    windows = SessionWindows(100, max_duration_ms=1_000)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms + 10_000),
+                               windows, STRICT, emit=CLOSE, max_out_of_orderness_ms=10_000)
+    engine.process("b", 1, 500)
+    for t in reversed(range(0, 260, 10)):
+        engine.process("k", "bad" if t == 100 else t, t)
+    assert engine._core.max_duration is not None
+    assert engine._core.max_duration.held.events_held == 25
+    records_in = engine.metrics["records-in"]
+    for call in (lambda: engine.process("b", 2, 450),
+                 lambda: engine.process_batch(["b"], [2], [450])):
+        with pytest.raises(max_duration_held.HeldWriteError, match="aggregation 's'"):
+            call()
+        assert engine.metrics["records-in"] == records_in
+        assert engine._core.max_duration.held.events_held == 25
+        assert "b" not in engine._core.max_duration.held.by_key
