@@ -37,16 +37,22 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   again for the others.
 * **Held keys** (``ON_WINDOW_CLOSE`` on every path, and ``ON_WINDOW_UPDATE`` inside one batch,
   :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
-  open sessions are not written at every event. The event holds its key (:class:`.Held`: the
+  open sessions are not written at every event. An event before the last open event of its
+  key holds its key, unless it falls inside a session, reaches no further than it does and
+  its add keeps the time-ordered fold with no accumulator check (the in-place update of the
+  re-cut below is cheaper: a long session taking slightly disordered events would otherwise
+  be written again each time the cursor reaches its end). The event holds its key (:class:`.Held`: the
   open sessions stored when it became held, and the events since, in memory); every later
   event of the key is held too. The key is written once (:meth:`.HeldKeys.write`: its
   open events from the session the earliest held event falls into, sorted, cut by
   :func:`.cut_until_unchanged`, diffed against the stored sessions) when that is needed: before
   the close cursor reaches a lower bound of its session ends (:meth:`MaxDuration.write_upto`,
-  called by the engine's closing; the bound is the smallest own-window end over its open
-  events, since every session starts at one of them and ends at or after that event's
-  own-window end, or the "closed before" when it became held, + 1, if later, since no step
-  creates a session closed on creation), before an event whose "closed before" reaches it, at
+  called by the engine's closing; the bound is the end of the first stored open session, or
+  the smallest own-window end of a held event before it if earlier, since the sessions of a
+  cut end in increasing order and the first one keeps the first stored session's events or
+  starts at such a held event (:class:`.Held`); or the "closed before" when it became held,
+  + 1, if later, since no step creates a session closed on creation), before an event whose
+  "closed before" reaches it, at
   the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
   ``sessions(key)``, and when :data:`.HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
   them. Until the bound is reached none of the key's sessions could have closed, so the

@@ -99,26 +99,38 @@ def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
 class Held:
     """A key whose open sessions are written lazily.
 
+    Its bound: the sessions of a cut end in increasing order, so none ends before the first
+    one, which starts at the key's first open event. If that is the first stored event ``f``,
+    the session keeps every event of the first stored session (the scan from ``f`` only gains
+    events and reach when events are added), so it ends at or after that session's stored
+    end; if it is a held event before ``f``, it ends at or after that event's own-window end.
+    The bound is no later than the stored end either way, so the key is written before the
+    close cursor reaches a stored session.
+
     Attributes:
         stored: the open sessions stored when it became held, ``[(bounds, record)]`` in order;
             they stay as stored until the key is written.
         events: the events that came since, ``[t, seq, own_end, value]`` in arrival order.
+        first_t: ``f``, the time of the first stored open event.
         bound: a lower bound of the end of every session the key's open events can form: the
-            smallest own-window end over them, or ``floor`` if that is later.
+            first stored session's end, the smallest own-window end of a held event before
+            ``f`` if earlier, ``floor`` if later.
         floor: the "closed before" when it became held, + 1: no step creates a session closed
             on creation, so every session of the key ends at or after it.
         magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
             a fold can leave int64 while it is at most ``INT64_MAX``).
     """
 
-    __slots__ = ("stored", "events", "bound", "floor", "magnitude")
+    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude")
 
-    def __init__(self, stored: list[tuple[tuple[int, int], Any]], bound: int, floor: int,
+    def __init__(self, stored: list[tuple[tuple[int, int], Any]], floor: int,
                  magnitude: int) -> None:
         self.stored = stored
         self.events: list[list[Any]] = []
+        self.first_t = stored[0][0][0]
         self.floor = floor
-        self.bound = bound if bound > floor else floor
+        first_end = stored[0][0][1]
+        self.bound = first_end if first_end > floor else floor
         self.magnitude = magnitude
 
 
@@ -163,46 +175,32 @@ class HeldKeys:
             horizon: as :meth:`hold`.
             out, log: as :meth:`hold`.
 
-        The bound is the smallest own-window end over the key's open events: every session
-        of any cut of them starts at one of them and ends at or after its own-window end
-        (``[s, min(max_end, s + max_duration))`` with ``max_end >= s + gap``). With a fixed
-        gap that is the first open event's; with a gap per event, every event is read."""
+        The bound is that of :class:`Held`: read from the first stored session alone."""
         state = self._state
-        md = state.max_duration_ms
         magnitude = state.magnitude(event[3])
         if magnitude is None:
             return False
         stored = [(b, view[b][0]) for b in bounds]
         state.recut_steps += len(stored)
-        first = stored_events(stored[0][1], key, bounds[0])[0][0]
-        bound = min(own_window_end(first[0], first[2], md),
-                    own_window_end(event[0], event[2], md))
-        numeric = state.numeric
-        fixed_gap = state.fixed_gap
-        if numeric or not fixed_gap:
+        if state.numeric:
             for b, raw in stored:
-                for e in stored_events(raw, key, b)[0]:
-                    if numeric:
-                        more = state.magnitude(e[3])
-                        if more is None:
-                            return False
-                        magnitude += more
-                    if not fixed_gap:
-                        end = own_window_end(e[0], e[2], md)
-                        if end < bound:
-                            bound = end
-                state.recut_steps += len(stored_events(raw, key, b)[0])
+                kept = stored_events(raw, key, b)[0]
+                for e in kept:
+                    more = state.magnitude(e[3])
+                    if more is None:
+                        return False
+                    magnitude += more
+                state.recut_steps += len(kept)
         if magnitude > INT64_MAX:
             return False
-        held = Held(stored, bound, first_open_end(closed_before), magnitude)
+        held = Held(stored, first_open_end(closed_before), magnitude)
         if held.bound <= horizon:  # not a bound this call's own close could reach
             return False
         if self.events_held >= HELD_EVENTS_LIMIT:
             self.write_all(out, log)  # first: holding this one must not reach the limit
         self.by_key[key] = held
-        self._push_due(key, held)
-        if not self.hold(key, held, event, horizon, out, log):
-            del self.by_key[key]  # nothing held (its heap entry is skipped as stale)
+        if not self.hold(key, held, event, horizon, out, log):  # (indexes its bound)
+            del self.by_key[key]  # nothing held
             return False
         return True
 
@@ -234,18 +232,21 @@ class HeldKeys:
         magnitude = self._magnitude(event[3])
         if magnitude is None or held.magnitude + magnitude > INT64_MAX:
             return False
-        end = own_window_end(event[0], event[2], self._md)
-        if end < held.floor:
-            end = held.floor
-        if end <= horizon:
+        bound = held.bound
+        if event[0] < held.first_t:  # a new first event: the first session ends after its
+            end = own_window_end(event[0], event[2], self._md)  # own window
+            if end < bound:
+                bound = end if end > held.floor else held.floor
+        if bound <= horizon:
             return False
         if self.events_held >= HELD_EVENTS_LIMIT:
             self.write_all(out, log)
             return False
+        index = bound < held.bound or not held.events  # a lower bound, or its first one
         held.magnitude += magnitude
         held.events.append(event)
-        if end < held.bound:
-            held.bound = end
+        held.bound = bound
+        if index:
             self._push_due(key, held)
         self.events_held += 1
         return True
