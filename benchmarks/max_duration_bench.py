@@ -12,7 +12,11 @@ event of each, so each is written again) and one day (one session). ``events_re_
 the events of the sessions re-cuts wrote, ``re_cut_steps`` the steps they took one by one.
 Lateness covers the whole input, so every event is accepted whatever the order.
 
-Aggregations: ``count`` and ``fsum`` (a float sum, whose value depends on the order of its adds).
+Aggregations: ``count`` and ``fsum`` (a float sum, whose value depends on the order of its adds),
+and two with user functions (issue 25: held with ``ON_WINDOW_CLOSE`` since, re-cut per event
+before): ``reduce`` (``reduce(lambda a, b: a + b)`` over the float values) and ``aggregate``
+(``aggregate`` with an initializer, aggregator and merger adding the float values). The CLI
+rows take ``count`` and ``fsum`` only.
 Paths: ``event`` (``process`` per event, ``ON_WINDOW_CLOSE``), ``event-update`` (the same with
 ``ON_WINDOW_UPDATE``: every event emits its changes, so a newest-first chain is output-bound),
 ``batch`` (one ``process_batch``, ``ON_WINDOW_CLOSE``), ``batch-update`` (one ``process_batch``,
@@ -53,13 +57,31 @@ log = logging.getLogger("benchmarks.max_duration")
 STEP_MS, GAP_MS = 10, 100
 MAX_DURATIONS_MS = {"chained": 10_000, "one session": 86_400_000}
 ORDERS = ("sorted", "reversed", "shuffled")
-AGGS = ("count", "fsum")
+AGGS = ("count", "fsum", "reduce", "aggregate")
 PATHS = ("event", "event-update", "batch", "batch-update", "cli", "cli-update")
 
 
 def value_of(t: int) -> float:
     """The float an event at ``t`` carries for ``fsum`` (not exactly representable sums)."""
     return t * 0.1 + 0.3
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
+def aggregation_of(agg: str) -> aggregations.Aggregation:
+    """The aggregation of an ``--aggs`` name (see the module docstring)."""
+    if agg == "count":
+        return aggregations.count()
+    if agg == "fsum":
+        return aggregations.sum_of()
+    if agg == "reduce":
+        return aggregations.reduce(_add)
+    if agg == "aggregate":
+        return aggregations.aggregate(float, lambda key, value, acc: acc + value,
+                                      lambda key, a, b: a + b)
+    raise ValueError(f"unknown aggregation {agg!r}; expected one of {', '.join(AGGS)}")
 
 
 def arrival(n: int, order: str, seed: int = 1) -> list[int]:
@@ -83,8 +105,7 @@ def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[
     emit = EmitStrategy.ON_WINDOW_UPDATE if updates else EmitStrategy.ON_WINDOW_CLOSE
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=windows.retention_ms + lateness), windows,
-        aggregations.count() if agg == "count" else aggregations.sum_of(), emit=emit,
-        max_out_of_orderness_ms=lateness)
+        aggregation_of(agg), emit=emit, max_out_of_orderness_ms=lateness)
     times = arrival(n, order)
     values: list[Any] = [None] * n if agg == "count" else [value_of(t) for t in times]
     cpu, wall = time.process_time(), time.perf_counter()
@@ -112,6 +133,8 @@ def run_cli(n: int, order: str, layout: str, agg: str, path: str) -> dict[str, A
     with ``--emit update``)."""
     if layout != "chained":
         raise ValueError(f"the CLI rows use the chained layout, got {layout!r}")
+    if agg not in ("count", "fsum"):
+        raise ValueError(f"the CLI rows take count or fsum, got {agg!r}")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         with source.open("w") as f:
@@ -146,11 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = []
+    load_before = os.getloadavg()[0]  # the machine's load, to judge the figures by
     for layout in args.layouts:
         for path in args.paths:
             if path.startswith("cli") and layout != "chained":
                 continue
-            for agg, order in [(a, o) for a in args.aggs for o in args.orders]:
+            aggs = [a for a in args.aggs
+                    if not path.startswith("cli") or a in ("count", "fsum")]
+            for agg, order in [(a, o) for a in aggs for o in args.orders]:
                 previous = None
                 for n in args.sizes:
                     row = run(n, order, path, layout, agg)
@@ -161,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
                     previous = row
                     rows.append(row)
                     log.info("%s", row)
-    log.info("wrote %s", write_results(args.name, {"rows": rows}))
+    load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+    log.info("wrote %s", write_results(args.name, {"rows": rows, "load_average_1m": load}))
 
 
 if __name__ == "__main__":

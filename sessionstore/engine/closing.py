@@ -38,6 +38,8 @@ def advance_watermark(engine: EngineHost, to_ms: Any) -> list[Emit]:
     """
     to = check_int64(to_ms, "to_ms")
     out: list[Emit] = []
+    if engine.max_duration is not None and to > engine.times.watermark:
+        engine.max_duration.before_watermark(to, out)  # a write that may fail: before the move
     if engine.times.advance_to(to):
         on_watermark(engine, out)
     if engine.forwarded:

@@ -24,7 +24,7 @@ of its key (the in-order case) only extends the last session or starts a new one
 of one ``add``, on every path. What an earlier event costs depends on the emission:
 
 * **Re-cut per event** (the event path with ``ON_WINDOW_UPDATE``, which must emit each event's
-  changes; and aggregations that are not held, below): the event re-cuts, by the rule above,
+  changes; and events that are not held, below): the event re-cuts, by the rule above,
   the key's open sessions from the one it falls into (earlier sessions cannot change: the cut
   is a left-to-right scan, and the scan up to that session's first event is the same), reading
   the later ones only while the new cut reaches them (:func:`.cut_until_unchanged`: where a new
@@ -37,23 +37,36 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   again for the others.
 * **Held keys** (``ON_WINDOW_CLOSE`` on every path, and ``ON_WINDOW_UPDATE`` inside one batch,
   :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
-  open sessions are not written at every event. The event holds its key (:class:`.Held`: the
+  open sessions are not written at every event. An event before the last open event of its
+  key holds its key, unless it falls inside a session, reaches no further than it does and
+  its add keeps the time-ordered fold with no accumulator check (the in-place update of the
+  re-cut below is cheaper: a long session taking slightly disordered events would otherwise
+  be written again each time the cursor reaches its end). The event holds its key (:class:`.Held`: the
   open sessions stored when it became held, and the events since, in memory); every later
   event of the key is held too. The key is written once (:meth:`.HeldKeys.write`: its
   open events from the session the earliest held event falls into, sorted, cut by
   :func:`.cut_until_unchanged`, diffed against the stored sessions) when that is needed: before
   the close cursor reaches a lower bound of its session ends (:meth:`MaxDuration.write_upto`,
-  called by the engine's closing; the bound is the smallest own-window end over its open
-  events, since every session starts at one of them and ends at or after that event's
-  own-window end, or the "closed before" when it became held, + 1, if later, since no step
-  creates a session closed on creation), before an event whose "closed before" reaches it, at
+  called by the engine's closing; the bound is the end of the first stored open session, or
+  the smallest own-window end of a held event before it if earlier, since the sessions of a
+  cut end in increasing order and the first one keeps the first stored session's events or
+  starts at such a held event (:class:`.Held`); or the "closed before" when it became held,
+  + 1, if later, since no step creates a session closed on creation), before an event whose
+  "closed before" reaches it, at
   the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
   ``sessions(key)``, and when :data:`.HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
   them. Until the bound is reached none of the key's sessions could have closed, so the
-  written cut is the one a re-cut per event gives. Only the built-in aggregations are held,
-  and only while the numbers their sums, minima and maxima see are ints and floats whose int
-  sums cannot leave int64 (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
-  event that could make it fail takes the re-cut and fails at itself.
+  written cut is the one a re-cut per event gives. The built-in aggregations are held only
+  while the numbers their sums, minima and maxima see are ints and floats whose int sums
+  cannot leave int64 (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
+  event that could make it fail takes the re-cut and fails at itself. Aggregations with user
+  functions are held with ``ON_WINDOW_CLOSE`` only, and their writes can fail: a failing write
+  raises :class:`.HeldWriteError` (naming the aggregation, key and session), writes nothing
+  and keeps the key held; it is done before the call that needs it changes anything
+  (:meth:`MaxDuration.process` and :meth:`MaxDuration.process_many` first write what their
+  watermark move reaches, :meth:`MaxDuration.before_watermark` runs before an explicit move,
+  and no event is held with a bound the call's own close reaches), so that call changes
+  nothing; ``abort()`` drops the held events.
 
 Either way the difference (removed sessions, new or changed ones) goes through the engine's
 normal store writes and emission, so retractions (``ON_WINDOW_UPDATE``), the write cache,
@@ -87,9 +100,9 @@ them have no sound pane history) raise ``ValueError``.
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
 order after its last open event (:meth:`.BatchStep._in_order`), or out of order with an
-aggregation that is not held (:meth:`.BatchStep._replay` follows the loop's re-cuts and
-closes; those fold from the events); the other keys take the event step one by one, which
-holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
+aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``:
+:meth:`.BatchStep._replay` follows the loop's re-cuts and closes; those fold from the events);
+the other keys take the event step one by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
 write cache every event takes the event step (its evictions forward in the loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
@@ -147,8 +160,8 @@ class MaxDuration:
         ValueError: the engine has a trigger (not supported with a maximum duration).
     """
 
-    __slots__ = ("max_duration_ms", "held", "_engine", "_lazy", "_state", "_orders", "_event",
-                 "_batch")
+    __slots__ = ("max_duration_ms", "held", "_engine", "_lazy", "_fallible", "_state",
+                 "_orders", "_event", "_batch")
 
     def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         if engine.trigger is not None:
@@ -161,6 +174,8 @@ class MaxDuration:
         self._engine = engine
         state = DurationState(engine, max_duration_ms)
         self._lazy = state.lazy
+        # held keys whose writes can fail: user functions, held with ON_WINDOW_CLOSE
+        self._fallible = state.lazy and not state.incremental
         self._state = state
         self._orders = OpenOrders(state)
         self.held = HeldKeys(state, self._orders)
@@ -201,24 +216,57 @@ class MaxDuration:
                 emitted (:meth:`emit_log` emits them at the end of the batch).
         """
         engine = self._engine
-        engine.metrics.records_in += 1
         times = engine.times
+        closed_before = times.closed_before()
+        horizon = closed_before
+        if self._fallible:  # first the writes this event may need (they may fail)
+            horizon = self.close_cursor_after(t)
+            self.held.write_upto(horizon, out)  # what its watermark move closes
+            if self.held.full(1):
+                self.held.write_all(out)  # the held-events limit
+        engine.metrics.records_in += 1
         if times.is_late(own_window_end(t, own_end, self.max_duration_ms)):
             engine.drop(key, value, t)
             return
-        closed_before = times.closed_before()
-        self._event.step(key, value, t, own_end, closed_before, out, log, times.seq + 1,
-                         self._lazy)
+        self._event.step(key, value, t, own_end, closed_before, horizon, out, log,
+                         times.seq + 1, self._lazy)
         times.seq += 1
         if times.observe(t):
             engine.on_watermark(out)
+
+    def close_cursor_after(self, t: int) -> int:
+        """Where the close cursor moves when an event at ``t`` is accepted (what
+        :func:`~sessionstore.engine.closing.on_watermark` closes up to; at most the current
+        one when the watermark does not move)."""
+        times = self._engine.times
+        config = self._engine.config
+        watermark = times.watermark
+        if config.watermark == "event_time":
+            moved = t - config.max_out_of_orderness_ms
+            if moved > watermark:
+                watermark = moved
+        return watermark - config.grace_ms
+
+    def before_watermark(self, to_ms: int, out: list[Emit]) -> None:
+        """Write, before the watermark moves to ``to_ms``, the held keys that move would
+        write, when their writes can fail (so that a failure changes nothing; the engine's
+        ``advance_watermark`` calls this first)."""
+        if self._fallible:
+            self.held.write_upto(to_ms - self._engine.config.grace_ms, out)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None) -> None:
         """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
         without a write cache: :meth:`.BatchStep.process_many` (same arguments)."""
-        self._batch.process_many(keys, values, times, ends, codes, out, log)
+        horizon = None
+        if self._fallible and len(times):  # first the writes the batch may need
+            horizon = self.close_cursor_after(int(times.max()))
+            self.held.write_upto(horizon, out)  # what its close reaches
+            if self.held.full(len(times)):
+                self.held.write_all(out)  # the held-events limit (a longer batch than the
+                # limit may still write every key between two of its events)
+        self._batch.process_many(keys, values, times, ends, codes, out, log, horizon)
 
     def emit_log(self, log: ChangeLog, out: list[Emit]) -> None:
         """Emit a batch's changes as the write cache would flush them

@@ -1,8 +1,8 @@
 """The batch step of the maximum-duration engine (:meth:`BatchStep.process_many`; see "The batch
 path" in :mod:`sessionstore.engine.max_duration`): a key whose events came in time order after
 its open events is cut in one pass (:meth:`BatchStep._in_order`), so is a disordered key of an
-aggregation that is not held (:meth:`BatchStep._replay`); every other key's events take the
-event step, in arrival order."""
+aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``,
+:meth:`BatchStep._replay`); every other key's events take the event step, in arrival order."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ class BatchStep:
         self._engine = state.engine
         self._md = state.max_duration_ms
         self._lazy = state.lazy
-        self._holdable = state.incremental  # only built-in accumulators are held
+        # as the event step: built-ins always, user functions with ON_WINDOW_CLOSE
+        self._holdable = state.incremental or state.lazy
         self._incremental = state.incremental
         self._orders = orders
         self._held_keys = held
@@ -59,7 +60,7 @@ class BatchStep:
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
-                     log: ChangeLog | None) -> None:
+                     log: ChangeLog | None, horizon: int | None) -> None:
         """Add a batch of validated events (arrival order) as a loop of
         :meth:`.MaxDuration.process` would, without a write cache (whose evictions forward
         changes in loop order).
@@ -70,6 +71,9 @@ class BatchStep:
             out: the emits of closing (and the caller emits ``log``).
             log: with ``ON_WINDOW_UPDATE``, the batch's changes (see
                 :func:`~sessionstore.engine.max_duration_write.emit_log`).
+            horizon: with an aggregation whose held writes can fail, the close cursor the
+                batch moves to (the caller wrote what it reaches first): no key is held with a
+                bound at or before it (:meth:`.HeldKeys.hold`); None otherwise.
 
         Lateness, each event's "closed before" and its arrival number are those the loop
         would see (the watermark before each event is a running maximum). A key whose
@@ -109,10 +113,11 @@ class BatchStep:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        # a disordered key is held (written once, lazily) by the step when built-in
-        # accumulators allow it (always here: a batch holds keys with either emission);
-        # otherwise replayed in one pass (the other aggregations fold from the events, so
-        # their accumulators do not depend on the order of the adds)
+        # a disordered key is held (written once, lazily) by the step: built-in accumulators
+        # with either emission (a batch holds keys with both), user functions with
+        # ON_WINDOW_CLOSE; otherwise (user functions with ON_WINDOW_UPDATE, whose failing
+        # write at the batch's end would follow its changes) replayed in one pass (they fold
+        # from the events, so their accumulators do not depend on the order of the adds)
         lazy = self._lazy or log is not None
         held_keys = lazy and self._holdable
         pending = self._held_keys.by_key
@@ -140,8 +145,9 @@ class BatchStep:
         acc_rows = accepted.tolist()
         for p in fallback:
             i = acc_rows[p]
-            step(keys[i], values[i], time_list[i], end_list[i], cb_list[i], out, log, seq0 + p,
-                 lazy)
+            cb = cb_list[i]
+            step(keys[i], values[i], time_list[i], end_list[i], cb,
+                 cb if horizon is None else horizon, out, log, seq0 + p, lazy)
         clock.seq += m
         for key, plan in plans:
             self._apply_in_order(key, plan, log)

@@ -16,23 +16,80 @@ import bisect
 import heapq
 from typing import Any
 
+from ..aggregations import Aggregation, Combined
 from ..gap_boundary import first_open_end, is_final
 from ..timeutil import INT64_MAX
+from ..types import Session
 from .cuts import Recut, cut_until_unchanged
 from .emit import Emit
 from .max_duration_order import OpenOrders
 from .max_duration_state import (
     EVENT_ORDER,
     EVENT_TIME,
+    Added,
     ChangeLog,
     DurationState,
+    Removed,
+    fold_events,
     own_window_end,
     stored_events,
 )
 from .max_duration_write import diff_cut, publish_changes, write_changes
+from .record import check_encodable
 
 HELD_EVENTS_LIMIT = 1 << 20
 """How many events are held unwritten (over all keys) before every held key is written."""
+
+
+class HeldWriteError(RuntimeError):
+    """The write of a held key failed: a function of its aggregation raised (or returned an
+    accumulator the store cannot encode) while a session of the key was folded from its
+    events. Only aggregations with user functions (``reduce``, ``aggregate``, a built-in
+    given a function) can fail there: the built-ins are held only while their write cannot
+    fail.
+
+    The rule (docs/semantics.md, "Maximum duration"): nothing is written and the key stays
+    held with every one of its events, so the call that raises changed nothing (a write is
+    done before the call changes anything else: before an event is stepped or the watermark
+    moves; a ``process_batch`` of more events than :data:`HELD_EVENTS_LIMIT` may write every
+    key between two of its events). Every later call that needs the key (a watermark move
+    reaching its bound, ``commit()``, ``flush()``, ``sessions(key)``, ``process`` of one of
+    its events that cannot be held) raises this again, until ``abort()`` drops the events
+    held since the last commit.
+
+    Attributes:
+        aggregation: the name of the failing aggregation (its output's label in a
+            combination).
+        session: the session being folded (its bounds in the cut of the held events).
+        held_events: how many events of the key are held.
+    """
+
+    def __init__(self, aggregation: str, session: Session, held_events: int,
+                 cause: BaseException) -> None:
+        self.aggregation = aggregation
+        self.session = session
+        self.held_events = held_events
+        super().__init__(
+            f"the aggregation {aggregation!r} failed on key {session.key!r} folding "
+            f"{session} ({type(cause).__name__}: {cause}); its events arrived out of order "
+            f"and were held, so this write came later: nothing was written and the key stays "
+            f"held, so every call that needs it raises this until abort() drops its "
+            f"{held_events} held events")
+
+
+def _failing_part(agg: Aggregation, key: Any, events: list[Any], check: bool) -> str | None:
+    """The label of the part of ``agg`` whose fold of ``events`` fails (its name for a
+    single aggregation); None when none does."""
+    parts = (list(zip(agg.names, agg.parts, strict=True)) if isinstance(agg, Combined)
+             else [(agg.name, agg)])
+    for label, part in parts:
+        try:
+            acc = fold_events(part, key, events)
+            if check:
+                check_encodable(acc, "an accumulator")
+        except Exception:
+            return label
+    return None
 
 
 def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
@@ -42,26 +99,38 @@ def _start_of(stored: tuple[tuple[int, int], Any]) -> int:
 class Held:
     """A key whose open sessions are written lazily.
 
+    Its bound: the sessions of a cut end in increasing order, so none ends before the first
+    one, which starts at the key's first open event. If that is the first stored event ``f``,
+    the session keeps every event of the first stored session (the scan from ``f`` only gains
+    events and reach when events are added), so it ends at or after that session's stored
+    end; if it is a held event before ``f``, it ends at or after that event's own-window end.
+    The bound is no later than the stored end either way, so the key is written before the
+    close cursor reaches a stored session.
+
     Attributes:
         stored: the open sessions stored when it became held, ``[(bounds, record)]`` in order;
             they stay as stored until the key is written.
         events: the events that came since, ``[t, seq, own_end, value]`` in arrival order.
+        first_t: ``f``, the time of the first stored open event.
         bound: a lower bound of the end of every session the key's open events can form: the
-            smallest own-window end over them, or ``floor`` if that is later.
+            first stored session's end, the smallest own-window end of a held event before
+            ``f`` if earlier, ``floor`` if later.
         floor: the "closed before" when it became held, + 1: no step creates a session closed
             on creation, so every session of the key ends at or after it.
         magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
             a fold can leave int64 while it is at most ``INT64_MAX``).
     """
 
-    __slots__ = ("stored", "events", "bound", "floor", "magnitude")
+    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude")
 
-    def __init__(self, stored: list[tuple[tuple[int, int], Any]], bound: int, floor: int,
+    def __init__(self, stored: list[tuple[tuple[int, int], Any]], floor: int,
                  magnitude: int) -> None:
         self.stored = stored
         self.events: list[list[Any]] = []
+        self.first_t = stored[0][0][0]
         self.floor = floor
-        self.bound = bound if bound > floor else floor
+        first_end = stored[0][0][1]
+        self.bound = first_end if first_end > floor else floor
         self.magnitude = magnitude
 
 
@@ -92,53 +161,53 @@ class HeldKeys:
         self._tie = 0
 
     def start_holding(self, key: Any, view: Any, bounds: list[tuple[int, int]],
-                      event: list[Any], closed_before: int, out: list[Emit],
+                      event: list[Any], closed_before: int, horizon: int, out: list[Emit],
                       log: ChangeLog | None) -> bool:
         """Start holding ``key``'s events, ``event`` first; False (nothing changed) when an
         open or the new value is one whose adds could fail (see
-        :meth:`~sessionstore.engine.max_duration_state.DurationState.magnitude`).
+        :meth:`~sessionstore.engine.max_duration_state.DurationState.magnitude`), or when the
+        key's bound would be at or before ``horizon``.
 
         Args:
             key: the key, with open sessions ``bounds`` (in order) in the cache's ``view``.
             event: ``[t, seq, own_end, value]``, not late.
             closed_before: the "closed before" the event meets.
+            horizon: as :meth:`hold`.
             out, log: as :meth:`hold`.
 
-        The bound is the smallest own-window end over the key's open events: every session
-        of any cut of them starts at one of them and ends at or after its own-window end
-        (``[s, min(max_end, s + max_duration))`` with ``max_end >= s + gap``). With a fixed
-        gap that is the first open event's; with a gap per event, every event is read."""
+        The bound is that of :class:`Held`: read from the first stored session alone."""
         state = self._state
-        md = state.max_duration_ms
         magnitude = state.magnitude(event[3])
         if magnitude is None:
             return False
         stored = [(b, view[b][0]) for b in bounds]
         state.recut_steps += len(stored)
-        first = stored_events(stored[0][1], key, bounds[0])[0][0]
-        bound = min(own_window_end(first[0], first[2], md),
-                    own_window_end(event[0], event[2], md))
-        numeric = state.numeric
-        fixed_gap = state.fixed_gap
-        if numeric or not fixed_gap:
+        if state.numeric:
             for b, raw in stored:
-                for e in stored_events(raw, key, b)[0]:
-                    if numeric:
-                        more = state.magnitude(e[3])
-                        if more is None:
-                            return False
-                        magnitude += more
-                    if not fixed_gap:
-                        end = own_window_end(e[0], e[2], md)
-                        if end < bound:
-                            bound = end
-                state.recut_steps += len(stored_events(raw, key, b)[0])
+                kept = stored_events(raw, key, b)[0]
+                for e in kept:
+                    more = state.magnitude(e[3])
+                    if more is None:
+                        return False
+                    magnitude += more
+                state.recut_steps += len(kept)
         if magnitude > INT64_MAX:
             return False
-        held = Held(stored, bound, first_open_end(closed_before), magnitude)
+        held = Held(stored, first_open_end(closed_before), magnitude)
+        if held.bound <= horizon:  # not a bound this call's own close could reach
+            return False
+        if self.events_held >= HELD_EVENTS_LIMIT:
+            self.write_all(out, log)  # first: holding this one must not reach the limit
         self.by_key[key] = held
-        self._push_due(key, held)
-        return self.hold(key, held, event, out, log)
+        if not self.hold(key, held, event, horizon, out, log):  # (indexes its bound)
+            del self.by_key[key]  # nothing held
+            return False
+        return True
+
+    def full(self, more: int) -> bool:
+        """Whether holding ``more`` events would pass :data:`HELD_EVENTS_LIMIT` (a caller
+        whose writes can fail then writes every key first, before it changes anything)."""
+        return self.events_held + more > HELD_EVENTS_LIMIT
 
     def _push_due(self, key: Any, held: Held) -> None:
         """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
@@ -150,27 +219,36 @@ class HeldKeys:
         if engine.record_close_times:
             engine.new_close_times.append(held.bound)
 
-    def hold(self, key: Any, held: Held, event: list[Any], out: list[Emit],
+    def hold(self, key: Any, held: Held, event: list[Any], horizon: int, out: list[Emit],
              log: ChangeLog | None) -> bool:
         """Hold ``event`` (not late; its key's bound is after its "closed before") for
-        ``key``, whose entry is ``held``; False (nothing changed) when its value is one whose
-        adds could fail or its sums could leave int64. When more than
-        :data:`HELD_EVENTS_LIMIT` events are held, every key is written (:meth:`write_all`,
-        with ``out`` and ``log``)."""
+        ``key``, whose entry is ``held``; False (nothing changed but the writes below) when
+        its value is one whose adds could fail or its sums could leave int64, when it would
+        bring the key's bound to ``horizon`` or before (the close cursor this call moves to:
+        a write this call's own close would need must be done before the call changes
+        anything, so that a failing write changes nothing), or when :data:`HELD_EVENTS_LIMIT`
+        events are held: then every key is written first (:meth:`write_all`, with ``out``
+        and ``log``)."""
         magnitude = self._magnitude(event[3])
         if magnitude is None or held.magnitude + magnitude > INT64_MAX:
             return False
+        bound = held.bound
+        if event[0] < held.first_t:  # a new first event: the first session ends after its
+            end = own_window_end(event[0], event[2], self._md)  # own window
+            if end < bound:
+                bound = end if end > held.floor else held.floor
+        if bound <= horizon:
+            return False
+        if self.events_held >= HELD_EVENTS_LIMIT:
+            self.write_all(out, log)
+            return False
+        index = bound < held.bound or not held.events  # a lower bound, or its first one
         held.magnitude += magnitude
         held.events.append(event)
-        end = own_window_end(event[0], event[2], self._md)
-        if end < held.floor:
-            end = held.floor
-        if end < held.bound:
-            held.bound = end
+        held.bound = bound
+        if index:
             self._push_due(key, held)
         self.events_held += 1
-        if self.events_held > HELD_EVENTS_LIMIT:
-            self.write_all(out, log)
         return True
 
     def write_upto(self, upto: int, out: list[Emit]) -> None:
@@ -179,9 +257,14 @@ class HeldKeys:
         due = self._due
         pending = self.by_key
         while due and is_final(due[0][0], upto):
-            _, _, key, held = heapq.heappop(due)
+            entry = heapq.heappop(due)
+            key, held = entry[2], entry[3]
             if pending.get(key) is held:
-                self.write(key, out, None)
+                try:
+                    self.write(key, out, None)
+                except HeldWriteError:
+                    heapq.heappush(due, entry)  # still held: still due
+                    raise
 
     def write_all(self, out: list[Emit], log: ChangeLog | None = None) -> None:
         """Write every held key (before a commit, a flush, at the end of a batch with
@@ -212,7 +295,12 @@ class HeldKeys:
         (time, arrival) order). A session of a cut holds exactly the open events in
         ``[start, end)``, so one with stored bounds and no held event is the stored one.
         Every other session gets its accumulator folded from its events in (time, arrival)
-        order. If that fails, nothing is written and the key stays held."""
+        order. If that fails, nothing is written and the key stays held.
+
+        Raises:
+            HeldWriteError: a function of the aggregation failed on a session's events (or
+                gave an accumulator the store cannot encode); nothing changed.
+        """
         state = self._state
         held = self.by_key[key]
         engine = state.engine
@@ -242,9 +330,37 @@ class HeldKeys:
             sessions.append((start, end, max_end, gathered[low:stop],
                              at < len(new_times) and new_times[at] < end))
             low = stop
-        removed, added = diff_cut(state, key, sessions, dict(stored[first:last + 1 + used]))
+        removed, added = self._changes(key, held, sessions,
+                                       dict(stored[first:last + 1 + used]))
         del self.by_key[key]
         self.events_held -= len(held.events)
         self._orders.forget(key)  # read again from the view at the key's next step
         write_changes(engine, key, removed, added)
         publish_changes(engine, key, removed, added, out, log)
+
+    def _changes(self, key: Any, held: Held, sessions: list[Recut],
+                 old: dict[tuple[int, int], Any]) -> tuple[list[Removed], list[Added]]:
+        """:func:`~sessionstore.engine.max_duration_write.diff_cut` of a held key's cut, with
+        the accumulators checked as the event step checks them.
+
+        Raises:
+            HeldWriteError: a fold failed (the first failing session, and the part of the
+                aggregation that fails on it, are named).
+        """
+        engine = self._state.engine
+        try:
+            removed, added = diff_cut(self._state, key, sessions, old)
+            if engine.check_acc:
+                for start, end, acc, *_ in added:
+                    check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
+        except Exception as exc:
+            agg = engine.aggregation
+            for start, end, _, events, _ in sessions:
+                label = _failing_part(agg, key, events, engine.check_acc)
+                if label is not None:
+                    raise HeldWriteError(label, Session(key, start, end), len(held.events),
+                                         exc) from exc
+            first, last = sessions[0], sessions[-1]
+            raise HeldWriteError(agg.name, Session(key, first[0], last[1]), len(held.events),
+                                 exc) from exc
+        return removed, added

@@ -46,18 +46,23 @@ class EventStep:
         self._held_keys = held
         self._engine = state.engine
         self._md = state.max_duration_ms
-        self._holdable = state.incremental  # only built-in accumulators are held
+        # built-in accumulators are held on every path that holds; the others only with
+        # ON_WINDOW_CLOSE, where a write that fails can come before the call changes anything
+        self._holdable = state.incremental or state.lazy
         self._incremental = state.incremental
         self._fixed_gap = state.fixed_gap
         self._order_free_adds = state.order_free_adds
 
     def step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
-             out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool) -> None:
+             horizon: int, out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool
+             ) -> None:
         """Re-cut the key's open sessions with the new event (not late; arrival number
         ``seq``, meeting ``closed_before``) and apply the difference (the caller advances the
         engine's arrival counter); with ``lazy``, hold the event instead
         (:class:`~sessionstore.engine.max_duration_held.HeldKeys`) unless it comes after
-        every open event of its key.
+        every open event of its key, or its key's bound would be at or before ``horizon``
+        (``closed_before``, or with an aggregation whose writes can fail, the close cursor
+        the caller's call moves to: see :meth:`.HeldKeys.hold`).
 
         Emits are appended to ``out`` (closing, and ``ON_WINDOW_UPDATE`` without ``log``); with
         ``ON_WINDOW_UPDATE`` in a batch, the changes are recorded in ``log`` instead
@@ -80,17 +85,20 @@ class EventStep:
         if pending and key in pending:
             held = pending[key]
             # not is_final(bound, closed_before), inline: per event (test_closed_before)
-            if lazy and held.bound > closed_before and held_keys.hold(key, held, event, out,
-                                                                       log):
+            if lazy and held.bound > closed_before and held_keys.hold(key, held, event,
+                                                                       horizon, out, log):
                 return
-            held_keys.write(key, out, log)  # the key may close: write it, then step
+            if key in pending:  # (a hold at the limit wrote every key)
+                held_keys.write(key, out, log)  # the key may close: write it, then step
         view = engine.cache.sessions_of(key, closed_before)
         bounds = self._orders.bounds(key, view, closed_before)
         j = bisect.bisect_right(bounds, t, key=EVENT_TIME) - 1
         if lazy and self._holdable and bounds and (
                 j != len(bounds) - 1
                 or t < stored_events(view[bounds[j]][0], key, bounds[j])[0][-1][0]
-        ) and held_keys.start_holding(key, view, bounds, event, closed_before, out, log):
+        ) and not self._cheap_inside(key, value, t, own_end, view, bounds, j) \
+                and held_keys.start_holding(key, view, bounds, event, closed_before, horizon,
+                                            out, log):
             return  # held: before the last open event of its key
         removed: list[Removed] = []
         added: list[Added] = []
@@ -197,6 +205,24 @@ class EventStep:
             self._orders.forget(key)
             raise
         publish_changes(engine, key, removed, added, out, log)
+
+    def _cheap_inside(self, key: Any, value: Any, t: int, own_end: int, view: Any,
+                      bounds: list[tuple[int, int]], j: int) -> bool:
+        """Whether an event at ``t`` in the ``j``-th open session (before its last event)
+        that reaches no further than it does is cheaper added in place than held: it moves
+        no bound and no later cut, and its add keeps the (time, arrival) fold (count, first,
+        last, collect, or sums, minima and maxima of ints only, see :meth:`_grow`). Holding
+        it would write the key again when the close cursor reaches the session's end: a long
+        session taking slightly disordered events was written again every gap's worth of
+        events (issue 25)."""
+        if j < 0 or not self._incremental or self._engine.check_acc:
+            return False
+        b = bounds[j]
+        raw = view[b][0]
+        events, max_end = stored_events(raw, key, b)
+        # the in-place case of step(), "inside a session, reaching no further"
+        return t < events[-1][0] and own_end <= max_end and (self._order_free_adds
+                                       or self._state.ints_only(acc_of(raw), value))
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:

@@ -1,7 +1,9 @@
 """The batch path with ``max_duration_ms`` (issue 12) cuts a key's batch events in one pass when
 it can give the event loop's answer (events in time order; or out of order with a user
-aggregation, replaying the loop's re-cuts and closes), holds the events of the other keys of
-built-in aggregations and writes them once (lazily), and re-cuts the rest event by event. These streams are dense per key and mostly in large
+aggregation with ON_WINDOW_UPDATE, replaying the loop's re-cuts and closes), holds the events
+of the other keys (built-in aggregations, and user ones with ON_WINDOW_CLOSE) and writes them
+once (lazily), and re-cuts the rest event by event. These streams are dense per key and mostly
+in large
 batches, so that those one-pass cases, the closes between a key's events and the fallback all
 occur; the batch path must equal the event path (emits, values bit for bit) and the oracle."""
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -196,25 +199,44 @@ def test_a_session_closing_between_out_of_order_events_is_final_in_the_batch(mon
         ("a", 10, 14, [1, 0]), ("a", 12, 16, [3]), ("b", 34, 38, [2])]
 
 
-def test_a_user_aggregation_out_of_order_is_replayed_in_one_pass(monkeypatch):
-    # a user aggregation is not held (its adds may fail, and must fail at their event): the
+@pytest.mark.parametrize("emit", [CLOSE, UPDATE])
+def test_a_user_aggregation_out_of_order_is_held_or_replayed_in_one_pass(monkeypatch, emit):
+    # with ON_WINDOW_CLOSE a user aggregation's disordered key takes the event step, which
+    # holds it (issue 25); here the batch's own close (W - grace = 14) reaches a@10's own
+    # window end (14), so a@10 is not held but re-cut at itself (a write that can fail must
+    # come before the batch changes anything). With ON_WINDOW_UPDATE it is never held: the
     # batch replays the loop's re-cuts and closes in one pass, as it folds from the events
     keys, times = CLOSING
     agg = aggregations.reduce(lambda a, b: a + b)
     plain = SessionAggregator(InMemorySessionStore(retention_ms=1_000),
-                              SessionWindows(10, max_duration_ms=4), agg, emit=CLOSE,
+                              SessionWindows(10, max_duration_ms=4), agg, emit=emit,
                               max_out_of_orderness_ms=20)
     want = [e for k, t in zip(keys, times, strict=True) for e in plain.process(k, t, t)]
     want += plain.advance_watermark(INT64_MAX)
     calls = _count_steps(monkeypatch)
     batched = SessionAggregator(InMemorySessionStore(retention_ms=1_000),
-                                SessionWindows(10, max_duration_ms=4), agg, emit=CLOSE,
+                                SessionWindows(10, max_duration_ms=4), agg, emit=emit,
                                 max_out_of_orderness_ms=20)
     got = batched.process_batch(keys, times, times) + batched.advance_watermark(INT64_MAX)
-    assert calls == []
-    assert got == want
-    assert [(e.session.key, e.session.start, e.session.end, e.value) for e in got] == [
-        ("a", 10, 14, 21), ("a", 12, 16, 12), ("b", 34, 38, 34)]
+    if emit is CLOSE:
+        assert calls == [1, 1, 1]  # key a's events
+        assert got == want
+        assert [(e.session.key, e.session.start, e.session.end, e.value) for e in got] == [("a", 10, 14, 21), ("a", 12, 16, 12), ("b", 34, 38, 34)]
+    else:
+        assert calls == []
+        assert _applied(got) == _applied(want) == [
+            (("a", 10, 14), 21), (("a", 12, 16), 12), (("b", 34, 38), 34)]
+
+
+def _applied(emits: list[Any]) -> list[Any]:
+    """The sessions a changelog leaves (each update replaces, a retraction removes)."""
+    table: dict[Any, Any] = {}
+    for e in emits:
+        if e.retraction:
+            table.pop(tuple(e.session), None)
+        else:
+            table[tuple(e.session)] = e.value
+    return sorted(table.items())
 
 
 def test_out_of_order_float_sums_are_held_like_any_built_in(monkeypatch):
@@ -224,3 +246,34 @@ def test_out_of_order_float_sums_are_held_like_any_built_in(monkeypatch):
     assert got == want
     assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
         ("a", 10, 14, [0.2, 0.1]), ("a", 12, 16, [0.4]), ("b", 34, 38, [0.3])]
+
+
+def test_a_session_that_closed_exactly_at_the_cursor_is_not_an_open_session(monkeypatch):
+    # mutant of the last round (the open-session filter "end > closed before" as ">="): the
+    # cache's view may keep a session ending exactly at the "closed before" (final). Here
+    # [0, 100) (events 0 and 90, capped by the 100 ms maximum) closed when W reached 100;
+    # a's batch events 20 and 30 come in time order, not late (own windows end at 120 and
+    # 130), before 90. Taking the closed session as open sends them to the event step one by
+    # one (its sessions are the same: a closed session joins nothing); the filter lets the
+    # batch cut them in one pass. Kills the mutant by the step count, and checks the answer
+    windows = SessionWindows(100, max_duration_ms=100)
+
+    def engine() -> SessionAggregator:
+        return SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms + 1_000),
+                                 windows, AGG_ALL, emit=CLOSE)
+
+    plain = engine()
+    want = [e for k, v, t in [("a", 0, 0), ("a", 1, 90), ("b", 2, 100), ("a", 3, 20),
+                              ("a", 4, 30)] for e in plain.process(k, v, t)]
+    want += plain.advance_watermark(INT64_MAX)
+    batched = engine()
+    got = [e for k, v, t in [("a", 0, 0), ("a", 1, 90), ("b", 2, 100)]
+           for e in batched.process(k, v, t)]
+    assert [(e.session.start, e.session.end) for e in got] == [(0, 100)]  # closed at W = 100
+    calls = _count_steps(monkeypatch)
+    got += batched.process_batch(["a", "a"], [3, 4], [20, 30])
+    assert calls == []
+    got += batched.advance_watermark(INT64_MAX)
+    assert got == want
+    assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
+        ("a", 0, 100, [0, 1]), ("a", 20, 120, [3, 4]), ("b", 100, 200, [2])]
