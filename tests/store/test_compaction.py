@@ -172,22 +172,14 @@ def test_a_store_moves_between_compaction_styles_both_ways(tmp_path: Path):
     universal, and the older style reads what universal wrote. Kills an option that refuses
     the other style's layout (universal with one level: RocksDB refuses files at level 6)."""
     config = {"retention_ms": 10**9, "segment_interval_ms": 10**9}
-    with LeveledStore(tmp_path / "s", **config) as old:
-        _write_rounds(old, 0, 6)
-        _settle(old)
-        expected = all_sessions(old)
-    with SessionStore(tmp_path / "s", **config) as new:
-        assert all_sessions(new) == expected
-        _write_rounds(new, 10, 8)
-        _settle(new)
-        expected = all_sessions(new)
-        assert new.compact_segments(1) == [0]
-        _write_rounds(new, 30, 2)
-        expected = all_sessions(new)
-    with LeveledStore(tmp_path / "s", **config) as old:
-        assert all_sessions(old) == expected
-        _write_rounds(old, 40, 5)
-        _settle(old)
-        expected = all_sessions(old)
-    with SessionStore(tmp_path / "s", **config) as new:
-        assert all_sessions(new) == expected
+    expected = None
+    for turn, style in enumerate([LeveledStore, SessionStore, LeveledStore, SessionStore]):
+        with style(tmp_path / "s", **config) as store:
+            if expected is not None:
+                assert all_sessions(store) == expected
+            _write_rounds(store, 10 * turn, 6)
+            _settle(store)
+            if style is SessionStore:  # a full compaction, then more runs on top of it
+                assert store.compact_segments(1) == [0]
+                _write_rounds(store, 10 * turn + 6, 2)
+            expected = all_sessions(store)
