@@ -80,6 +80,9 @@ BULK_LAYOUT_MIN_SESSIONS = 1024
 # A bulk write's SST file for a segment carries that segment's deferred removals when there are
 # at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch).
 FOLD_REMOVALS_RATIO = 8
+# sorted runs of a segment (level-0 files and non-empty levels) that start a compaction
+UNIVERSAL_COMPACTION_TRIGGER = 5
+_NUM_LEVELS = 7  # RocksDB's default, which the store keeps
 _INGEST_PREFIX = "sessionstore-ingest-"
 _NEXT_LIVE = ".live-next"
 _LOCK = "LOCK"
@@ -408,6 +411,15 @@ def _block_rows(cf: Any, segment: int, earliest_end: int, latest_end: int, where
     return rows
 
 
+def sorted_runs(cf: Any) -> int:
+    """How many sorted runs one segment's column family holds: its level-0 files, and each
+    other level that holds files (what a read may have to search)."""
+    runs = cf.property_int_value("rocksdb.num-files-at-level0")
+    for level in range(1, _NUM_LEVELS):
+        runs += cf.property_int_value(f"rocksdb.num-files-at-level{level}") > 0
+    return int(runs)
+
+
 def max_block_id(cfs: dict[int, Any]) -> int:
     """The largest index block id in any segment, or -1 when there is none."""
     found = -1
@@ -651,6 +663,17 @@ class SessionStore(SegmentedSessionStore):
 
     def _family_options(self) -> Any:
         options = rocksdict.Options(raw_mode=True)
+        # Universal compaction: a segment's sorted runs merge with runs of similar size, and its
+        # largest run is rewritten only when the others add up to twice its size (RocksDB's
+        # default size amplification, 200%). Under leveled compaction (RocksDB's default) each
+        # level-0 file a batch adds overlaps the whole segment, so every compaction rewrote all
+        # the sessions the segment retains: a batch of 10k changes cost 2-3x the CPU at 1M
+        # retained sessions as at 10k. The trigger counts every sorted run, the largest one
+        # too: 5 keeps at most as many runs to search as leveled's trigger of 4 level-0 files
+        # above one level. Stores written under either style open under the other (each level
+        # is a sorted run); see docs/operations.md.
+        options.set_compaction_style(rocksdict.DBCompactionStyle.universal())
+        options.set_level_zero_file_num_compaction_trigger(UNIVERSAL_COMPACTION_TRIGGER)
         if not self._auto_compaction:
             options.set_disable_auto_compactions(True)
         return options
@@ -666,8 +689,12 @@ class SessionStore(SegmentedSessionStore):
                 self._db = None
 
     def compact_segments(self, min_level0_files: int) -> list[int]:
-        """Compact every segment holding at least ``min_level0_files`` level-0 files (one per
+        """Compact every segment holding at least ``min_level0_files`` sorted runs (one per
         commit that wrote to it, with ``auto_compaction=False``) into one sorted run.
+
+        A sorted run is a level-0 file or a level holding files: under universal compaction an
+        ingested file lands in the lowest empty level above the segment's data, and at level 0
+        only once the levels above are taken.
 
         Safe to call from another thread while the owner reads, writes and commits (RocksDB
         compacts beside them, and the data does not change); :meth:`close` and ``abort()``
@@ -691,7 +718,7 @@ class SessionStore(SegmentedSessionStore):
                 return []
             for segment, cf in sorted(self._cfs.copy().items()):
                 try:
-                    if cf.property_int_value("rocksdb.num-files-at-level0") < min_level0_files:
+                    if sorted_runs(cf) < min_level0_files:
                         continue
                     cf.compact_range(None, None)
                 except Exception as exc:  # noqa: BLE001 - RocksDB's errors are bare Exceptions

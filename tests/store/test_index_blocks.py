@@ -204,7 +204,7 @@ def test_ranges_that_end_one_short_of_a_segment_or_start_one_into_it(tmp_path: P
                     == list(model.find_sessions(low, high, backward=backward))
 
 
-def test_a_removal_then_a_large_write_adds_one_level0_file(tmp_path: Path) -> None:
+def test_a_removal_then_a_large_write_adds_one_file(tmp_path: Path) -> None:
     """The engine's batch pattern (remove the merged-away sessions, then write the batch): the
     removals travel as tombstones in the ingested SST file. Written through the memtable they
     made the ingestion flush it first, a second level-0 file per batch (kills applying them
@@ -223,8 +223,9 @@ def test_a_removal_then_a_large_write_adds_one_level0_file(tmp_path: Path) -> No
             store.put_many(keys, starts, ends, values)
             model.put_many(keys, starts, ends, values)
             store.commit()
-            # the first file goes to the last level (it overlaps nothing), each later one to L0
-            assert store._cfs[0].property_int_value("rocksdb.num-files-at-level0") == seed
+            # one file per batch: the ingested one (the levels they land in are RocksDB's
+            # choice, and differ between compaction styles)
+            assert len(store.live_files()) == seed + 1
         assert everything(store) == everything(model)
 
 
