@@ -33,8 +33,8 @@ remotely.
 
 Deltas. The store runs with RocksDB's own compaction off, so a commit's checkpoint adds only the
 files its batch flushed, and those are all the commit uploads. After a commit is published, a
-background thread compacts the segments that reached ``compact_level0_files`` level-0 files and
-uploads the output; the next commit waits for it and references those objects. A manifest is
+background thread compacts the segments that reached ``compact_level0_files`` sorted runs (one
+per commit that wrote to it; see ``SessionStore.compact_segments``) and uploads the output; the next commit waits for it and references those objects. A manifest is
 written only once every object it names is stored, so every published version is restorable
 from the state location alone. A restore links the SST files the working copy already holds
 (same name, size and SHA-256) and downloads only the rest, several at a time.
@@ -107,7 +107,7 @@ _DOWNLOAD_THREADS = 8  # parallel object reads of one restore (each waits on the
 # benchmark, whose syncs then overlap instead of queueing)
 _UPLOAD_THREADS = 8
 # A working copy closed before its next commit loses its background compaction (a reopen starts
-# from the committed checkpoint), so level-0 files could pile up; at this many times
+# from the committed checkpoint), so sorted runs could pile up; at this many times
 # compact_level0_files, a commit compacts before its checkpoint (and uploads the output itself).
 _FOREGROUND_COMPACTION_FACTOR = 4
 _OPEN_STORES: dict[Path, SessionStore] = {}  # per worker process: closes handles a failed task left
@@ -343,8 +343,8 @@ class SessionStoreProvider:
         maintenance_every: :meth:`commit` runs :meth:`maintenance` after every batch that is a
             multiple of this (0: never).
         compact_level0_files: RocksDB's own compaction is off; once a commit is published, a
-            background thread compacts each segment holding at least this many level-0 files
-            (one per commit that wrote to it) and uploads the output, which the next commit
+            background thread compacts each segment holding at least this many sorted runs
+            (one per commit that wrote to it; the parameter keeps its older name) and uploads the output, which the next commit
             then references without uploading it (see :meth:`commit`). 0: RocksDB compacts
             on its own, and the commit that first holds the output uploads it.
 
@@ -794,7 +794,7 @@ class SessionStoreProvider:
         background compaction wrote since the previous commit were uploaded by that
         compaction's thread, which this commit waits for first. Once the manifest is out, a
         new background compaction starts when a segment holds ``compact_level0_files``
-        level-0 files.
+        sorted runs.
 
         Args:
             engine_commit: commits the store with the given user metadata (for example
