@@ -11,16 +11,16 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import ByteRows, first_equal_rows, last_rows, sort_order
+from ..arrays import ByteRows, SeenHashes, first_equal_rows, keyed_row_hashes, last_rows, sort_order
 from ..packing import PackedValues
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .keycodec import EncodedKeys
 
 # A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
-# than this plus twice its applied sessions plus twice what the last compaction left: the log
-# stays within a constant factor of the live data, and a logged row is compacted about twice
-# on average.
+# than this plus twice its applied sessions plus twice what the last compaction left, and at
+# least a quarter of its rows may be garbage (see _Segment._garbage): the log stays within a
+# constant factor of the live data, and a logged row is compacted about twice on average.
 _MAX_UNAPPLIED_ROWS = 1 << 17
 
 
@@ -117,7 +117,7 @@ class _Segment:
     """
 
     __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending", "_pending_rows",
-                 "_compacted_rows")
+                 "_compacted_rows", "_seen", "_garbage")
 
     def __init__(self) -> None:
         self._values: dict[tuple[int, bytes, int], bytes] = {}
@@ -128,6 +128,13 @@ class _Segment:
         self._pending: list[_Bulk] = []
         self._pending_rows = 0
         self._compacted_rows = 0  # the rows the log held after its last compaction
+        # What compacting the log could reclaim, at most: the rows a later row of the log
+        # overwrites or deletes, and the deletes themselves. Each logged delete counts twice,
+        # each logged write that repeats a session ``_seen`` holds (the written sessions of
+        # the log, by hash; None: not known, and then every logged row counts) once. A log
+        # that rewrites little is not compacted: compacting it would copy it for nothing.
+        self._seen: SeenHashes | None = SeenHashes()
+        self._garbage = 0
 
     def copy(self) -> _Segment:
         other = _Segment()
@@ -138,16 +145,26 @@ class _Segment:
         other._pending = self._pending.copy()
         other._pending_rows = self._pending_rows
         other._compacted_rows = self._compacted_rows
+        other._seen = None  # not shared (it grows in place): the copy counts every row
+        other._garbage = self._pending_rows
         return other
 
     def log(self, bulk: _Bulk) -> None:
         """Log a bulk write or delete, applied by the next :meth:`settle`."""
         self._pending.append(bulk)
-        self._pending_rows += len(bulk.ends)
+        rows = len(bulk.ends)
+        self._pending_rows += rows
+        if bulk.data is None:
+            self._garbage += 2 * rows
+        elif self._seen is None:
+            self._garbage += rows
+        else:
+            self._garbage += self._seen.add(_session_hashes(bulk))
         # a log is applied by the next read; bound what it holds when no read comes (rewrites
         # and deletes of the same sessions would otherwise pile up until the segment expires)
-        if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
-                                                          + self._compacted_rows):
+        if (self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
+                                                           + self._compacted_rows)
+                and 4 * self._garbage > self._pending_rows):
             self.compact()
 
     def compact(self) -> None:
@@ -156,6 +173,14 @@ class _Segment:
         # new bulks in a new list: a commit's snapshot may share the old ones
         self._pending = compact_log(self._pending, self._values)
         self._pending_rows = self._compacted_rows = sum(len(b.ends) for b in self._pending)
+        # the written sessions of the compacted log, afresh: the set holds no more than the log
+        self._seen = SeenHashes()
+        self._garbage = 0
+        for bulk in self._pending:
+            if bulk.data is None:
+                self._garbage += len(bulk.ends)  # deletes of applied sessions stay logged
+            else:
+                self._seen.add(_session_hashes(bulk))
 
     def values(self) -> dict[tuple[int, bytes, int], bytes]:
         """The sessions' values, every logged bulk operation applied."""
@@ -167,6 +192,8 @@ class _Segment:
         """Apply the logged bulk operations, in the order they came."""
         pending, self._pending = self._pending, []
         self._pending_rows = self._compacted_rows = 0
+        self._seen = SeenHashes()
+        self._garbage = 0
         for bulk in pending:
             entries = bulk.entries()
             if bulk.data is None:
@@ -272,6 +299,11 @@ class _Segment:
                 del bounds[bisect.bisect_left(bounds, (end, start))]
                 if not bounds:
                     del index[key]
+
+
+def _session_hashes(bulk: _Bulk) -> npt.NDArray[np.int64]:
+    """A hash of each session of ``bulk`` (equal sessions of any bulks hash equal)."""
+    return keyed_row_hashes(bulk.keys, bulk.key_index, bulk.ends, bulk.starts)
 
 
 def _key_rows(encoded: Sequence[bytes]) -> ByteRows:

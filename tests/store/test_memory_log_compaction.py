@@ -252,3 +252,56 @@ def test_deletes_of_sessions_never_applied_do_not_pile_up() -> None:
     assert segment._pending_rows <= 2 * n  # noqa: SLF001 - at most the last two calls
     assert [(tuple(s), v) for s, v in store.find_sessions(-(2**63), 2**63 - 1)] == [
         (("kept", 0, 1), "v")]
+
+
+# -- the compaction trigger's garbage count against what compaction drops ---------------------
+
+@settings(max_examples=round(200 * PROFILE_SCALE), deadline=None)
+@given(applied_rows=st.lists(st.tuples(st.integers(-3, 5), st.sampled_from(ENCODED),
+                                       st.integers(-3, 3), st.binary(max_size=2)),
+                             max_size=6),
+       log=st.lists(bulks(), max_size=8), compact_at=st.sets(st.integers(0, 8)),
+       copy_at=st.integers(0, 9))
+def test_the_garbage_count_bounds_what_compaction_drops(
+    applied_rows: list[tuple[int, bytes, int, bytes]], log: list[memory._Bulk],
+    compact_at: set[int], copy_at: int,
+) -> None:
+    """A segment skips compacting a log whose garbage count is under a quarter of its rows,
+    so the count must never be below the rows compacting would drop: after every logged bulk,
+    with compactions at random points and after a copy (a commit's snapshot, an abort's
+    restore)."""
+    segment = memory._Segment()
+    for end, key, start, data in applied_rows:
+        if start <= end:
+            segment.write((end, key, start), data)
+    with log_bound(1 << 60):  # compacted only where drawn
+        for at, bulk in enumerate(log):
+            if at in compact_at:
+                segment.compact()
+            if at == copy_at:
+                segment = segment.copy()
+            segment.log(bulk)
+            pending = segment._pending  # noqa: SLF001 - the log is the subject here
+            kept = sum(len(b.ends) for b in memory.compact_log(pending, segment._values))  # noqa: SLF001
+            assert segment._garbage >= segment._pending_rows - kept  # noqa: SLF001
+
+
+def test_a_log_that_rewrites_little_is_not_compacted() -> None:
+    """Bulk writes of new sessions only (a few deleted) leave the log as it is past the row
+    bound: nothing to reclaim. Rewriting the same sessions then makes it compact."""
+    store = InMemorySessionStore(retention_ms=10**12, segment_interval_ms=10**12)
+    n = 100
+    keys = [f"user{i}" for i in range(n)]
+    with log_bound(0):
+        for round_ in range(20):
+            starts = np.arange(n, dtype=np.int64) + 1_000 * round_
+            store.put_many(keys, starts, starts + 10, [round_] * n)
+            store.remove_many(keys[:5], starts[:5], starts[:5] + 10)
+        segment = store._segments[0]  # noqa: SLF001 - the log's size is what this checks
+        assert segment._compacted_rows == 0  # noqa: SLF001 - never compacted
+        assert segment._pending_rows == 20 * (n + 5)  # noqa: SLF001
+        for round_ in range(20):  # the first round's sessions, again and again
+            starts = np.arange(n, dtype=np.int64)
+            store.put_many(keys, starts, starts + 10, [round_] * n)
+        assert 0 < segment._compacted_rows < 20 * (n + 5)  # noqa: SLF001
+    assert sorted(v for _, v in store.fetch("user7"))[-1] == 19
