@@ -279,6 +279,44 @@ def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,
     return out
 
 
+def factorize_kernel(values: Int64Array, table: Int64Array, codes: Int64Array,
+                     uniques: Int64Array) -> int:
+    """Set ``codes[i]`` to the position of ``values[i]`` among the distinct values in
+    first-seen order, which it writes to ``uniques``; return how many there are (``table``
+    an :func:`_empty_table` on entry). (Compiled.)"""
+    mask = len(table) - 1
+    size = 0
+    for i in range(len(values)):
+        v = values[i]
+        h = (int(v) * _MIX1) & _LOW63
+        h = (h ^ (h >> 29)) & mask
+        while True:
+            j = table[h]
+            if j < 0:
+                table[h] = size
+                uniques[size] = v
+                codes[i] = size
+                size += 1
+                break
+            if uniques[j] == v:
+                codes[i] = j
+                break
+            h = (h + 1) & mask
+    return size
+
+
+def factorize(values: Int64Array) -> tuple[Int64Array, Int64Array]:
+    """``(codes, uniques)``: the distinct values in first-seen order and each value's position
+    among them (what Arrow's ``dictionary_encode`` gives), with one compiled hash pass."""
+    from .jit import compiled  # numba, on first use only
+
+    n = len(values)
+    codes = np.empty(n, dtype=np.int64)
+    uniques = np.empty(n, dtype=np.int64)
+    size = compiled(factorize_kernel)(values, _empty_table(n), codes, uniques)
+    return codes, uniques[:size].copy()
+
+
 def length_prefixed_rows(pieces: list[bytes]
                          ) -> tuple[npt.NDArray[np.uint8], Int64Array, Int64Array]:
     """Byte strings that each begin with the length of the rest (4 bytes, big-endian: the

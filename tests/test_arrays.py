@@ -207,3 +207,15 @@ def test_seen_hashes_keep_what_they_held_when_they_grow() -> None:
     assert seen.add(np.arange(300, 1_000, dtype=np.int64)) == 100  # grows here
     assert seen.add(np.arange(5_000, dtype=np.int64)) == 1_000  # and here
     assert seen.size == 5_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=300))
+def test_factorize_is_arrows_dictionary_encoding(values: list[int]) -> None:
+    """The same codes and uniques (first-seen order) as Arrow's ``dictionary_encode``."""
+    import pyarrow as pa
+
+    codes, uniques = arrays.factorize(np.array(values, dtype=np.int64))
+    encoded = pa.array(values, type=pa.int64()).dictionary_encode()
+    assert codes.tolist() == encoded.indices.to_pylist()
+    assert uniques.tolist() == encoded.dictionary.to_pylist()
