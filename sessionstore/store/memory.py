@@ -27,15 +27,16 @@ _MAX_UNAPPLIED_ROWS = 1 << 17
 class _Bulk(NamedTuple):
     """One bulk write (``data`` given) or bulk delete (``data`` None) into one segment, not yet
     applied: session ``i`` is ``(ends[i], keys[key_index[i]], starts[i])``, with value
-    ``data[i]``. The encodings and values are byte rows (:class:`~sessionstore.arrays.ByteRows`):
-    no Python object per key or value until the bulk is applied. Never mutated, so that a
-    commit's snapshot can share it."""
+    ``data[i]``. The encodings and values are byte rows (:class:`~sessionstore.arrays.ByteRows`),
+    or values not packed yet (:class:`~sessionstore.packing.PackedValues` of columns, packed
+    when the bulk is applied or compacted): no Python object per key or value until the bulk
+    is applied. Never mutated, so that a commit's snapshot can share it."""
 
     keys: ByteRows
     key_index: npt.NDArray[np.int64]
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
-    data: ByteRows | None
+    data: ByteRows | PackedValues | None
 
     def entries(self) -> list[tuple[int, bytes, int]]:
         """The sessions as ``(end, encoded_key, start)`` tuples (sessions of one key share its
@@ -79,7 +80,7 @@ def compact_log(pending: list[_Bulk],
                        [len(bulk.ends) for bulk in pending])
     last = last_rows(ends, key_ids, starts)  # each session's last operation
     written = last & writes
-    values = [bulk.data for bulk in pending if bulk.data is not None]
+    values = [_rows_of(bulk.data) for bulk in pending if bulk.data is not None]
     data = (ByteRows.concat(values).take(np.flatnonzero(written[writes])) if values
             else None)
     deleted = np.flatnonzero(last & ~writes) if len(applied) else np.zeros(0, dtype=np.int64)
@@ -201,7 +202,7 @@ class _Segment:
                 continue
             values = self._values
             added = list(filterfalse(values.__contains__, entries))
-            values.update(zip(entries, bulk.data.tolist(), strict=True))
+            values.update(zip(entries, _rows_of(bulk.data).tolist(), strict=True))
             if added:
                 self.add_many(added)
 
@@ -301,6 +302,11 @@ class _Segment:
                     del index[key]
 
 
+def _rows_of(data: ByteRows | PackedValues) -> ByteRows:
+    """Logged values as byte rows (packing values logged as columns)."""
+    return data.rows() if isinstance(data, PackedValues) else data
+
+
 def _session_hashes(bulk: _Bulk) -> npt.NDArray[np.int64]:
     """A hash of each session of ``bulk`` (equal sessions of any bulks hash equal)."""
     return keyed_row_hashes(bulk.keys, bulk.key_index, bulk.ends, bulk.starts)
@@ -388,8 +394,13 @@ class InMemorySessionStore(SegmentedSessionStore):
         # (the caller's lists and packed values are not shared).
         keys = _key_rows(sessions.encoded_keys)
         values = sessions.values
-        data = values.rows() if type(values) is PackedValues else ByteRows.of_list(
-            list(values))
+        # values the engine left as columns (copies of its own) stay so until the bulk is
+        # applied or compacted, which is often never: segments expire whole
+        data: ByteRows | PackedValues
+        if type(values) is PackedValues:
+            data = values if not values.is_packed() else values.rows()
+        else:
+            data = ByteRows.of_list(list(values))
         for seg, rows in self._by_segment(sessions):
             if rows is None:  # copies: the log must not share what the caller may change
                 bulk = _Bulk(keys, sessions.key_index.copy(), sessions.starts_ms.copy(),
