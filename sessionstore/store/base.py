@@ -266,8 +266,7 @@ def _check_encoded_many(
         used = np.flatnonzero(present)
         index = (np.cumsum(present) - 1)[index]
     matrix = keys.take(used)
-    rows = EncodedKeys(matrix)
-    encoded: Sequence[bytes] = rows.as_list() if cut else rows
+    encoded: Sequence[bytes] = keys.cut(used) if cut else EncodedKeys(matrix)
     starts, ends = _check_bounds(starts_ms, ends_ms, len(index))
     return encoded, index, starts, ends, matrix
 

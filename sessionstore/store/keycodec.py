@@ -89,13 +89,24 @@ class KeyEncodings:
         matrix: the encodings (row ``i`` is key ``i``'s).
     """
 
-    __slots__ = ("matrix",)
+    __slots__ = ("matrix", "_pieces", "_cut")
 
-    def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces) -> None:
         self.matrix = matrix
+        self._pieces = pieces  # the encoder's rows of each width (see _encode_int64)
+        self._cut: npt.NDArray[Any] | None = None  # the encodings as bytes, once needed
 
     def __len__(self) -> int:
         return len(self.matrix.lengths)
+
+    def cut(self, rows: npt.NDArray[np.int64]) -> list[bytes]:
+        """The encodings of ``rows`` (in that order) as bytes objects (every key is cut once,
+        on the first call, for the calls that share these encodings)."""
+        if self._cut is None:
+            self._cut = np.empty(len(self), dtype=object)
+            self._cut[:] = _cut(len(self), self._pieces)
+        picked: list[bytes] = self._cut[rows].tolist()
+        return picked
 
     def take(self, rows: npt.NDArray[np.int64]) -> keyschema.KeyMatrix:
         """The encodings of ``rows`` (in that order) as a matrix no wider than they are."""
@@ -119,10 +130,11 @@ def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
     n = len(values)
     if n == 0:
         return KeyEncodings(keyschema.KeyMatrix(np.zeros((0, 0), dtype=np.uint8),
-                                                np.zeros(0, dtype=np.int64)))
-    _, matrix = _assemble(n, _encode_int64(values), cut=False)
+                                                np.zeros(0, dtype=np.int64)), [])
+    pieces = _encode_int64(values)
+    _, matrix = _assemble(n, pieces, cut=False)
     assert matrix is not None  # an int encodes to at most 13 bytes
-    return KeyEncodings(matrix)
+    return KeyEncodings(matrix, pieces)
 
 
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None

@@ -183,6 +183,9 @@ def test_encoded_int_keys_hold_msgpack_encodings(keys: list[int], data: st.DataO
     widest = max(map(len, expected), default=0)
     assert matrix.lengths.tolist() == [len(e) for e in expected]
     assert matrix.rows.tolist() == [list(e) + [0] * (widest - len(e)) for e in expected]
+    # cut into bytes objects (for RocksDB's writers), twice: the second call reuses the first
+    assert encodings.cut(np.array(rows, dtype=np.int64)) == expected
+    assert encodings.cut(np.array(rows[::-1], dtype=np.int64)) == expected[::-1]
 
 
 def test_encoded_int_keys_refuse_other_arrays() -> None:
