@@ -249,8 +249,8 @@ class SeenHashes:
 
     __slots__ = ("_table", "size")
 
-    def __init__(self) -> None:
-        self._table = _empty_table(512)
+    def __init__(self, expected: int = 512) -> None:
+        self._table = _empty_table(expected)  # room for ``expected`` hashes without growing
         self.size = 0  # distinct hashes held
 
     def add(self, hashes: Int64Array) -> int:

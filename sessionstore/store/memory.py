@@ -17,10 +17,11 @@ from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .keycodec import EncodedKeys
 
-# A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
-# than this plus twice its applied sessions plus twice what the last compaction left, and at
-# least a quarter of its rows may be garbage (see _Segment._garbage): the log stays within a
-# constant factor of the live data, and a logged row is compacted about twice on average.
+# A segment looks at its log of bulk operations (see _Segment.log) once the log holds more rows
+# than this plus twice its applied sessions plus twice what it held when last looked at, and
+# compacts it when at least a quarter of its rows may be garbage (_Segment.garbage_bound): the
+# log stays within a constant factor of the live data, and a logged row is looked at (and
+# compacted) about twice on average.
 _MAX_UNAPPLIED_ROWS = 1 << 17
 
 
@@ -118,7 +119,7 @@ class _Segment:
     """
 
     __slots__ = ("_values", "_by_time", "_unsorted", "_by_key", "_pending", "_pending_rows",
-                 "_compacted_rows", "_seen", "_garbage")
+                 "_compacted_rows")
 
     def __init__(self) -> None:
         self._values: dict[tuple[int, bytes, int], bytes] = {}
@@ -128,14 +129,9 @@ class _Segment:
         self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
         self._pending: list[_Bulk] = []
         self._pending_rows = 0
-        self._compacted_rows = 0  # the rows the log held after its last compaction
-        # What compacting the log could reclaim, at most: the rows a later row of the log
-        # overwrites or deletes, and the deletes themselves. Each logged delete counts twice,
-        # each logged write that repeats a session ``_seen`` holds (the written sessions of
-        # the log, by hash; None: not known, and then every logged row counts) once. A log
-        # that rewrites little is not compacted: compacting it would copy it for nothing.
-        self._seen: SeenHashes | None = SeenHashes()
-        self._garbage = 0
+        # the rows the log held when last looked at: after its last compaction, or when it
+        # was found with too little garbage to compact
+        self._compacted_rows = 0
 
     def copy(self) -> _Segment:
         other = _Segment()
@@ -146,27 +142,31 @@ class _Segment:
         other._pending = self._pending.copy()
         other._pending_rows = self._pending_rows
         other._compacted_rows = self._compacted_rows
-        other._seen = None  # not shared (it grows in place): the copy counts every row
-        other._garbage = self._pending_rows
         return other
 
     def log(self, bulk: _Bulk) -> None:
         """Log a bulk write or delete, applied by the next :meth:`settle`."""
         self._pending.append(bulk)
-        rows = len(bulk.ends)
-        self._pending_rows += rows
-        if bulk.data is None:
-            self._garbage += 2 * rows
-        elif self._seen is None:
-            self._garbage += rows
-        else:
-            self._garbage += self._seen.add(_session_hashes(bulk))
+        self._pending_rows += len(bulk.ends)
         # a log is applied by the next read; bound what it holds when no read comes (rewrites
         # and deletes of the same sessions would otherwise pile up until the segment expires)
-        if (self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
-                                                           + self._compacted_rows)
-                and 4 * self._garbage > self._pending_rows):
-            self.compact()
+        if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
+                                                          + self._compacted_rows):
+            if 4 * self.garbage_bound() > self._pending_rows:
+                self.compact()
+            else:  # mostly live (new sessions): compacting would copy it for nothing
+                self._compacted_rows = self._pending_rows
+
+    def garbage_bound(self) -> int:
+        """At least as many rows as compacting the log would drop (the rows a later row of the
+        log overwrites or deletes, and deletes of what is not applied): each logged delete
+        counts twice, each logged write of a session that an earlier logged write wrote (by
+        a hash of its key's bytes, end and start: a collision only counts more) once. Costs
+        a compiled hash pass over the written rows, a fraction of a compaction."""
+        writes = [bulk for bulk in self._pending if bulk.data is not None]
+        seen = SeenHashes(sum(len(bulk.ends) for bulk in writes))
+        repeats = sum(seen.add(_session_hashes(bulk)) for bulk in writes)
+        return repeats + 2 * sum(len(bulk.ends) for bulk in self._pending if bulk.data is None)
 
     def compact(self) -> None:
         """Replace the log by its net effect (:func:`compact_log`), in columns: what a read
@@ -174,14 +174,6 @@ class _Segment:
         # new bulks in a new list: a commit's snapshot may share the old ones
         self._pending = compact_log(self._pending, self._values)
         self._pending_rows = self._compacted_rows = sum(len(b.ends) for b in self._pending)
-        # the written sessions of the compacted log, afresh: the set holds no more than the log
-        self._seen = SeenHashes()
-        self._garbage = 0
-        for bulk in self._pending:
-            if bulk.data is None:
-                self._garbage += len(bulk.ends)  # deletes of applied sessions stay logged
-            else:
-                self._seen.add(_session_hashes(bulk))
 
     def values(self) -> dict[tuple[int, bytes, int], bytes]:
         """The sessions' values, every logged bulk operation applied."""
@@ -193,8 +185,6 @@ class _Segment:
         """Apply the logged bulk operations, in the order they came."""
         pending, self._pending = self._pending, []
         self._pending_rows = self._compacted_rows = 0
-        self._seen = SeenHashes()
-        self._garbage = 0
         for bulk in pending:
             entries = bulk.entries()
             if bulk.data is None:
