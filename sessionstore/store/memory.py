@@ -152,7 +152,9 @@ class _Segment:
         # and deletes of the same sessions would otherwise pile up until the segment expires)
         if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
                                                           + self._compacted_rows):
-            if 4 * self.garbage_bound() > self._pending_rows:
+            # the deletes alone (no hashing) often tell: logs of rewritten sessions
+            if 8 * self._deleted_rows() > self._pending_rows or (
+                    4 * self.garbage_bound() > self._pending_rows):
                 self.compact()
             else:  # mostly live (new sessions): compacting would copy it for nothing
                 self._compacted_rows = self._pending_rows
@@ -166,7 +168,10 @@ class _Segment:
         writes = [bulk for bulk in self._pending if bulk.data is not None]
         seen = SeenHashes(sum(len(bulk.ends) for bulk in writes))
         repeats = sum(seen.add(_session_hashes(bulk)) for bulk in writes)
-        return repeats + 2 * sum(len(bulk.ends) for bulk in self._pending if bulk.data is None)
+        return repeats + 2 * self._deleted_rows()
+
+    def _deleted_rows(self) -> int:
+        return sum(len(bulk.ends) for bulk in self._pending if bulk.data is None)
 
     def compact(self) -> None:
         """Replace the log by its net effect (:func:`compact_log`), in columns: what a read
