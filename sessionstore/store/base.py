@@ -214,16 +214,10 @@ def check_sessions_many(
         encoded, matrix = encode(keys)
         index = np.arange(len(encoded), dtype=np.int64)
     else:
-        index = int64_column("key_index", key_index)
         n_keys = len(keys)
-        if len(index) and (index.min() < 0 or index.max() >= n_keys):
-            row = int(np.argmax((index < 0) | (index >= n_keys)))
-            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
         # Only the keys that some session refers to are encoded (and checked): the columnar
         # callers pass a batch's whole key list, of which the sessions at hand may use a part.
-        present = np.zeros(n_keys, dtype=np.bool_)
-        present[index] = True
-        used = np.flatnonzero(present)
+        index, present, used = _referenced_keys(key_index, n_keys)
         if len(used) * 10 < n_keys * 9:
             picked = used.tolist()
             encoded, matrix = encode([keys[row] for row in picked], picked)
@@ -232,6 +226,25 @@ def check_sessions_many(
             encoded, matrix = encode(keys)
     starts, ends = _check_bounds(starts_ms, ends_ms, len(index))
     return encoded, index, starts, ends, matrix
+
+
+def _referenced_keys(key_index: Any, n_keys: int
+                     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_],
+                                npt.NDArray[np.int64]]:
+    """``key_index`` checked, whether each of the ``n_keys`` keys is referred to, and those
+    that are (ascending).
+
+    Raises:
+        TypeError / ValueError: a key index that is not int64 or not in ``[0, n_keys)``,
+            naming the row.
+    """
+    index = int64_column("key_index", key_index)
+    if len(index) and (index.min() < 0 or index.max() >= n_keys):
+        row = int(np.argmax((index < 0) | (index >= n_keys)))
+        raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
+    present = np.zeros(n_keys, dtype=np.bool_)
+    present[index] = True
+    return index, present, np.flatnonzero(present)
 
 
 def _check_bounds(starts_ms: Any, ends_ms: Any, n: int
@@ -257,13 +270,7 @@ def _check_encoded_many(
     if key_index is None:
         used = index = np.arange(n_keys, dtype=np.int64)
     else:
-        index = int64_column("key_index", key_index)
-        if len(index) and (index.min() < 0 or index.max() >= n_keys):
-            row = int(np.argmax((index < 0) | (index >= n_keys)))
-            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
-        present = np.zeros(n_keys, dtype=np.bool_)
-        present[index] = True
-        used = np.flatnonzero(present)
+        index, present, used = _referenced_keys(key_index, n_keys)
         index = (np.cumsum(present) - 1)[index]
     matrix = keys.take(used)
     encoded: Sequence[bytes] = keys.cut(used) if cut else EncodedKeys(matrix)

@@ -130,21 +130,29 @@ def log_bound(rows: int) -> Iterator[None]:
         memory._MAX_UNAPPLIED_ROWS = saved
 
 
+@contextmanager
+def counted_compactions() -> Iterator[list[int]]:
+    """A one-item list counting the segments' compactions while the context lasts."""
+    count = [0]
+    compact = memory._Segment.compact
+
+    def counted(segment: memory._Segment) -> None:
+        count[0] += 1
+        compact(segment)
+
+    memory._Segment.compact = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        memory._Segment.compact = compact  # type: ignore[method-assign]
+
+
 def observe(config: dict[str, Any], operations: list[tuple[str, Any]],
             loop: SegmentedSessionStore | None = None) -> tuple[list[Any], int]:
     """What every call returns and every read sees; the number of compactions it took."""
     store = InMemorySessionStore(**config)
-    compactions = 0
-    compact = memory._Segment.compact
-
-    def counted(segment: memory._Segment) -> None:
-        nonlocal compactions
-        compactions += 1
-        compact(segment)
-
-    memory._Segment.compact = counted  # type: ignore[method-assign]
     seen: list[Any] = []
-    try:
+    with counted_compactions() as compactions:
         for operation, argument in operations:
             if operation in ("put_many", "remove_many"):
                 seen.append(_bulk_call(store, operation, argument))
@@ -172,9 +180,7 @@ def observe(config: dict[str, Any], operations: list[tuple[str, Any]],
                 if loop is not None:
                     loop.abort()
         seen.append(contents(store))
-    finally:
-        memory._Segment.compact = compact  # type: ignore[method-assign]
-    return seen, compactions
+    return seen, compactions[0]
 
 
 @settings(max_examples=round(150 * PROFILE_SCALE), deadline=None)
@@ -292,29 +298,17 @@ def test_a_log_that_rewrites_little_is_not_compacted() -> None:
     store = InMemorySessionStore(retention_ms=10**12, segment_interval_ms=10**12)
     n = 100
     keys = [f"user{i}" for i in range(n)]
-    compactions = 0
-    compact = memory._Segment.compact
-
-    def counted(segment: memory._Segment) -> None:
-        nonlocal compactions
-        compactions += 1
-        compact(segment)
-
-    memory._Segment.compact = counted  # type: ignore[method-assign]
-    try:
-        with log_bound(0):
-            for round_ in range(20):
-                starts = np.arange(n, dtype=np.int64) + 1_000 * round_
-                store.put_many(keys, starts, starts + 10, [round_] * n)
-                store.remove_many(keys[:5], starts[:5], starts[:5] + 10)
-            assert compactions == 0
-            segment = store._segments[0]  # noqa: SLF001 - the log's size is what this checks
-            assert segment._pending_rows == 20 * (n + 5)  # noqa: SLF001
-            for round_ in range(20):  # the first round's sessions, again and again
-                starts = np.arange(n, dtype=np.int64)
-                store.put_many(keys, starts, starts + 10, [round_] * n)
-            assert compactions > 0
-            assert segment._pending_rows < 20 * (n + 5) + 20 * n  # noqa: SLF001
-    finally:
-        memory._Segment.compact = compact  # type: ignore[method-assign]
+    with counted_compactions() as compactions, log_bound(0):
+        for round_ in range(20):
+            starts = np.arange(n, dtype=np.int64) + 1_000 * round_
+            store.put_many(keys, starts, starts + 10, [round_] * n)
+            store.remove_many(keys[:5], starts[:5], starts[:5] + 10)
+        assert compactions == [0]
+        segment = store._segments[0]  # noqa: SLF001 - the log's size is what this checks
+        assert segment._pending_rows == 20 * (n + 5)  # noqa: SLF001
+        for round_ in range(20):  # the first round's sessions, again and again
+            starts = np.arange(n, dtype=np.int64)
+            store.put_many(keys, starts, starts + 10, [round_] * n)
+        assert compactions[0] > 0
+        assert segment._pending_rows < 20 * (n + 5) + 20 * n  # noqa: SLF001
     assert sorted(v for _, v in store.fetch("user7"))[-1] == 19
