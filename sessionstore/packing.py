@@ -64,11 +64,14 @@ class PackedValues(LazyBytesList):
 
     __slots__ = ("_rows", "_columns", "_combined")
 
-    def __init__(self, values: Iterable[bytes] = (), *, rows: ByteRows | None = None) -> None:
-        super().__init__(None if rows is not None else list(values))
+    def __init__(self, values: Iterable[bytes] = (), *, rows: ByteRows | None = None,
+                 columns: list[npt.NDArray[Any]] | None = None, combined: bool = False
+                 ) -> None:
+        super().__init__(None if rows is not None or columns is not None else list(values))
         self._rows: ByteRows | None = rows
-        self._columns: list[npt.NDArray[Any]] | None = None
-        self._combined = False
+        # copies: the caller may change its own columns
+        self._columns = None if columns is None else [column.copy() for column in columns]
+        self._combined = combined
 
     @classmethod
     def of_rows(cls, rows: ByteRows) -> PackedValues:
@@ -79,11 +82,7 @@ class PackedValues(LazyBytesList):
     def of_columns(cls, columns: list[npt.NDArray[Any]], combined: bool) -> PackedValues:
         """The records :func:`pack_session_records` makes of ``columns`` (copied: the caller
         may change its own), packed when first read."""
-        values = cls(rows=None)
-        values._cut = None
-        values._columns = [column.copy() for column in columns]
-        values._combined = combined
-        return values
+        return cls(columns=columns, combined=combined)
 
     def is_packed(self) -> bool:
         """False while the values are columns not packed yet."""
