@@ -204,6 +204,119 @@ def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
     return out
 
 
+def keyed_row_hashes_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
+                            key_index: Int64Array, a: Int64Array, b: Int64Array,
+                            out: Int64Array) -> None:
+    """Set ``out[i]`` to a hash of row ``i`` in its low 63 bits: the bytes of its key
+    ``data[first[k]:stop[k]]`` (``k = key_index[i]``), ``a[i]`` and ``b[i]``. (Compiled; the
+    compiled form may leave the top bit set, which :func:`keyed_row_hashes` clears.)"""
+    for i in range(len(a)):
+        k = key_index[i]
+        low = first[k]
+        width = stop[k] - low
+        h = int(width) ^ _MIX1
+        for p in range(low, low + width):
+            h = ((h ^ int(data[p])) * _MIX2) & _LOW63
+        h = ((h * _MIX1 + int(a[i])) & _LOW63) * _MIX2 & _LOW63
+        out[i] = ((h + int(b[i])) & _LOW63) * _MIX1 & _LOW63
+
+
+def count_known_kernel(table: Int64Array, values: Int64Array) -> int:
+    """Add the non-negative ``values`` to the hash set ``table`` (-1: an empty slot; at most
+    half full after the adding); return how many were in it already (or earlier in
+    ``values``). (Compiled.)"""
+    mask = len(table) - 1
+    known = 0
+    for i in range(len(values)):
+        v = values[i]
+        at = (v ^ (v >> 31)) & mask
+        while True:
+            w = table[at]
+            if w < 0:
+                table[at] = v
+                break
+            if w == v:
+                known += 1
+                break
+            at = (at + 1) & mask
+    return known
+
+
+class SeenHashes:
+    """A growing set of 63-bit hashes that counts repeats: :meth:`add` tells how many of the
+    hashes it adds it held already. Distinct values that share a hash count as repeats, so the
+    count is an upper bound of the true repeats, never below it."""
+
+    __slots__ = ("_table", "size")
+
+    def __init__(self, expected: int = 512) -> None:
+        self._table = _empty_table(expected)  # room for ``expected`` hashes without growing
+        self.size = 0  # distinct hashes held
+
+    def add(self, hashes: Int64Array) -> int:
+        """Add ``hashes`` (non-negative); return how many were held already (or came earlier
+        in ``hashes``)."""
+        from .jit import compiled  # numba, on first use only
+
+        if 2 * (self.size + len(hashes)) > len(self._table):
+            held = self._table[self._table >= 0]
+            self._table = _empty_table(2 * (self.size + len(hashes)))
+            compiled(count_known_kernel)(self._table, held)
+        known = int(compiled(count_known_kernel)(self._table, hashes))
+        self.size += len(hashes) - known
+        return known
+
+
+def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,
+                     b: Int64Array) -> Int64Array:
+    """A 63-bit hash of each row ``(keys[key_index[i]], a[i], b[i])``: equal rows hash equal."""
+    from .jit import compiled  # numba, on first use only
+
+    out = np.empty(len(a), dtype=np.int64)
+    compiled(keyed_row_hashes_kernel)(keys.data, keys.first, keys.stop, key_index, a, b, out)
+    out &= _LOW63
+    out ^= out >> 29
+    return out
+
+
+def factorize_kernel(values: Int64Array, table: Int64Array, codes: Int64Array,
+                     uniques: Int64Array) -> int:
+    """Set ``codes[i]`` to the position of ``values[i]`` among the distinct values in
+    first-seen order, which it writes to ``uniques``; return how many there are (``table``
+    an :func:`_empty_table` on entry). (Compiled.)"""
+    mask = len(table) - 1
+    size = 0
+    for i in range(len(values)):
+        v = values[i]
+        h = (int(v) * _MIX1) & _LOW63
+        h = (h ^ (h >> 29)) & mask
+        while True:
+            j = table[h]
+            if j < 0:
+                table[h] = size
+                uniques[size] = v
+                codes[i] = size
+                size += 1
+                break
+            if uniques[j] == v:
+                codes[i] = j
+                break
+            h = (h + 1) & mask
+    return size
+
+
+def factorize(values: Int64Array) -> tuple[Int64Array, Int64Array]:
+    """``(codes, uniques)``: the distinct values in first-seen order and each value's position
+    among them (what Arrow's ``dictionary_encode`` gives), with one compiled hash pass."""
+    from .jit import compiled  # numba, on first use only
+
+    n = len(values)
+    codes = np.empty(n, dtype=np.int64)
+    uniques = np.empty(n, dtype=np.int64)
+    size = compiled(factorize_kernel)(values, _empty_table(n), codes, uniques)
+    return codes, uniques[:size].copy()
+
+
 def length_prefixed_rows(pieces: list[bytes]
                          ) -> tuple[npt.NDArray[np.uint8], Int64Array, Int64Array]:
     """Byte strings that each begin with the length of the rest (4 bytes, big-endian: the

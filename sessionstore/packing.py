@@ -54,31 +54,61 @@ class PackedValues(LazyBytesList):
     """Values already serialised by :class:`~sessionstore.serde.MsgpackSerde`, one ``bytes``
     per value: a store whose serde is that serde writes them as they are.
 
-    Built from bytes objects (``PackedValues([b"..."])``) or, by :func:`pack_session_records`,
-    from byte rows (:meth:`of_rows`): those become bytes objects only when the values are read
-    as a sequence, so that a store that keeps byte rows (the in-memory one) never makes a
-    Python object per value.
+    Built from bytes objects (``PackedValues([b"..."])``), from byte rows (:meth:`of_rows`),
+    or, by :func:`pack_session_records`, from accumulator columns (:meth:`of_columns`), packed
+    into rows only when first read (:meth:`rows`): rows become bytes objects only when the
+    values are read as a sequence, so that a store that keeps byte rows (the in-memory one)
+    never makes a Python object per value, and one that keeps the values unread never packs
+    them (:meth:`is_packed`).
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "_columns", "_combined")
 
-    def __init__(self, values: Iterable[bytes] = (), *, rows: ByteRows | None = None) -> None:
-        super().__init__(None if rows is not None else list(values))
+    def __init__(self, values: Iterable[bytes] = (), *, rows: ByteRows | None = None,
+                 columns: list[npt.NDArray[Any]] | None = None, combined: bool = False
+                 ) -> None:
+        super().__init__(None if rows is not None or columns is not None else list(values))
         self._rows: ByteRows | None = rows
+        # copies: the caller may change its own columns
+        self._columns = None if columns is None else [column.copy() for column in columns]
+        self._combined = combined
 
     @classmethod
     def of_rows(cls, rows: ByteRows) -> PackedValues:
         """The values ``rows.tolist()``, kept as rows until read as a sequence."""
         return cls(rows=rows)
 
+    @classmethod
+    def of_columns(cls, columns: list[npt.NDArray[Any]], combined: bool) -> PackedValues:
+        """The records :func:`pack_session_records` makes of ``columns`` (copied: the caller
+        may change its own), packed when first read."""
+        return cls(columns=columns, combined=combined)
+
+    def is_packed(self) -> bool:
+        """False while the values are columns not packed yet."""
+        return self._columns is None
+
     def rows(self) -> ByteRows:
         if self._rows is None:
-            assert self._cut is not None
-            self._rows = ByteRows.of_list(self._cut)
+            if self._columns is not None:
+                self._rows = (_pack_rows(self._columns, self._combined)
+                              if len(self._columns[0]) else ByteRows.of_list([]))
+                self._columns = None
+            else:
+                assert self._cut is not None
+                self._rows = ByteRows.of_list(self._cut)
         return self._rows
+
+    def __len__(self) -> int:
+        if self._columns is not None:
+            return len(self._columns[0])
+        return super().__len__()
 
     def take(self, rows: npt.NDArray[np.int64]) -> PackedValues:
         """The values of ``rows``, in that order."""
+        if self._columns is not None:
+            return PackedValues.of_columns([column[rows] for column in self._columns],
+                                           self._combined)
         if self._cut is None:
             return PackedValues.of_rows(self.rows().take(rows))
         boxed = np.empty(len(self._cut), dtype=object)  # gathers faster than a comprehension
@@ -113,9 +143,14 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
         return None
     if any(column.dtype not in (np.int64, np.float64) for column in columns):
         return None
-    n = len(columns[0])
-    if n == 0:
+    if len(columns[0]) == 0:
         return PackedValues()
+    return PackedValues.of_columns(columns, combined)
+
+
+def _pack_rows(columns: list[npt.NDArray[Any]], combined: bool) -> ByteRows:
+    """The records of :func:`pack_session_records` (columns it takes, at least one row)."""
+    n = len(columns[0])
     # per part, its format per row, or one format for every row: an index into _INT_FORMATS,
     # or _FLOAT for a float64
     formats = []
@@ -143,8 +178,7 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
                     else np.unique(layout))
     kinds = distinct.tolist()
     if len(kinds) == 1:
-        return PackedValues.of_rows(ByteRows.of_matrix(
-            _records(formats, payloads, combined, None, 0)))
+        return ByteRows.of_matrix(_records(formats, payloads, combined, None, 0))
     # one zero-padded matrix: every row in the commonest layout first (one matrix operation),
     # then the rows of the other layouts written over theirs at their own width
     rows_of = [np.flatnonzero(layout == kind) for kind in kinds]
@@ -161,7 +195,7 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
         padded[rows, :matrix.shape[1]] = matrix
         padded[rows, matrix.shape[1]:] = 0
         lengths[rows] = matrix.shape[1]
-    return PackedValues.of_rows(ByteRows.of_matrix_rows(padded, lengths))
+    return ByteRows.of_matrix_rows(padded, lengths)
 
 
 def _records(formats: list[npt.NDArray[np.int64]], payloads: list[npt.NDArray[np.uint8]],

@@ -164,3 +164,58 @@ def test_byte_rows_hold_their_bytes(parts: list[tuple[arrays.ByteRows, list[byte
     assert joined.tolist() == expected
     everything = np.arange(len(expected), dtype=np.int64)[::-1].copy()
     assert joined.take(everything).tolist() == expected[::-1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 3_000), max_size=900), max_size=6),
+       data=st.data())
+def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
+                                                data: st.DataObject) -> None:
+    """``SeenHashes.add`` returns how many values a Python set held already (or that came
+    earlier in the same call), across growths of its table; and keyed row hashes are equal
+    exactly for equal rows here (no collision among these few), non-negative, compiled or
+    not."""
+    seen = arrays.SeenHashes()
+    held: set[int] = set()
+    for batch in batches:
+        repeats = 0
+        for value in batch:
+            repeats += value in held
+            held.add(value)
+        assert seen.add(np.array(batch, dtype=np.int64)) == repeats
+        assert seen.size == len(held)
+    keys = [bytes([b]) * (b % 4) for b in range(6)]
+    n = data.draw(st.integers(0, 40))
+    rows = [(data.draw(st.integers(0, 5)), data.draw(st.integers(-3, 3)) * 2**40,
+             data.draw(st.integers(-3, 3))) for _ in range(n)]
+    key_index, a, b = (np.array([row[i] for row in rows], dtype=np.int64) for i in range(3))
+    hashes = arrays.keyed_row_hashes(arrays.ByteRows.of_list(keys), key_index, a, b).tolist()
+    assert all(h >= 0 for h in hashes)
+    by_row = {(keys[k], x, y): h for (k, x, y), h in zip(rows, hashes, strict=True)}
+    assert len(by_row) == len(set(by_row.values()))  # equal rows, equal hashes; others differ
+    rows_of_keys = arrays.ByteRows.of_list(keys)
+    out = np.empty(n, dtype=np.int64)
+    arrays.keyed_row_hashes_kernel(rows_of_keys.data, rows_of_keys.first, rows_of_keys.stop,
+                                   key_index, a, b, out)  # as Python, not compiled
+    assert ((out & arrays._LOW63) ^ ((out & arrays._LOW63) >> 29)).tolist() == hashes
+
+
+def test_seen_hashes_keep_what_they_held_when_they_grow() -> None:
+    """Past its table's first size (512 values), what it held still counts as held."""
+    seen = arrays.SeenHashes()
+    assert seen.add(np.arange(400, dtype=np.int64)) == 0
+    assert seen.add(np.arange(300, 1_000, dtype=np.int64)) == 100  # grows here
+    assert seen.add(np.arange(5_000, dtype=np.int64)) == 1_000  # and here
+    assert seen.size == 5_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=300))
+def test_factorize_is_arrows_dictionary_encoding(values: list[int]) -> None:
+    """The same codes and uniques (first-seen order) as Arrow's ``dictionary_encode``."""
+    import pyarrow as pa
+
+    codes, uniques = arrays.factorize(np.array(values, dtype=np.int64))
+    encoded = pa.array(values, type=pa.int64()).dictionary_encode()
+    assert codes.tolist() == encoded.indices.to_pylist()
+    assert uniques.tolist() == encoded.dictionary.to_pylist()

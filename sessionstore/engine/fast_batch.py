@@ -24,6 +24,7 @@ import pyarrow as pa
 from ..packing import PackedValues, pack_session_records
 from ..serde import MsgpackSerde
 from ..store.base import SegmentedSessionStore
+from ..store.keycodec import encode_int_keys
 from ..timeutil import INT64_MIN
 from . import planner
 from .columnar import (
@@ -190,9 +191,10 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
         if closed is not None and len(closed):
             blocks.append((closed, None))
     state = engine.cache
+    store_keys = _store_keys(engine, uniques, key_ints) if len(moved_codes) or len(new) else None
     if len(moved_codes):
         # the batch's keys with an index: each distinct key is encoded once, not per session
-        state.remove_many(uniques, removed_starts, removed_ends, key_index=moved_codes)
+        state.remove_many(store_keys, removed_starts, removed_ends, key_index=moved_codes)
     if len(new):
         # sessions that closed inside the batch and lie below the expiry boundary were emitted
         # above; the loop would have written them and expired them by now, so they are not
@@ -202,9 +204,18 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
         if not live.all():
             records = (records.take(np.flatnonzero(live)) if type(records) is PackedValues
                        else list(itertools.compress(records, live.tolist())))
-        state.put_many(uniques, new.starts_ms[live], new.ends_ms[live], records,
+        state.put_many(store_keys, new.starts_ms[live], new.ends_ms[live], records,
                        key_index=plan.session_codes[live])
     return blocks
+
+
+def _store_keys(engine: EngineHost, uniques: list[Any], key_ints: np.ndarray | None) -> Any:
+    """The batch's distinct keys for its two bulk store calls: an int key column's values
+    encoded once for both (:class:`~sessionstore.store.keycodec.KeyEncodings`) when the store
+    is one of this package's (they take them as they are), else the keys themselves."""
+    if key_ints is None or not isinstance(engine.store, SegmentedSessionStore):
+        return uniques
+    return encode_int_keys(key_ints)
 
 
 def _store_takes_packed(engine: EngineHost, kinds: list[str]) -> bool:

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import table_kernels as tk
-from ..arrays import Int64Array
+from ..arrays import Int64Array, sort_order
 from ..jit import compiled
 from .columnar import (
     ITEM_KINDS,
@@ -166,12 +166,21 @@ class _EndRun:
         return _EndRun(self.ends[self.pos:][keep], slots[keep], self.gens[self.pos:][keep])
 
     def merged(self, other: _EndRun, gen: Int64Array) -> _EndRun:
-        """One run of both runs' live entries."""
+        """One run of both runs' live entries: this run's before the other's among equal
+        ends (a stable sort of the two joined)."""
         a, b = self.live(gen), other.live(gen)
-        ends = np.concatenate((a.ends, b.ends))
-        order = np.argsort(ends, kind="stable")  # two sorted runs: a merge
-        return _EndRun(ends[order], np.concatenate((a.slots, b.slots))[order],
-                       np.concatenate((a.gens, b.gens))[order])
+        n = len(a.ends) + len(b.ends)
+        # a merge of two sorted runs: where each of b's entries goes, the rest are a's
+        at_b = np.searchsorted(a.ends, b.ends, side="right") + np.arange(len(b.ends))
+        in_a = np.ones(n, dtype=np.bool_)
+        in_a[at_b] = False
+        columns = []
+        for ours, theirs in ((a.ends, b.ends), (a.slots, b.slots), (a.gens, b.gens)):
+            out = np.empty(n, dtype=np.int64)
+            out[at_b] = theirs
+            out[in_a] = ours
+            columns.append(out)
+        return _EndRun(*columns)
 
     def pop_upto(self, upto: int, gen: Int64Array) -> Int64Array:
         """Consume the entries ending at or before ``upto``; return their live slots."""
@@ -328,7 +337,7 @@ class OpenSessions:
     def _push_ends(self, slots: Int64Array) -> None:
         """Index the ends of the new live ``slots``: a run of their own, then merges."""
         ends = self.ends_ms[slots]
-        order = np.argsort(ends)
+        order = sort_order([ends])
         runs = self.runs
         runs.append(_EndRun(ends[order], slots[order], self.gen[slots][order]))
         while len(runs) > 1 and runs[-1].size() >= runs[-2].size():

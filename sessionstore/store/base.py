@@ -24,7 +24,7 @@ from ..packing import PackedValues
 from ..serde import DEFAULT_SERDE, MsgpackSerde
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
-from .keycodec import encode_key_column, encode_key_rows
+from .keycodec import EncodedKeys, KeyEncodings, encode_key_column, encode_key_rows
 
 log = logging.getLogger(__name__)
 _StoreT = TypeVar("_StoreT", bound="SegmentedSessionStore")
@@ -190,7 +190,7 @@ def byte_rows(pieces: list[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[n
 
 
 def check_sessions_many(
-    keys: Sequence[Any], starts_ms: Any, ends_ms: Any, key_index: Any = None, *,
+    keys: Sequence[Any] | KeyEncodings, starts_ms: Any, ends_ms: Any, key_index: Any = None, *,
     cut: bool = True,
 ) -> tuple[Sequence[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64],
            npt.NDArray[np.int64], keyschema.KeyMatrix | None]:
@@ -200,32 +200,55 @@ def check_sessions_many(
     or, when not ``cut``, may be :class:`~.keycodec.EncodedKeys` (see
     :func:`~.keycodec.encode_key_rows`).
 
+    ``keys`` may be :class:`~.keycodec.KeyEncodings` (encoded already): only the rows that
+    some session refers to are then taken, none encoded again.
+
     Raises:
         TypeError / ValueError: naming the argument and the row.
     """
+    if isinstance(keys, KeyEncodings):
+        return _check_encoded_many(keys, starts_ms, ends_ms, key_index, cut)
     encode = encode_key_column if cut else encode_key_rows
     if key_index is None:
         # vectorised for int and str columns; names a bad row
         encoded, matrix = encode(keys)
         index = np.arange(len(encoded), dtype=np.int64)
     else:
-        index = int64_column("key_index", key_index)
         n_keys = len(keys)
-        if len(index) and (index.min() < 0 or index.max() >= n_keys):
-            row = int(np.argmax((index < 0) | (index >= n_keys)))
-            raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
         # Only the keys that some session refers to are encoded (and checked): the columnar
         # callers pass a batch's whole key list, of which the sessions at hand may use a part.
-        present = np.zeros(n_keys, dtype=np.bool_)
-        present[index] = True
-        used = np.flatnonzero(present)
+        index, present, used = _referenced_keys(key_index, n_keys)
         if len(used) * 10 < n_keys * 9:
             picked = used.tolist()
             encoded, matrix = encode([keys[row] for row in picked], picked)
             index = (np.cumsum(present) - 1)[index]
         else:
             encoded, matrix = encode(keys)
-    n = len(index)
+    starts, ends = _check_bounds(starts_ms, ends_ms, len(index))
+    return encoded, index, starts, ends, matrix
+
+
+def _referenced_keys(key_index: Any, n_keys: int
+                     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_],
+                                npt.NDArray[np.int64]]:
+    """``key_index`` checked, whether each of the ``n_keys`` keys is referred to, and those
+    that are (ascending).
+
+    Raises:
+        TypeError / ValueError: a key index that is not int64 or not in ``[0, n_keys)``,
+            naming the row.
+    """
+    index = int64_column("key_index", key_index)
+    if len(index) and (index.min() < 0 or index.max() >= n_keys):
+        row = int(np.argmax((index < 0) | (index >= n_keys)))
+        raise ValueError(f"key_index[{row}] = {index[row]} is not in [0, {n_keys})")
+    present = np.zeros(n_keys, dtype=np.bool_)
+    present[index] = True
+    return index, present, np.flatnonzero(present)
+
+
+def _check_bounds(starts_ms: Any, ends_ms: Any, n: int
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     starts = int64_column("starts_ms", starts_ms, n)
     ends = int64_column("ends_ms", ends_ms, n)
     bad = starts > ends
@@ -234,6 +257,24 @@ def check_sessions_many(
         raise ValueError(
             f"starts_ms[{row}] must be <= ends_ms[{row}], got start={starts[row]} end={ends[row]}"
         )
+    return starts, ends
+
+
+def _check_encoded_many(
+    keys: KeyEncodings, starts_ms: Any, ends_ms: Any, key_index: Any, cut: bool,
+) -> tuple[Sequence[bytes], npt.NDArray[np.int64], npt.NDArray[np.int64],
+           npt.NDArray[np.int64], keyschema.KeyMatrix | None]:
+    """:func:`check_sessions_many` for keys encoded already: the rows some session refers to
+    (all without ``key_index``), renumbered in their order."""
+    n_keys = len(keys)
+    if key_index is None:
+        used = index = np.arange(n_keys, dtype=np.int64)
+    else:
+        index, present, used = _referenced_keys(key_index, n_keys)
+        index = (np.cumsum(present) - 1)[index]
+    matrix = keys.take(used)
+    encoded: Sequence[bytes] = keys.cut(used) if cut else EncodedKeys(matrix)
+    starts, ends = _check_bounds(starts_ms, ends_ms, len(index))
     return encoded, index, starts, ends, matrix
 
 
@@ -439,7 +480,7 @@ class SegmentedSessionStore(ABC):
 
     def put_many(
         self,
-        keys: Sequence[Any],
+        keys: Sequence[Any] | KeyEncodings,
         starts_ms: Any,
         ends_ms: Any,
         values: Sequence[Any],
@@ -457,7 +498,8 @@ class SegmentedSessionStore(ABC):
 
         Args:
             keys: the record keys, one per session, or each distinct key once with ``key_index``
-            (keys that no session refers to are ignored, unchecked).
+            (keys that no session refers to are ignored, unchecked); or their encodings
+            (:class:`~.keycodec.KeyEncodings`).
             starts_ms, ends_ms: int64 per session, ``start <= end``.
             values: one per session.
             key_index: optional int per session, indexing ``keys``.
@@ -557,7 +599,8 @@ class SegmentedSessionStore(ABC):
             raise
 
     def remove_many(
-        self, keys: Sequence[Any], starts_ms: Any, ends_ms: Any, *, key_index: Any = None
+        self, keys: Sequence[Any] | KeyEncodings, starts_ms: Any, ends_ms: Any, *,
+        key_index: Any = None,
     ) -> None:
         """Delete many sessions, those present; the same outcome as :meth:`remove` on each.
 

@@ -21,7 +21,8 @@ import pyarrow as pa
 from .. import keyschema
 from ..arrays import ByteRows, LazyBytesList
 
-__all__ = ["EncodedKeys", "encode_key_column", "encode_key_rows", "encode_keys"]
+__all__ = ["EncodedKeys", "KeyEncodings", "encode_int_keys", "encode_key_column",
+           "encode_key_rows", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
@@ -74,6 +75,66 @@ class EncodedKeys(LazyBytesList):
 
     def __len__(self) -> int:
         return len(self.matrix.lengths)
+
+
+class KeyEncodings:
+    """The distinct keys of a bulk store call, already encoded by this module: what a caller
+    that encodes its keys once passes as the ``keys`` of both bulk calls of a batch
+    (``put_many`` and ``remove_many``), so that neither encodes them again. Built only by
+    :func:`encode_int_keys`, so every row holds exactly what
+    :func:`~sessionstore.keyschema.encode_key` gives for its key. Not a sequence of keys: a
+    list of bytes keys stays a list of keys.
+
+    Args:
+        matrix: the encodings (row ``i`` is key ``i``'s).
+    """
+
+    __slots__ = ("matrix", "_pieces", "_cut")
+
+    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces) -> None:
+        self.matrix = matrix
+        self._pieces = pieces  # the encoder's rows of each width (see _encode_int64)
+        self._cut: npt.NDArray[Any] | None = None  # the encodings as bytes, once needed
+
+    def __len__(self) -> int:
+        return len(self.matrix.lengths)
+
+    def cut(self, rows: npt.NDArray[np.int64]) -> list[bytes]:
+        """The encodings of ``rows`` (in that order) as bytes objects (every key is cut once,
+        on the first call, for the calls that share these encodings)."""
+        if self._cut is None:
+            self._cut = np.empty(len(self), dtype=object)
+            self._cut[:] = _cut(len(self), self._pieces)
+        picked: list[bytes] = self._cut[rows].tolist()
+        return picked
+
+    def take(self, rows: npt.NDArray[np.int64]) -> keyschema.KeyMatrix:
+        """The encodings of ``rows`` (in that order) as a matrix no wider than they are."""
+        lengths = self.matrix.lengths[rows]
+        width = int(lengths.max()) if len(lengths) else 0
+        picked = np.take(self.matrix.rows, rows, axis=0)
+        if width < picked.shape[1]:
+            picked = np.ascontiguousarray(picked[:, :width])
+        return keyschema.KeyMatrix(picked, lengths)
+
+
+def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
+    """The encodings of int keys given as int64 values (``encode_key(int(v))`` for each).
+
+    Raises:
+        ValueError: ``values`` is not a one-dimensional int64 array.
+    """
+    if not isinstance(values, np.ndarray) or values.dtype != np.int64 or values.ndim != 1:
+        raise ValueError(f"values must be a one-dimensional int64 array, got "
+                         f"{getattr(values, 'dtype', type(values).__name__)}")
+    n = len(values)
+    if n == 0:
+        return KeyEncodings(keyschema.KeyMatrix(np.zeros((0, 0), dtype=np.uint8),
+                                                np.zeros(0, dtype=np.int64)), [])
+    pieces = _encode_int64(values)
+    _, matrix = _assemble(n, pieces, cut=False)
+    assert matrix is not None  # an int encodes to at most 13 bytes
+    return KeyEncodings(matrix, pieces)
 
 
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None

@@ -11,31 +11,33 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import ByteRows, first_equal_rows, last_rows, sort_order
+from ..arrays import ByteRows, SeenHashes, first_equal_rows, keyed_row_hashes, last_rows, sort_order
 from ..packing import PackedValues
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
 from .keycodec import EncodedKeys
 
-# A segment compacts its log of bulk operations (see _Segment.log) once the log holds more rows
-# than this plus twice its applied sessions plus twice what the last compaction left: the log
-# stays within a constant factor of the live data, and a logged row is compacted about twice
-# on average.
+# A segment looks at its log of bulk operations (see _Segment.log) once the log holds more rows
+# than this plus twice its applied sessions plus twice what it held when last looked at, and
+# compacts it when at least a quarter of its rows may be garbage (_Segment.garbage_bound): the
+# log stays within a constant factor of the live data, and a logged row is looked at (and
+# compacted) about twice on average.
 _MAX_UNAPPLIED_ROWS = 1 << 17
 
 
 class _Bulk(NamedTuple):
     """One bulk write (``data`` given) or bulk delete (``data`` None) into one segment, not yet
     applied: session ``i`` is ``(ends[i], keys[key_index[i]], starts[i])``, with value
-    ``data[i]``. The encodings and values are byte rows (:class:`~sessionstore.arrays.ByteRows`):
-    no Python object per key or value until the bulk is applied. Never mutated, so that a
-    commit's snapshot can share it."""
+    ``data[i]``. The encodings and values are byte rows (:class:`~sessionstore.arrays.ByteRows`),
+    or values not packed yet (:class:`~sessionstore.packing.PackedValues` of columns, packed
+    when the bulk is applied or compacted): no Python object per key or value until the bulk
+    is applied. Never mutated, so that a commit's snapshot can share it."""
 
     keys: ByteRows
     key_index: npt.NDArray[np.int64]
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
-    data: ByteRows | None
+    data: ByteRows | PackedValues | None
 
     def entries(self) -> list[tuple[int, bytes, int]]:
         """The sessions as ``(end, encoded_key, start)`` tuples (sessions of one key share its
@@ -79,7 +81,7 @@ def compact_log(pending: list[_Bulk],
                        [len(bulk.ends) for bulk in pending])
     last = last_rows(ends, key_ids, starts)  # each session's last operation
     written = last & writes
-    values = [bulk.data for bulk in pending if bulk.data is not None]
+    values = [_rows_of(bulk.data) for bulk in pending if bulk.data is not None]
     data = (ByteRows.concat(values).take(np.flatnonzero(written[writes])) if values
             else None)
     deleted = np.flatnonzero(last & ~writes) if len(applied) else np.zeros(0, dtype=np.int64)
@@ -127,7 +129,9 @@ class _Segment:
         self._by_key: dict[bytes, list[tuple[int, int]]] | None = {}
         self._pending: list[_Bulk] = []
         self._pending_rows = 0
-        self._compacted_rows = 0  # the rows the log held after its last compaction
+        # the rows the log held when last looked at: after its last compaction, or when it
+        # was found with too little garbage to compact
+        self._compacted_rows = 0
 
     def copy(self) -> _Segment:
         other = _Segment()
@@ -148,7 +152,26 @@ class _Segment:
         # and deletes of the same sessions would otherwise pile up until the segment expires)
         if self._pending_rows > _MAX_UNAPPLIED_ROWS + 2 * (len(self._values)
                                                           + self._compacted_rows):
-            self.compact()
+            # the deletes alone (no hashing) often tell: logs of rewritten sessions
+            if 8 * self._deleted_rows() > self._pending_rows or (
+                    4 * self.garbage_bound() > self._pending_rows):
+                self.compact()
+            else:  # mostly live (new sessions): compacting would copy it for nothing
+                self._compacted_rows = self._pending_rows
+
+    def garbage_bound(self) -> int:
+        """At least as many rows as compacting the log would drop (the rows a later row of the
+        log overwrites or deletes, and deletes of what is not applied): each logged delete
+        counts twice, each logged write of a session that an earlier logged write wrote (by
+        a hash of its key's bytes, end and start: a collision only counts more) once. Costs
+        a compiled hash pass over the written rows, a fraction of a compaction."""
+        writes = [bulk for bulk in self._pending if bulk.data is not None]
+        seen = SeenHashes(sum(len(bulk.ends) for bulk in writes))
+        repeats = sum(seen.add(_session_hashes(bulk)) for bulk in writes)
+        return repeats + 2 * self._deleted_rows()
+
+    def _deleted_rows(self) -> int:
+        return sum(len(bulk.ends) for bulk in self._pending if bulk.data is None)
 
     def compact(self) -> None:
         """Replace the log by its net effect (:func:`compact_log`), in columns: what a read
@@ -174,7 +197,7 @@ class _Segment:
                 continue
             values = self._values
             added = list(filterfalse(values.__contains__, entries))
-            values.update(zip(entries, bulk.data.tolist(), strict=True))
+            values.update(zip(entries, _rows_of(bulk.data).tolist(), strict=True))
             if added:
                 self.add_many(added)
 
@@ -274,6 +297,16 @@ class _Segment:
                     del index[key]
 
 
+def _rows_of(data: ByteRows | PackedValues) -> ByteRows:
+    """Logged values as byte rows (packing values logged as columns)."""
+    return data.rows() if isinstance(data, PackedValues) else data
+
+
+def _session_hashes(bulk: _Bulk) -> npt.NDArray[np.int64]:
+    """A hash of each session of ``bulk`` (equal sessions of any bulks hash equal)."""
+    return keyed_row_hashes(bulk.keys, bulk.key_index, bulk.ends, bulk.starts)
+
+
 def _key_rows(encoded: Sequence[bytes]) -> ByteRows:
     """Encodings as byte rows: those the encoder left uncut as they are, others joined."""
     if isinstance(encoded, EncodedKeys):
@@ -356,8 +389,13 @@ class InMemorySessionStore(SegmentedSessionStore):
         # (the caller's lists and packed values are not shared).
         keys = _key_rows(sessions.encoded_keys)
         values = sessions.values
-        data = values.rows() if type(values) is PackedValues else ByteRows.of_list(
-            list(values))
+        # values the engine left as columns (copies of its own) stay so until the bulk is
+        # applied or compacted, which is often never: segments expire whole
+        data: ByteRows | PackedValues
+        if type(values) is PackedValues:
+            data = values if not values.is_packed() else values.rows()
+        else:
+            data = ByteRows.of_list(list(values))
         for seg, rows in self._by_segment(sessions):
             if rows is None:  # copies: the log must not share what the caller may change
                 bulk = _Bulk(keys, sessions.key_index.copy(), sessions.starts_ms.copy(),

@@ -190,3 +190,31 @@ def test_the_int_key_index_equals_a_dict(batches: list[list[int]], probes: list[
         assert index.column(np.arange(len(keys), dtype=np.int64)).to_pylist() == \
             [key for key, kid in sorted(model.items(), key=lambda item: item[1])
              if kid % 2 == 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.lists(st.tuples(st.integers(-5, 5), st.booleans()), max_size=30),
+       b=st.lists(st.tuples(st.integers(-5, 5), st.booleans()), max_size=30))
+def test_end_runs_merge_as_a_stable_sort_of_their_live_entries(
+    a: list[tuple[int, bool]], b: list[tuple[int, bool]]
+) -> None:
+    """The merge of two end runs equals the stable sort of their live entries joined (the
+    first run's entries before the second's among equal ends), stale entries dropped."""
+    from sessionstore.engine.table import _EndRun
+
+    rows = a + b
+    gen = np.zeros(len(rows), dtype=np.int64)
+    for slot, (_, live) in enumerate(rows):
+        gen[slot] = 0 if live else 1  # an entry is live while its slot keeps generation 0
+
+    def run(entries: list[tuple[int, bool]], first_slot: int) -> _EndRun:
+        order = sorted(range(len(entries)), key=lambda i: entries[i][0])
+        return _EndRun(np.array([entries[i][0] for i in order], dtype=np.int64),
+                       np.array([first_slot + i for i in order], dtype=np.int64),
+                       np.zeros(len(entries), dtype=np.int64))
+
+    merged = run(a, 0).merged(run(b, len(a)), gen)
+    expected = sorted(((end, slot) for slot, (end, live) in enumerate(rows) if live),
+                      key=lambda entry: entry[0])  # stable: a's slots come first
+    assert list(zip(merged.ends.tolist(), merged.slots.tolist(), strict=True)) == expected
+    assert merged.gens.tolist() == [0] * len(expected)

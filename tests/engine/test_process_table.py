@@ -6,6 +6,8 @@ import decimal
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessionstore import (
     AfterWatermark,
@@ -147,3 +149,20 @@ def test_the_fast_path_runs_for_the_built_ins_and_writes_every_session():
     assert e.metrics["dropped-records"] == 2  # t=2 and t=5 arrive after W=30: late
     final = {x.session: x.value for x in loop if not x.retraction}
     assert {x.session: x.value for x in batch if not x.retraction}.items() <= final.items()
+
+
+@settings(max_examples=40, deadline=None)
+@given(chunks=st.lists(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3),
+                                max_size=40), min_size=1, max_size=3))
+def test_an_int64_key_column_is_factorized_as_arrow_does(chunks: list[list[int]]) -> None:
+    """process_table's own factorizing of an int64 key column (any chunking) gives what the
+    general path (Arrow's dictionary encoding) gives: codes, keys and their Arrow array."""
+    from sessionstore import batch
+    from sessionstore.engine.tables import _table_keys
+
+    table = pa.table({"k": pa.chunked_array(chunks, type=pa.int64())})
+    codes, uniques, arrow = _table_keys(table, ["k"])
+    want_codes, want_uniques, want_arrow = batch.factorize_keys_arrow(table.column("k"), "k")
+    assert codes.tolist() == want_codes.tolist()
+    assert uniques == want_uniques and all(type(key) is int for key in uniques)
+    assert arrow.equals(want_arrow)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, Session, SessionStore
+from sessionstore.arrays import ByteRows
 from sessionstore.packing import PackedValues, pack_session_records
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -43,14 +44,22 @@ def test_packed_records_are_msgpacks_bytes(data: st.DataObject) -> None:
     got = pack_session_records(arrays, combined=combined)
     assert type(got) is PackedValues
     expected = packed_by_msgpack([a.tolist() for a in arrays], combined)
-    # as byte rows (what the in-memory store logs), then as bytes objects
-    assert got.rows().tolist() == expected
+    # packed when first read (the in-memory store logs them unread): taking rows first takes
+    # columns, and changing the caller's columns afterwards changes nothing
+    assert got.is_packed() == (n == 0) and len(got) == n
     picked = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=6 if n else 0))
+    taken = got.take(np.array(picked, dtype=np.int64))
+    assert taken.is_packed() == (n == 0) and len(taken) == len(picked)
+    for array in arrays:
+        array[:] = 0
+    assert list(taken) == [expected[i] for i in picked]
+    # as byte rows (what the in-memory store logs), then as bytes objects
+    assert got.rows().tolist() == expected and got.is_packed()
     assert list(got.take(np.array(picked, dtype=np.int64))) == [expected[i] for i in picked]
     assert list(got) == expected and len(got) == n
     assert [msgpack.unpackb(b) for b in got] == [
         [[*row] if combined else row[0], 0, 0, 0, None]
-        for row in zip(*[a.tolist() for a in arrays], strict=True)]
+        for row in zip(*columns, strict=True)]
 
 
 @settings(max_examples=150)
@@ -125,3 +134,29 @@ def test_a_store_with_another_serde_refuses_packed_values() -> None:
                                         "JsonLikeSerde"):
         store.put_many(["a"], [0], [10], packed)
     assert [tuple(s) for s, _ in store.fetch("a")] == []
+
+
+def test_the_memory_store_packs_values_logged_as_columns_when_read() -> None:
+    """Packed values of columns reach the in-memory store's log unpacked, split across
+    segments; the caller's columns changing afterwards changes nothing; a read packs them
+    and sees msgpack's records, also after a compaction (which packs them too)."""
+
+    counts = np.array([1, 300, 7, 70_000], dtype=np.int64)
+    packed = pack_session_records([counts], combined=False)
+    assert packed is not None and not packed.is_packed()
+    store = InMemorySessionStore(retention_ms=10**6, segment_interval_ms=10)
+    store.put_many(["a", "b", "c", "d"], [0, 5, 12, 13], [4, 9, 14, 25], packed)
+    logged = [bulk.data for segment in store._segments.values()  # noqa: SLF001
+              for bulk in segment._pending]  # noqa: SLF001 - the log is the subject here
+    assert len(logged) == 3  # segments 0, 1 and 2
+    assert all(type(data) is PackedValues and not data.is_packed() for data in logged)
+    counts[:] = -1
+    segment = store._segments[1]  # noqa: SLF001
+    segment.compact()
+    compacted = [bulk.data for bulk in segment._pending]  # noqa: SLF001
+    assert [type(data) for data in compacted] == [ByteRows]
+    assert [data.tolist() for data in compacted if type(data) is ByteRows] == [
+        packed_by_msgpack([[7]], False)]
+    assert [(tuple(s), v) for s, v in store.find_sessions(0, 30)] == [
+        (("a", 0, 4), [1, 0, 0, 0, None]), (("b", 5, 9), [300, 0, 0, 0, None]),
+        (("c", 12, 14), [7, 0, 0, 0, None]), (("d", 13, 25), [70_000, 0, 0, 0, None])]

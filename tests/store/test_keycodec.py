@@ -12,6 +12,7 @@ from sessionstore import keyschema
 from sessionstore.arrays import length_prefixed_rows
 from sessionstore.store.keycodec import (
     EncodedKeys,
+    encode_int_keys,
     encode_key_column,
     encode_key_rows,
     encode_keys,
@@ -166,3 +167,27 @@ def test_length_prefixed_rows_refuses_other_bytes(pieces: list[bytes]) -> None:
     fewer encodings than keys: refused, never cut wrongly or read beyond its end."""
     with pytest.raises(ValueError, match="not length-prefixed"):
         length_prefixed_rows(pieces)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(INT64 | st.sampled_from(BOUNDARIES), max_size=80), data=st.data())
+def test_encoded_int_keys_hold_msgpack_encodings(keys: list[int], data: st.DataObject) -> None:
+    """``encode_int_keys`` (any number of keys: no per-key path below 64) and the rows it
+    takes, in any order and with repeats, are msgpack's encodings, zero-padded to the widest
+    row taken."""
+    encodings = encode_int_keys(np.array(keys, dtype=np.int64))
+    assert len(encodings) == len(keys)
+    rows = data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=30)) if keys else []
+    matrix = encodings.take(np.array(rows, dtype=np.int64))
+    expected = [_oracle(keys[row]) for row in rows]
+    widest = max(map(len, expected), default=0)
+    assert matrix.lengths.tolist() == [len(e) for e in expected]
+    assert matrix.rows.tolist() == [list(e) + [0] * (widest - len(e)) for e in expected]
+    # cut into bytes objects (for RocksDB's writers), twice: the second call reuses the first
+    assert encodings.cut(np.array(rows, dtype=np.int64)) == expected
+    assert encodings.cut(np.array(rows[::-1], dtype=np.int64)) == expected[::-1]
+
+
+def test_encoded_int_keys_refuse_other_arrays() -> None:
+    with pytest.raises(ValueError, match="values must be a one-dimensional int64 array"):
+        encode_int_keys(np.array([1, 2], dtype=np.int32))  # type: ignore[arg-type]
