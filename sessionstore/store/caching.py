@@ -35,8 +35,8 @@ import bisect
 import functools
 import gc
 import heapq
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, MutableSet, Sequence
+from typing import Any, NamedTuple
 
 from .. import keyschema
 from ..gap_boundary import first_open_end
@@ -62,12 +62,53 @@ _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), wi
 
 _KEY_BYTES_LIMIT = 1 << 16
 
+_Pending = tuple[int, int, "tuple[Any, int, int] | None"]
+# the entry of the pending heap that never falls due (its end is past every int64 end): the
+# heap holds it while the cache tracks changes for ranged flushes, so that a non-empty heap
+# says "tracking" to whoever holds the list (EventLayout.tracking)
+_TRACKING: _Pending = (INT64_MAX + 1, 0, None)
+
 ClosedRow = tuple[int, bytes, int, tuple[Any, int, int], Any, bool]
 """A session :meth:`CachingSessionStore.take_closed_rows` hands out: ``(end, key bytes, start,
 (key, start, end), value, changed)``."""
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
+
+View = dict[tuple[int, int], tuple[Any, int]]
+"""The sessions the cache holds of one key: ``{(start, end): (value, NEW | CHANGED | CLEAN)}``."""
+
+
+class EventLayout(NamedTuple):
+    """The live containers of a :class:`CachingSessionStore` that a one-event merge may change
+    in place (the engine's fused event step, ``engine/fast_event.py``), so that its common step
+    costs no call into the cache. Each stays the same object for the cache's life
+    (:attr:`CachingSessionStore.event_layout`).
+
+    A caller holding the view of ``key`` (``views[key]``, when ``floors[key]`` allows its close
+    cursor, or from :meth:`~CachingSessionStore.cached_view`) may, as
+    :meth:`~CachingSessionStore.put_merged` does:
+
+    * replace the value of an entry: ``(value, NEW)`` if it was NEW, else ``(value, CHANGED)``;
+    * delete an entry; one that was not NEW is then handed to
+      :meth:`~CachingSessionStore.drop_stored` (the wrapped store may hold it);
+    * add an entry ``(value, NEW)`` for bounds no entry and no pending removal has, then call
+      :meth:`~CachingSessionStore.added` (after the two steps below), unless it replaces a
+      deleted entry whose bounds it holds (then it counts as that one);
+    * after any change of an entry: add ``key`` to ``changed_keys``, and while ``tracking`` is
+      non-empty call :meth:`~CachingSessionStore.track_change` with the changed session,
+      unless the entry was NEW or CHANGED before (it is tracked already).
+    """
+
+    views: Mapping[Any, View]
+    """key -> its view; the view of ``key`` holds every session of the key ending after
+    ``floors[key]`` (read only: views are opened and forgotten by the cache)."""
+    floors: Mapping[Any, int]
+    """key -> the floor of its view (read only)."""
+    changed_keys: MutableSet[Any]
+    """The keys whose views may hold NEW or CHANGED entries."""
+    tracking: Sequence[Any]
+    """Non-empty while ranged flushes track changes (read only)."""
 
 
 class CachingSessionStore:
@@ -103,9 +144,10 @@ class CachingSessionStore:
         # a key stays until the next full flush)
         self._dirty_keys: set[Any] = set()
         # (end, seq, session) of the changed sessions, as a heap for flush(upto_end_ms); only
-        # kept from the first such flush (built from the changes then) until the next full
-        # flush: the event path's emit-on-close never asks for one while the cache is complete
-        self._pending: list[tuple[int, int, tuple[Any, int, int]]] | None = None
+        # kept, with the _TRACKING entry, from the first such flush (built from the changes
+        # then) until the next full flush: the event path's emit-on-close never asks for one
+        # while the cache is complete
+        self._pending: list[_Pending] = []
         self._seq = 0
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
@@ -268,6 +310,15 @@ class CachingSessionStore:
             append((end, kb, start, (key, start, end), value, state != CLEAN))
         return clean
 
+    def key_bytes(self, key: Any) -> bytes:
+        """``keyschema.encode_key(key)``, remembered for the keys the cache holds.
+
+        Raises:
+            TypeError / ValueError: as ``keyschema.encode_key`` (a key no store can hold).
+        """
+        known = self._key_bytes.get(key)
+        return self._encode_key(key) if known is None else known
+
     def _encode_key(self, key: Any) -> bytes:
         """``keyschema.encode_key``, remembered for the keys the cache holds."""
         encoded = keyschema.encode_key(key)
@@ -279,27 +330,24 @@ class CachingSessionStore:
 
     # -- the engine's view ------------------------------------------------------------------
 
+    @property
+    def event_layout(self) -> EventLayout:
+        """The containers a one-event merge may change in place, and how (:class:`EventLayout`)."""
+        return EventLayout(self._views, self._floors, self._dirty_keys, self._pending)
+
     def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, int]]:
         """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): (value, _)}``.
 
         Loads the key on first use. The mapping may hold sessions ending at or before the floor
-        too; callers filter. Read only.
+        too; callers filter. Read only (see :class:`EventLayout` for the one exception).
         """
-        view = self._views.get(key)
+        view = self.cached_view(key, floor_ms)
         if view is not None:
-            held_floor = self._floors[key]
-            if floor_ms >= held_floor:
-                if floor_ms > held_floor and len(view) > 2:
-                    self._forget_before(key, view, floor_ms)
-                return view
-            self._flush_key(key)  # older sessions wanted than held: reload from the store
+            return view
+        if key in self._views:  # older sessions wanted than held: reload from the store
+            self._flush_key(key)
             self._size -= len(self._views.pop(key))
             del self._floors[key]
-        elif floor_ms >= self._complete_above:
-            view = {}  # complete: the wrapped store holds nothing of this key above the floor
-            self._views[key] = view
-            self._floors[key] = floor_ms
-            return view
         low = first_open_end(floor_ms)
         view = {(s.start, s.end): (value, CLEAN)
                 for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
@@ -313,6 +361,25 @@ class CachingSessionStore:
         self._views[key] = view
         self._floors[key] = floor_ms
         self._size += len(view)
+        return view
+
+    def cached_view(self, key: Any, floor_ms: int) -> View | None:
+        """:meth:`sessions_of` when the cache answers it without reading the wrapped store (the
+        view it holds, or a new empty one when the store holds nothing of the key above the
+        floor); None when only a read can (the caller asks :meth:`sessions_of`)."""
+        view = self._views.get(key)
+        if view is not None:
+            held_floor = self._floors[key]
+            if floor_ms < held_floor:
+                return None  # older sessions wanted than held
+            if floor_ms > held_floor and len(view) > 2:
+                self._forget_before(key, view, floor_ms)
+            return view
+        if floor_ms < self._complete_above:
+            return None
+        view = {}  # complete: the wrapped store holds nothing of this key above the floor
+        self._views[key] = view
+        self._floors[key] = floor_ms
         return view
 
     def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
@@ -378,15 +445,14 @@ class CachingSessionStore:
             # a removal still pending means the wrapped store holds the session (a re-cut can
             # put back the bounds of a session it removed); the view holds the change now
             view[bounds] = (value, CHANGED if self._dirty.pop(sid, None) is TOMBSTONE else NEW)
-            self._size += 1
-            if self._index_ends:
-                self._index(key, start, end)
         else:
             view[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
         self._dirty_keys.add(key)
-        if self._pending is not None and (cached is None or cached[1] == CLEAN):
+        if self._pending and (cached is None or cached[1] == CLEAN):
             self._track(sid)
-        if self._size > self.max_sessions:
+        if cached is None:
+            self.added(key, start, end)
+        elif self._size > self.max_sessions:
             self._overflow()
         return True
 
@@ -417,8 +483,6 @@ class CachingSessionStore:
                     self.remove(_new_session((key, b[0], b[1])))
             self.put(_new_session(session), value)
             return
-        dirty = self._dirty
-        pending = self._pending
         bounds = (session[1], session[2])
         covered = False  # by the end-index entry of a joined session it holds
         for b in joined:
@@ -428,24 +492,48 @@ class CachingSessionStore:
                 if bounds[0] <= b[0] and b[1] <= bounds[1]:
                     covered = True
                 if gone[1] != NEW:  # NEW: never written, nothing to undo downstream
-                    old = (key, b[0], b[1])
-                    if pending is not None:
-                        self._track(old)
-                    dirty[old] = TOMBSTONE
+                    self.drop_stored(key, b[0], b[1])
         cached = held.get(bounds)
         if cached is None:
-            held[bounds] = (value, CHANGED if dirty.pop(session, None) is TOMBSTONE
-                            else NEW)  # as put() does
-            self._size += 1
-            if self._index_ends and not covered:
-                self._index(key, bounds[0], bounds[1])
+            pending_removal = self._dirty.pop(session, None) is TOMBSTONE
+            held[bounds] = (value, CHANGED if pending_removal else NEW)  # as put() does
         else:
             held[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
         self._dirty_keys.add(key)
-        if pending is not None and (cached is None or cached[1] == CLEAN):
+        if self._pending and (cached is None or cached[1] == CLEAN):
             self._track(session)
+        if cached is None and not covered:
+            self.added(key, bounds[0], bounds[1])
+            return
+        if cached is None:
+            self._size += 1  # indexed by the end-index entry of a joined session it holds
         if self._size > self.max_sessions:
             self._overflow()
+
+    def added(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """Count the session ``(key, start_ms, end_ms)`` a caller added to the view of ``key``
+        (see :class:`EventLayout`): index its end, and write everything when the cache now
+        holds more than ``max_sessions``."""
+        self._size += 1
+        if self._index_ends:
+            self._index(key, start_ms, end_ms)
+        if self._size > self.max_sessions:
+            self._overflow()
+
+    def drop_stored(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """The session ``(key, start_ms, end_ms)``, no longer in the view of ``key``, was not
+        NEW: the wrapped store may hold it, so a flush removes it there (a NEW one was never
+        written and needs nothing). Every removal from a view calls this."""
+        sid = (key, start_ms, end_ms)
+        if self._pending:
+            self._track(sid)
+        self._dirty[sid] = TOMBSTONE
+
+    def track_change(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """While ranged flushes track changes (``event_layout.tracking`` is non-empty): track
+        the session ``(key, start_ms, end_ms)`` a caller changed in a view (see
+        :class:`EventLayout`)."""
+        self._track((key, start_ms, end_ms))
 
     def _overflow(self) -> None:
         """Make room when a put took the cache past ``max_sessions``."""
@@ -468,9 +556,7 @@ class CachingSessionStore:
             return
         self._size -= 1
         if cached[1] != NEW:  # NEW: never written, nothing to undo downstream
-            if self._pending is not None:
-                self._track(sid)
-            self._dirty[sid] = TOMBSTONE
+            self.drop_stored(key, start, end)
 
     def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
                  key_index: Any = None) -> Any:
@@ -495,7 +581,7 @@ class CachingSessionStore:
 
     def _track(self, sid: tuple[Any, int, int]) -> None:
         """Add a newly dirty session to the pending heap (only called while it is kept)."""
-        assert self._pending is not None
+        assert self._pending
         self._seq += 1
         heapq.heappush(self._pending, (sid[2], self._seq, sid))
 
@@ -505,18 +591,21 @@ class CachingSessionStore:
         dirty = self._dirty
         if upto_end_ms is None:
             held = self._stage_held()
-            self._pending = None
+            self._pending.clear()
         else:
             pending = self._pending
-            if pending is None:  # the first ranged flush since a full one: index the changes
+            if not pending:  # the first ranged flush since a full one: index the changes
                 changes = [*dirty, *self._held_changes()]
-                pending = [(sid[2], seq, sid) for seq, sid in enumerate(changes, self._seq + 1)]
-                self._seq += len(pending)
+                pending.extend((sid[2], seq, sid)
+                               for seq, sid in enumerate(changes, self._seq + 1))
+                self._seq += len(changes)
+                pending.append(_TRACKING)  # never due: the heap stays non-empty
                 heapq.heapify(pending)
-                self._pending = pending
             due: list[tuple[Any, int, int]] = []
-            while pending and pending[0][0] <= upto_end_ms:
-                due.append(heapq.heappop(pending)[2])
+            while pending[0][0] <= upto_end_ms:  # the _TRACKING entry is never due
+                sid = heapq.heappop(pending)[2]
+                assert sid is not None
+                due.append(sid)
             # a session put, removed before it was written, and put again is tracked twice
             due = list(dict.fromkeys(due))
             held = [s for s in due if s not in dirty and self._holds_change(s)]
@@ -613,7 +702,7 @@ class CachingSessionStore:
             try:
                 self._flush_one(session)
             except BaseException:
-                if self._pending is not None:  # keep every unwritten change for a retry
+                if self._pending:  # keep every unwritten change for a retry
                     for rest in batch[index:]:
                         if rest in self._dirty:
                             self._track(rest)
@@ -673,7 +762,7 @@ class CachingSessionStore:
                 self.wrapped.put_many([s[0] for s in puts], [s[1] for s in puts],
                                       [s[2] for s in puts], [dirty[s] for s in puts])
         except BaseException:
-            if self._pending is not None:  # keep every unwritten change for a retry
+            if self._pending:  # keep every unwritten change for a retry
                 for rest in batch:
                     if rest in dirty:
                         self._track(rest)
@@ -800,7 +889,7 @@ class CachingSessionStore:
         self._floors.clear()
         self._dirty.clear()
         self._dirty_keys.clear()
-        self._pending = None
+        self._pending.clear()
         self._size = 0
         self._closed_rows.clear()
         self._by_end.clear()
