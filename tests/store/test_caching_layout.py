@@ -11,6 +11,7 @@ pins it to the engine's full step."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from hypothesis import given, settings
@@ -206,3 +207,16 @@ def test_a_session_written_out_by_an_eviction_keeps_an_end_index_entry() -> None
     assert cache.take_closed_rows(1, 10) is None
     assert cache.has_ends_upto(20)
     assert _all(cache.wrapped) == [(Session("a", 1, 20), 2)]
+
+
+def test_a_view_stays_tracked_by_the_collector() -> None:
+    """A held view is never untracked by a full collection (then re-tracked, as a young object,
+    by its next new session, which made every view count towards the next full collection):
+    the event path's views live as long as their keys."""
+    cache = CachingSessionStore(InMemorySessionStore(retention_ms=1_000), 100, index_ends=True)
+    view = cache.sessions_of("k", INT64_MIN)
+    cache.put(Session("k", 1, 5), 7)
+    gc.collect()
+    gc.collect()
+    assert gc.is_tracked(view)
+    assert cache.event_layout.views["k"] is view
