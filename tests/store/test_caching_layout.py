@@ -146,7 +146,7 @@ def test_the_cache_reads_and_writes_what_its_store_would(ops: list[Any], size: i
             assert cache.has_ends_upto(upto) or not expected
             rows = cache.take_closed_rows(first_open_end(cursor), upto)
             got = (list(cache.find_sessions(first_open_end(cursor), upto)) if rows is None
-                   else [(Session(*row[3]), row[4]) for row in rows])
+                   else [(Session(row[3], row[2], row[0]), row[4]) for row in rows])
             assert got == expected
             cursor = upto
         elif kind == "flush_upto":
