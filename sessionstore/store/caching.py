@@ -61,6 +61,8 @@ _BULK_FLUSH_MIN = 256
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 
 _KEY_BYTES_LIMIT = 1 << 16
+# the longest end-index entry kept as a tuple (see CachingSessionStore._index)
+_TUPLE_ENTRY = 32
 
 _Pending = tuple[int, int, "tuple[Any, int, int] | None"]
 # the entry of the pending heap that never falls due (its end is past every int64 end): the
@@ -165,8 +167,9 @@ class CachingSessionStore:
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
         self._bulk = forward is None and _has_bulk_writes(wrapped)
-        # index_ends: end -> [key, start, key, start, ...] (flat, so that an entry allocates
-        # nothing the collector tracks), a heap of those ends, and the time after which every
+        # index_ends: end -> (key, start, key, start, ...) (flat, so that an entry allocates
+        # nothing the collector tracks; see _index), a heap of those ends, and the time after
+        # which every
         # session of the wrapped store is in the cache (INT64_MAX: not known). A session is
         # indexed when put or loaded, but not when it grows over the bounds of sessions it
         # replaces (the event path's common step: an end moves later): every session a view
@@ -174,7 +177,7 @@ class CachingSessionStore:
         # take_closed reaches an entry whose session is gone, the sessions now holding its
         # bounds close, or are indexed again at their own ends
         self._index_ends = index_ends and max_sessions > 0
-        self._by_end: dict[int, list[Any]] = {}
+        self._by_end: dict[int, tuple[Any, ...] | list[Any]] = {}
         self._end_heap: list[int] = []
         self._complete_above = INT64_MAX
         # the changed sessions take_closed handed out, with their values, in store order: no
@@ -206,13 +209,25 @@ class CachingSessionStore:
             self._complete_above = floor
 
     def _index(self, key: Any, start: int, end: int) -> None:
-        bucket = self._by_end.get(end)
+        """Add ``(key, start)`` to the end index at ``end``.
+
+        An entry is a tuple while it is short: the collector stops tracking a tuple of scalars
+        at its first pass, while a list, which lives until its end closes, would be promoted to
+        the oldest generation and count towards its next full collection. A long one (many
+        sessions ending together, as after an eviction) becomes a list, so that growing it
+        stays linear."""
+        by_end = self._by_end
+        bucket = by_end.get(end)
         if bucket is None:
-            self._by_end[end] = [key, start]
+            by_end[end] = (key, start)
             heapq.heappush(self._end_heap, end)
-        else:
+        elif isinstance(bucket, list):
             bucket.append(key)
             bucket.append(start)
+        elif len(bucket) < _TUPLE_ENTRY:
+            by_end[end] = (*bucket, key, start)
+        else:
+            by_end[end] = [*bucket, key, start]
 
     def has_ends_upto(self, upto_ms: int) -> bool:
         """Whether some session put or loaded since the last :meth:`take_closed` may end at or
@@ -281,14 +296,8 @@ class CachingSessionStore:
                 due = None
                 for bounds in view:
                     if bounds[0] <= start and bounds[1] >= end:
-                        if bounds[1] > upto_ms:  # _index, inlined
-                            bucket = by_end.get(bounds[1])
-                            if bucket is None:
-                                by_end[bounds[1]] = [key, bounds[0]]
-                                heapq.heappush(heap, bounds[1])
-                            else:
-                                bucket.append(key)
-                                bucket.append(bounds[0])
+                        if bounds[1] > upto_ms:
+                            self._index(key, bounds[0], bounds[1])
                         elif complete and bounds[1] >= low_ms:
                             due = [bounds] if due is None else [*due, bounds]
                 if due is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -220,3 +221,21 @@ def test_a_view_stays_tracked_by_the_collector() -> None:
     gc.collect()
     assert gc.is_tracked(view)
     assert cache.event_layout.views["k"] is view
+
+
+@pytest.mark.parametrize("count", [1, 15, 16, 17, 40])
+def test_many_sessions_ending_together_all_close(count: int) -> None:
+    """An end-index entry grows from a short tuple into a list (past 16 sessions): every
+    session ending there closes, in store order, whether indexed when put or again after it
+    grew."""
+    cache = CachingSessionStore(_open(1_000), 1_000, index_ends=True)
+    keys = [f"k{i:02d}" for i in range(count)]
+    for i, key in enumerate(keys):
+        view = cache.sessions_of(key, INT64_MIN)
+        cache.put(Session(key, 10, 20), i)  # indexed at 20
+        cache.put_merged(key, view, [(10, 20)], (key, 5, 30), i)  # grown: still at 20
+    assert cache.take_closed_rows(1, 20) == []  # re-indexed at 30, together
+    rows = cache.take_closed_rows(21, 30)
+    assert rows is not None
+    assert [(row[3], row[2], row[0], row[4]) for row in rows] == \
+        [(key, 5, 30, i) for i, key in enumerate(keys)]
