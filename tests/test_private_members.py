@@ -19,14 +19,6 @@ PACKAGES = ("sessionstore", "spark_adapter", "benchmarks")
 
 #: (module path, accessed name) -> why the reach-in stays.
 ALLOWED: dict[tuple[str, str], str] = {
-    **{("sessionstore/engine/fast_event.py", name): (
-        "the fused event step is CachingSessionStore.sessions_of and put_merged inlined for "
-        "speed (its module docstring says so; tests/engine/test_fast_event.py pins it to the "
-        "step it copies); the cache is due to fold into the open-session table (issue 22 "
-        "item 1), which will give it public members")
-       for name in ("_views", "_floors", "_dirty", "_index_ends", "_by_end", "_end_heap",
-                    "_forget_before", "_encode_key", "_key_bytes", "_complete_above",
-                    "_pending", "_track", "_size", "_overflow", "_dirty_keys")},
     ("sessionstore/engine/planner.py", "_replace"): (
         "a namedtuple's public API (the underscore keeps it clear of field names)"),
     ("benchmarks/peers.py", "_gateway"): (

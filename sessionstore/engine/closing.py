@@ -109,7 +109,7 @@ def close_up_to(engine: EngineHost, upto: int, out: list[Emit]) -> None:
 
 def emit_taken(engine: EngineHost, taken: list[ClosedRow], out: list[Emit]) -> None:
     """Emit the closed sessions the cache handed from memory (its rows ``(end, key bytes,
-    start, (key, start, end), value, changed)``), with the values a read from the store
+    start, key, value, changed)``), with the values a read from the store
     would give (:func:`~sessionstore.engine.record.as_stored`)."""
     if not taken:
         return
@@ -121,11 +121,13 @@ def emit_taken(engine: EngineHost, taken: list[ClosedRow], out: list[Emit]) -> N
     for row in taken:
         acc = acc_of(row[4])
         if count and type(acc) is int:  # count's result is its accumulator
-            append(new_emit((new_session(row[3]), acc, None, False, row[0] - 1)))
+            append(new_emit((new_session((row[3], row[2], row[0])), acc, None, False,
+                             row[0] - 1)))
         else:
             if type(acc) is not int:
                 acc = as_stored(acc)
-            append(new_emit((new_session(row[3]), result(acc), None, False, row[0] - 1)))
+            append(new_emit((new_session((row[3], row[2], row[0])), result(acc), None, False,
+                             row[0] - 1)))
     # final_latency_ms of each row, summed inline (this runs at each close of the event path;
     # pinned by tests/engine/test_final_latency.py): the rows are in end order, and when the
     # last has closed (always, closing up to W - grace) each latency is W - (end + grace)

@@ -17,15 +17,16 @@ anything changes, to the chain itself: ``process_event`` or ``process_lean``. Th
 tests in ``tests/engine`` run both against each other and against an independent oracle with
 every cache size, segment size and watermark mode.
 
-The fused step reaches into :class:`~sessionstore.store.caching.CachingSessionStore`'s
-containers (``_views``, ``_floors``, ``_dirty``, ``_dirty_keys``, the end index) and writes
-the cache's layout: a change stays in its view entry, ``(record, NEW | CHANGED)``, with its key
-in ``_dirty_keys``, and only a removal of a stored session goes to ``_dirty``; a session whose
-end only moves later gets no new end-index entry. It is
+The fused step changes the write cache's views in place, through the cache's public
+:attr:`~sessionstore.store.caching.CachingSessionStore.event_layout` and as its
+:class:`~sessionstore.store.caching.EventLayout` says: a change stays in its view entry,
+``(record, NEW | CHANGED)``, with its key in ``changed_keys``; a session whose end only moves
+later gets no new end-index entry. The cache's own methods do the rest: a new key's view
+(``cached_view``), counting and indexing a new session (``added``), the removal of a session the
+store may hold (``drop_stored``) and tracking for ranged flushes (``track_change``). It is
 :meth:`~sessionstore.store.caching.CachingSessionStore.sessions_of` and
-:meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` inlined, and must change with
-them (the one reach into another module's private members that
-``tests/test_private_members.py`` allows).
+:meth:`~sessionstore.store.caching.CachingSessionStore.put_merged` for the one-session merge,
+without a call in the common step.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..aggregations import is_count
-from ..store.caching import CHANGED, CLEAN, NEW, TOMBSTONE
+from ..store.caching import CHANGED, CLEAN, NEW
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
@@ -83,24 +84,21 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     agg = engine.aggregation
     count = is_count(agg)
     result = agg.result
-    views = state._views
-    views_get = views.get
-    floors = state._floors
-    dirty = state._dirty
-    dirty_keys_add = state._dirty_keys.add
-    index_ends = state._index_ends
-    by_end = state._by_end
-    end_heap = state._end_heap
-    max_sessions = state.max_sessions
-    forget_before = state._forget_before
-    encode_key = state._encode_key  # keyschema.encode_key, remembered by the cache
-    key_bytes_get = state._key_bytes.get
+    layout = state.event_layout
+    views_get = layout.views.get
+    floors = layout.floors
+    changed_keys_add = layout.changed_keys.add
+    tracking = layout.tracking
+    cached_view = state.cached_view
+    key_bytes = state.key_bytes  # keyschema.encode_key, remembered by the cache
+    added = state.added
+    drop_stored = state.drop_stored
+    track_change = state.track_change
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
     count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
     count_new = [(record, NEW) for record in count_records]
     count_changed = [(record, CHANGED) for record in count_records]
-    tombstone = TOMBSTONE
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)
@@ -109,8 +107,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
                 or t > max_t or t < INT64_MIN or engine.table is not None:
             return slow(engine, key, value, timestamp_ms, gap_ms)
         view = views_get(key)
-        if view is None and key_bytes_get(key) is None:
-            encode_key(key)  # a key the cache holds, or has encoded, passed this already
+        if view is None:
+            key_bytes(key)  # a key the cache holds passed this already
         vkind = type(value)
         if not ((vkind is int and _MSGPACK_INT_MIN <= value <= _MSGPACK_INT_MAX)
                 or value is None or vkind is float or vkind is bool):
@@ -122,18 +120,13 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             drop(key, value, t)
             return []
         closed_before = times.closed_before()
-        # CachingSessionStore.sessions_of, inlined for a held view or a key the store lacks
-        if view is not None:
+        # CachingSessionStore.sessions_of without a store read; the held view inline
+        if view is None:
+            view = cached_view(key, closed_before)
+        else:
             held_floor = floors[key]
-            if closed_before != held_floor:
-                if closed_before < held_floor:
-                    view = None  # older sessions wanted than held: the cache reloads
-                elif len(view) > 2:
-                    forget_before(key, view, closed_before)
-        elif closed_before >= state._complete_above:
-            view = {}  # complete: the wrapped store holds nothing of this key above the floor
-            views[key] = view
-            floors[key] = closed_before
+            if closed_before != held_floor and (closed_before < held_floor or len(view) > 2):
+                view = cached_view(key, closed_before)  # forgets, or None: a reload
         if view is None:
             out: list[Emit] = []
             lean(key, value, t, out, None)
@@ -173,8 +166,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
         record = count_records[acc] if shared else plain_record(acc)
-        pending = state._pending
-        # CachingSessionStore.put_merged, inlined: the view holds the change (NEW or CHANGED)
+        # CachingSessionStore.put_merged of one joined session, by the cache's EventLayout:
+        # the view holds the change (NEW or CHANGED)
         if entry is not None and joined[0] == start and joined[1] == end:  # the same session
             same = True
             was = entry[1]
@@ -183,43 +176,28 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             else:
                 view[joined] = (record, NEW if was == NEW else CHANGED)
             if was == CLEAN:
-                dirty_keys_add(key)
-                if pending is not None:
-                    state._track((key, start, end))
+                changed_keys_add(key)
+                if tracking:
+                    track_change(key, start, end)
         else:
             same = False
-            grown = True
             if entry is not None:
                 del view[joined]
-                grown = False
                 if entry[1] != NEW:  # NEW: never written, nothing to undo downstream
-                    old_sid = (key, joined[0], joined[1])
-                    if pending is not None:
-                        state._track(old_sid)
-                    dirty[old_sid] = tombstone
+                    drop_stored(key, joined[0], joined[1])
             # the view holds no other session with these bounds: one ending after
             # closed_before would overlap the event's window (it ends at or after own_end and
             # starts at or before t) and have joined it; the others end before own_end. No
             # removal of these bounds is pending either: the session that replaced it would
             # hold the event's window, and have joined it, or have closed (the event is late)
             view[(start, end)] = count_new[acc] if shared else (record, NEW)
-            if grown:
-                state._size += 1
-                if index_ends:  # CachingSessionStore._index, inlined
-                    bucket = by_end.get(end)
-                    if bucket is None:
-                        by_end[end] = [key, start]
-                        heappush(end_heap, end)
-                    else:
-                        bucket.append(key)
-                        bucket.append(start)
+            changed_keys_add(key)
+            if tracking:
+                track_change(key, start, end)
+            if entry is None:
+                added(key, start, end)  # counted, indexed; may write everything
             # else: the new bounds hold the joined session's, which ended after the close
-            # cursor: its end-index entry lies within them and stands for the new session
-            dirty_keys_add(key)
-            if pending is not None:
-                state._track((key, start, end))
-            if state._size > max_sessions:
-                state._overflow()
+            # cursor: it counts as that one, whose end-index entry lies within them
         out = []
         if updates:
             if entry is not None and not same:

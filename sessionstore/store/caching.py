@@ -35,8 +35,8 @@ import bisect
 import functools
 import gc
 import heapq
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, MutableSet, Sequence
+from typing import Any, NamedTuple
 
 from .. import keyschema
 from ..gap_boundary import first_open_end
@@ -61,13 +61,69 @@ _BULK_FLUSH_MIN = 256
 _new_session = functools.partial(tuple.__new__, Session)  # Session(k, s, e), without a call
 
 _KEY_BYTES_LIMIT = 1 << 16
+# the longest end-index entry kept as a tuple (see CachingSessionStore._index)
+_TUPLE_ENTRY = 32
 
-ClosedRow = tuple[int, bytes, int, tuple[Any, int, int], Any, bool]
+_Pending = tuple[int, int, "tuple[Any, int, int] | None"]
+# the entry of the pending heap that never falls due (its end is past every int64 end): the
+# heap holds it while the cache tracks changes for ranged flushes, so that a non-empty heap
+# says "tracking" to whoever holds the list (EventLayout.tracking)
+_TRACKING: _Pending = (INT64_MAX + 1, 0, None)
+
+ClosedRow = tuple[int, bytes, int, Any, Any, bool]
 """A session :meth:`CachingSessionStore.take_closed_rows` hands out: ``(end, key bytes, start,
-(key, start, end), value, changed)``."""
+key, value, changed)`` (no ``(key, start, end)`` tuple inside: the rows wait for the next flush,
+and one tracked allocation fewer per closed session means fewer young collections)."""
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
+
+View = dict[tuple[int, int], tuple[Any, int]]
+"""The sessions the cache holds of one key: ``{(start, end): (value, NEW | CHANGED | CLEAN)}``."""
+
+
+class _View(dict[tuple[int, int], tuple[Any, int]]):
+    """A view's dict: a plain dict that the garbage collector never untracks.
+
+    The collector untracks an exact dict whose items hold nothing it tracks (a view's, after
+    its tuples age) at each full collection; the next new ``(start, end)`` key tracks it again,
+    as a young object, so every held key's view was promoted anew after each full collection
+    and counted towards the next one (on the event path, 3-4 full collections per 400k
+    events). A subclass stays tracked and old: only new views count."""
+
+    __slots__ = ()
+
+
+class EventLayout(NamedTuple):
+    """The live containers of a :class:`CachingSessionStore` that a one-event merge may change
+    in place (the engine's fused event step, ``engine/fast_event.py``), so that its common step
+    costs no call into the cache. Each stays the same object for the cache's life
+    (:attr:`CachingSessionStore.event_layout`).
+
+    A caller holding the view of ``key`` (``views[key]``, when ``floors[key]`` allows its close
+    cursor, or from :meth:`~CachingSessionStore.cached_view`) may, as
+    :meth:`~CachingSessionStore.put_merged` does:
+
+    * replace the value of an entry: ``(value, NEW)`` if it was NEW, else ``(value, CHANGED)``;
+    * delete an entry; one that was not NEW is then handed to
+      :meth:`~CachingSessionStore.drop_stored` (the wrapped store may hold it);
+    * add an entry ``(value, NEW)`` for bounds no entry and no pending removal has, then call
+      :meth:`~CachingSessionStore.added` (after the two steps below), unless it replaces a
+      deleted entry whose bounds it holds (then it counts as that one);
+    * after any change of an entry: add ``key`` to ``changed_keys``, and while ``tracking`` is
+      non-empty call :meth:`~CachingSessionStore.track_change` with the changed session,
+      unless the entry was NEW or CHANGED before (it is tracked already).
+    """
+
+    views: Mapping[Any, View]
+    """key -> its view; the view of ``key`` holds every session of the key ending after
+    ``floors[key]`` (read only: views are opened and forgotten by the cache)."""
+    floors: Mapping[Any, int]
+    """key -> the floor of its view (read only)."""
+    changed_keys: MutableSet[Any]
+    """The keys whose views may hold NEW or CHANGED entries."""
+    tracking: Sequence[Any]
+    """Non-empty while ranged flushes track changes (read only)."""
 
 
 class CachingSessionStore:
@@ -103,15 +159,17 @@ class CachingSessionStore:
         # a key stays until the next full flush)
         self._dirty_keys: set[Any] = set()
         # (end, seq, session) of the changed sessions, as a heap for flush(upto_end_ms); only
-        # kept from the first such flush (built from the changes then) until the next full
-        # flush: the event path's emit-on-close never asks for one while the cache is complete
-        self._pending: list[tuple[int, int, tuple[Any, int, int]]] | None = None
+        # kept, with the _TRACKING entry, from the first such flush (built from the changes
+        # then) until the next full flush: the event path's emit-on-close never asks for one
+        # while the cache is complete
+        self._pending: list[_Pending] = []
         self._seq = 0
         # a flush without a listener writes with one remove_many and one put_many when every
         # store below offers them (the listener needs each session's old value, one by one)
         self._bulk = forward is None and _has_bulk_writes(wrapped)
-        # index_ends: end -> [key, start, key, start, ...] (flat, so that an entry allocates
-        # nothing the collector tracks), a heap of those ends, and the time after which every
+        # index_ends: end -> (key, start, key, start, ...) (flat, so that an entry allocates
+        # nothing the collector tracks; see _index), a heap of those ends, and the time after
+        # which every
         # session of the wrapped store is in the cache (INT64_MAX: not known). A session is
         # indexed when put or loaded, but not when it grows over the bounds of sessions it
         # replaces (the event path's common step: an end moves later): every session a view
@@ -119,7 +177,7 @@ class CachingSessionStore:
         # take_closed reaches an entry whose session is gone, the sessions now holding its
         # bounds close, or are indexed again at their own ends
         self._index_ends = index_ends and max_sessions > 0
-        self._by_end: dict[int, list[Any]] = {}
+        self._by_end: dict[int, tuple[Any, ...] | list[Any]] = {}
         self._end_heap: list[int] = []
         self._complete_above = INT64_MAX
         # the changed sessions take_closed handed out, with their values, in store order: no
@@ -151,13 +209,25 @@ class CachingSessionStore:
             self._complete_above = floor
 
     def _index(self, key: Any, start: int, end: int) -> None:
-        bucket = self._by_end.get(end)
+        """Add ``(key, start)`` to the end index at ``end``.
+
+        An entry is a tuple while it is short: the collector stops tracking a tuple of scalars
+        at its first pass, while a list, which lives until its end closes, would be promoted to
+        the oldest generation and count towards its next full collection. A long one (many
+        sessions ending together, as after an eviction) becomes a list, so that growing it
+        stays linear."""
+        by_end = self._by_end
+        bucket = by_end.get(end)
         if bucket is None:
-            self._by_end[end] = [key, start]
+            by_end[end] = (key, start)
             heapq.heappush(self._end_heap, end)
-        else:
+        elif isinstance(bucket, list):
             bucket.append(key)
             bucket.append(start)
+        elif len(bucket) < _TUPLE_ENTRY:
+            by_end[end] = (*bucket, key, start)
+        else:
+            by_end[end] = [*bucket, key, start]
 
     def has_ends_upto(self, upto_ms: int) -> bool:
         """Whether some session put or loaded since the last :meth:`take_closed` may end at or
@@ -178,11 +248,11 @@ class CachingSessionStore:
         if rows is None:
             return None
         new_session = _new_session
-        return [(new_session(row[3]), row[4]) for row in rows]
+        return [(new_session((row[3], row[2], row[0])), row[4]) for row in rows]
 
     def take_closed_rows(self, low_ms: int, upto_ms: int) -> list[ClosedRow] | None:
-        """:meth:`take_closed` as the cache's own rows, ``(end, key bytes, start, (key, start,
-        end), value, changed)``, in the same order (the engine's emit-on-close reads them
+        """:meth:`take_closed` as the cache's own rows, ``(end, key bytes, start, key, value,
+        changed)``, in the same order (the engine's emit-on-close reads them
         without a :class:`Session` per row). Read only: the cache may keep the rows."""
         heap = self._end_heap
         if not heap or heap[0] > upto_ms:
@@ -216,9 +286,9 @@ class CachingSessionStore:
                             kb = self._encode_key(key)
                         if cached[1] == CLEAN:
                             left += 1  # already in the wrapped store: it just leaves the view
-                            append((end, kb, start, (key, start, end), cached[0], False))
+                            append((end, kb, start, key, cached[0], False))
                         else:
-                            append((end, kb, start, (key, start, end), cached[0], True))
+                            append((end, kb, start, key, cached[0], True))
                         continue
                 # that session grew (its end moved later, or it merged into another), or
                 # closed: the sessions that hold its bounds now close, or are indexed again at
@@ -226,14 +296,8 @@ class CachingSessionStore:
                 due = None
                 for bounds in view:
                     if bounds[0] <= start and bounds[1] >= end:
-                        if bounds[1] > upto_ms:  # _index, inlined
-                            bucket = by_end.get(bounds[1])
-                            if bucket is None:
-                                by_end[bounds[1]] = [key, bounds[0]]
-                                heapq.heappush(heap, bounds[1])
-                            else:
-                                bucket.append(key)
-                                bucket.append(bounds[0])
+                        if bounds[1] > upto_ms:
+                            self._index(key, bounds[0], bounds[1])
                         elif complete and bounds[1] >= low_ms:
                             due = [bounds] if due is None else [*due, bounds]
                 if due is not None:
@@ -265,8 +329,17 @@ class CachingSessionStore:
             value, state = view.pop((start, end))
             if state == CLEAN:
                 clean += 1  # already in the wrapped store: it just leaves the view
-            append((end, kb, start, (key, start, end), value, state != CLEAN))
+            append((end, kb, start, key, value, state != CLEAN))
         return clean
+
+    def key_bytes(self, key: Any) -> bytes:
+        """``keyschema.encode_key(key)``, remembered for the keys the cache holds.
+
+        Raises:
+            TypeError / ValueError: as ``keyschema.encode_key`` (a key no store can hold).
+        """
+        known = self._key_bytes.get(key)
+        return self._encode_key(key) if known is None else known
 
     def _encode_key(self, key: Any) -> bytes:
         """``keyschema.encode_key``, remembered for the keys the cache holds."""
@@ -279,30 +352,27 @@ class CachingSessionStore:
 
     # -- the engine's view ------------------------------------------------------------------
 
+    @property
+    def event_layout(self) -> EventLayout:
+        """The containers a one-event merge may change in place, and how (:class:`EventLayout`)."""
+        return EventLayout(self._views, self._floors, self._dirty_keys, self._pending)
+
     def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, int]]:
         """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): (value, _)}``.
 
         Loads the key on first use. The mapping may hold sessions ending at or before the floor
-        too; callers filter. Read only.
+        too; callers filter. Read only (see :class:`EventLayout` for the one exception).
         """
-        view = self._views.get(key)
+        view = self.cached_view(key, floor_ms)
         if view is not None:
-            held_floor = self._floors[key]
-            if floor_ms >= held_floor:
-                if floor_ms > held_floor and len(view) > 2:
-                    self._forget_before(key, view, floor_ms)
-                return view
-            self._flush_key(key)  # older sessions wanted than held: reload from the store
+            return view
+        if key in self._views:  # older sessions wanted than held: reload from the store
+            self._flush_key(key)
             self._size -= len(self._views.pop(key))
             del self._floors[key]
-        elif floor_ms >= self._complete_above:
-            view = {}  # complete: the wrapped store holds nothing of this key above the floor
-            self._views[key] = view
-            self._floors[key] = floor_ms
-            return view
         low = first_open_end(floor_ms)
-        view = {(s.start, s.end): (value, CLEAN)
-                for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)}
+        view = _View({(s.start, s.end): (value, CLEAN)
+                      for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)})
         if self.max_sessions == 0:
             return view  # not kept: writes of this key go straight through
         if self._size + len(view) > self.max_sessions:
@@ -313,6 +383,25 @@ class CachingSessionStore:
         self._views[key] = view
         self._floors[key] = floor_ms
         self._size += len(view)
+        return view
+
+    def cached_view(self, key: Any, floor_ms: int) -> View | None:
+        """:meth:`sessions_of` when the cache answers it without reading the wrapped store (the
+        view it holds, or a new empty one when the store holds nothing of the key above the
+        floor); None when only a read can (the caller asks :meth:`sessions_of`)."""
+        view = self._views.get(key)
+        if view is not None:
+            held_floor = self._floors[key]
+            if floor_ms < held_floor:
+                return None  # older sessions wanted than held
+            if floor_ms > held_floor and len(view) > 2:
+                self._forget_before(key, view, floor_ms)
+            return view
+        if floor_ms < self._complete_above:
+            return None
+        view = _View()  # complete: the wrapped store holds nothing of this key above the floor
+        self._views[key] = view
+        self._floors[key] = floor_ms
         return view
 
     def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
@@ -378,15 +467,14 @@ class CachingSessionStore:
             # a removal still pending means the wrapped store holds the session (a re-cut can
             # put back the bounds of a session it removed); the view holds the change now
             view[bounds] = (value, CHANGED if self._dirty.pop(sid, None) is TOMBSTONE else NEW)
-            self._size += 1
-            if self._index_ends:
-                self._index(key, start, end)
         else:
             view[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
         self._dirty_keys.add(key)
-        if self._pending is not None and (cached is None or cached[1] == CLEAN):
+        if self._pending and (cached is None or cached[1] == CLEAN):
             self._track(sid)
-        if self._size > self.max_sessions:
+        if cached is None:
+            self.added(key, start, end)
+        elif self._size > self.max_sessions:
             self._overflow()
         return True
 
@@ -417,8 +505,6 @@ class CachingSessionStore:
                     self.remove(_new_session((key, b[0], b[1])))
             self.put(_new_session(session), value)
             return
-        dirty = self._dirty
-        pending = self._pending
         bounds = (session[1], session[2])
         covered = False  # by the end-index entry of a joined session it holds
         for b in joined:
@@ -428,24 +514,48 @@ class CachingSessionStore:
                 if bounds[0] <= b[0] and b[1] <= bounds[1]:
                     covered = True
                 if gone[1] != NEW:  # NEW: never written, nothing to undo downstream
-                    old = (key, b[0], b[1])
-                    if pending is not None:
-                        self._track(old)
-                    dirty[old] = TOMBSTONE
+                    self.drop_stored(key, b[0], b[1])
         cached = held.get(bounds)
         if cached is None:
-            held[bounds] = (value, CHANGED if dirty.pop(session, None) is TOMBSTONE
-                            else NEW)  # as put() does
-            self._size += 1
-            if self._index_ends and not covered:
-                self._index(key, bounds[0], bounds[1])
+            pending_removal = self._dirty.pop(session, None) is TOMBSTONE
+            held[bounds] = (value, CHANGED if pending_removal else NEW)  # as put() does
         else:
             held[bounds] = (value, NEW if cached[1] == NEW else CHANGED)
         self._dirty_keys.add(key)
-        if pending is not None and (cached is None or cached[1] == CLEAN):
+        if self._pending and (cached is None or cached[1] == CLEAN):
             self._track(session)
+        if cached is None and not covered:
+            self.added(key, bounds[0], bounds[1])
+            return
+        if cached is None:
+            self._size += 1  # indexed by the end-index entry of a joined session it holds
         if self._size > self.max_sessions:
             self._overflow()
+
+    def added(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """Count the session ``(key, start_ms, end_ms)`` a caller added to the view of ``key``
+        (see :class:`EventLayout`): index its end, and write everything when the cache now
+        holds more than ``max_sessions``."""
+        self._size += 1
+        if self._index_ends:
+            self._index(key, start_ms, end_ms)
+        if self._size > self.max_sessions:
+            self._overflow()
+
+    def drop_stored(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """The session ``(key, start_ms, end_ms)``, no longer in the view of ``key``, was not
+        NEW: the wrapped store may hold it, so a flush removes it there (a NEW one was never
+        written and needs nothing). Every removal from a view calls this."""
+        sid = (key, start_ms, end_ms)
+        if self._pending:
+            self._track(sid)
+        self._dirty[sid] = TOMBSTONE
+
+    def track_change(self, key: Any, start_ms: int, end_ms: int) -> None:
+        """While ranged flushes track changes (``event_layout.tracking`` is non-empty): track
+        the session ``(key, start_ms, end_ms)`` a caller changed in a view (see
+        :class:`EventLayout`)."""
+        self._track((key, start_ms, end_ms))
 
     def _overflow(self) -> None:
         """Make room when a put took the cache past ``max_sessions``."""
@@ -468,9 +578,7 @@ class CachingSessionStore:
             return
         self._size -= 1
         if cached[1] != NEW:  # NEW: never written, nothing to undo downstream
-            if self._pending is not None:
-                self._track(sid)
-            self._dirty[sid] = TOMBSTONE
+            self.drop_stored(key, start, end)
 
     def put_many(self, keys: Any, starts_ms: Any, ends_ms: Any, values: Any, *,
                  key_index: Any = None) -> Any:
@@ -495,7 +603,7 @@ class CachingSessionStore:
 
     def _track(self, sid: tuple[Any, int, int]) -> None:
         """Add a newly dirty session to the pending heap (only called while it is kept)."""
-        assert self._pending is not None
+        assert self._pending
         self._seq += 1
         heapq.heappush(self._pending, (sid[2], self._seq, sid))
 
@@ -505,18 +613,21 @@ class CachingSessionStore:
         dirty = self._dirty
         if upto_end_ms is None:
             held = self._stage_held()
-            self._pending = None
+            self._pending.clear()
         else:
             pending = self._pending
-            if pending is None:  # the first ranged flush since a full one: index the changes
+            if not pending:  # the first ranged flush since a full one: index the changes
                 changes = [*dirty, *self._held_changes()]
-                pending = [(sid[2], seq, sid) for seq, sid in enumerate(changes, self._seq + 1)]
-                self._seq += len(pending)
+                pending.extend((sid[2], seq, sid)
+                               for seq, sid in enumerate(changes, self._seq + 1))
+                self._seq += len(changes)
+                pending.append(_TRACKING)  # never due: the heap stays non-empty
                 heapq.heapify(pending)
-                self._pending = pending
             due: list[tuple[Any, int, int]] = []
-            while pending and pending[0][0] <= upto_end_ms:
-                due.append(heapq.heappop(pending)[2])
+            while pending[0][0] <= upto_end_ms:  # the _TRACKING entry is never due
+                sid = heapq.heappop(pending)[2]
+                assert sid is not None
+                due.append(sid)
             # a session put, removed before it was written, and put again is tracked twice
             due = list(dict.fromkeys(due))
             held = [s for s in due if s not in dirty and self._holds_change(s)]
@@ -613,7 +724,7 @@ class CachingSessionStore:
             try:
                 self._flush_one(session)
             except BaseException:
-                if self._pending is not None:  # keep every unwritten change for a retry
+                if self._pending:  # keep every unwritten change for a retry
                     for rest in batch[index:]:
                         if rest in self._dirty:
                             self._track(rest)
@@ -640,13 +751,13 @@ class CachingSessionStore:
         live = rows[first:] if first else rows
         if live:
             if self._bulk and len(live) >= _BULK_FLUSH_MIN:
-                self.wrapped.put_many([r[3][0] for r in live], [r[2] for r in live],
+                self.wrapped.put_many([r[3] for r in live], [r[2] for r in live],
                                       [r[0] for r in live], [r[4] for r in live])
             else:
                 put = self.wrapped.put
                 for index, row in enumerate(live):
                     try:
-                        put(_new_session(row[3]), row[4])
+                        put(_new_session((row[3], row[2], row[0])), row[4])
                     except BaseException:
                         self._size -= first + index
                         del rows[:first + index]
@@ -673,7 +784,7 @@ class CachingSessionStore:
                 self.wrapped.put_many([s[0] for s in puts], [s[1] for s in puts],
                                       [s[2] for s in puts], [dirty[s] for s in puts])
         except BaseException:
-            if self._pending is not None:  # keep every unwritten change for a retry
+            if self._pending:  # keep every unwritten change for a retry
                 for rest in batch:
                     if rest in dirty:
                         self._track(rest)
@@ -800,7 +911,7 @@ class CachingSessionStore:
         self._floors.clear()
         self._dirty.clear()
         self._dirty_keys.clear()
-        self._pending = None
+        self._pending.clear()
         self._size = 0
         self._closed_rows.clear()
         self._by_end.clear()

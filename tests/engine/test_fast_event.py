@@ -176,3 +176,52 @@ def test_a_session_ending_at_the_close_cursor_never_joins(emit: EmitStrategy, in
         assert fused.sessions("k") == full.sessions("k")
     assert [s for s, _ in fused.sessions("k")] == [s for s, _ in full.sessions("k")]
     assert fused.advance_watermark(INT64_MAX) == full.advance_watermark(INT64_MAX)
+
+
+STEPS_TO_TRACK = {
+    # a grown session: a's view is loaded by the full step, then the fused step grows it
+    "grown": [("event", "a", 0, 0), ("event", "b", 0, 0), ("event", "c", 0, 20),  # evicts
+              ("event", "a", 0, 5),
+              ("watermark", 10),  # b closes from the store: a ranged flush
+              ("event", "a", 0, 12),  # the fused step grows a's NEW session
+              ("watermark", 30)],
+    # a written session changed in place: c's view is loaded (its session CLEAN) by the full
+    # step, which opens another session beside it
+    "changed": [("event", "a", 0, 0), ("event", "b", 0, 0), ("event", "c", 0, 20),  # evicts
+                ("watermark", 10),  # a and b close from the store: a ranged flush
+                ("event", "c", 0, 50),
+                ("event", "c", 0, 20),  # the fused step: c's CLEAN [20, 30), same bounds
+                ("watermark", 30)],
+    # a written session replaced: its removal must reach the store before the close reads it
+    "replaced": [("event", "a", 0, 0), ("event", "b", 0, 0), ("event", "c", 0, 20),  # evicts
+                 ("watermark", 10),  # a and b close from the store: a ranged flush
+                 ("event", "c", 0, 50),
+                 ("event", "c", 0, 25),  # the fused step: c's CLEAN [20, 30) grows
+                 ("watermark", 40)],
+}
+EMITTED = {"grown": [("b", 0, 10, 1), ("a", 0, 22, 3), ("c", 20, 30, 1)],
+           "changed": [("a", 0, 10, 1), ("b", 0, 10, 1), ("c", 20, 30, 2)],
+           "replaced": [("a", 0, 10, 1), ("b", 0, 10, 1), ("c", 20, 35, 2)]}
+
+
+@pytest.mark.parametrize("case", sorted(STEPS_TO_TRACK))
+def test_the_fused_step_tracks_its_changes_for_a_ranged_flush(case: str) -> None:
+    """After an eviction the cache is not complete, so a close reads the store after a ranged
+    flush, which writes only the changes it tracks: a session the fused step grew, changed in
+    place from a written one, or replaced (its removal), must be among them, or the close
+    misses it (or emits the replaced one too)."""
+    cfg = {"gap": 10, "grace": 0, "inclusive": False, "ooo": 0, "watermark": "external",
+           "cache": 2, "segment": None, "extra_retention": 0}
+    fused = _engine(cfg, EmitStrategy.ON_WINDOW_CLOSE, "count")
+    full = _engine(cfg, EmitStrategy.ON_WINDOW_CLOSE, "count")
+    assert _fused(fused)
+    emitted = []
+    for step in STEPS_TO_TRACK[case]:
+        if step[0] == "event":
+            got = fused.process(*step[1:])
+            assert got == SessionAggregator.process(full, *step[1:])
+        else:
+            got = fused.advance_watermark(step[1])
+            assert got == full.advance_watermark(step[1])
+        emitted += [(e.session.key, e.session.start, e.session.end, e.value) for e in got]
+    assert emitted == EMITTED[case]

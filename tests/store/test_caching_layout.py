@@ -11,8 +11,10 @@ pins it to the engine's full step."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,7 +147,7 @@ def test_the_cache_reads_and_writes_what_its_store_would(ops: list[Any], size: i
             assert cache.has_ends_upto(upto) or not expected
             rows = cache.take_closed_rows(first_open_end(cursor), upto)
             got = (list(cache.find_sessions(first_open_end(cursor), upto)) if rows is None
-                   else [(Session(*row[3]), row[4]) for row in rows])
+                   else [(Session(row[3], row[2], row[0]), row[4]) for row in rows])
             assert got == expected
             cursor = upto
         elif kind == "flush_upto":
@@ -206,3 +208,34 @@ def test_a_session_written_out_by_an_eviction_keeps_an_end_index_entry() -> None
     assert cache.take_closed_rows(1, 10) is None
     assert cache.has_ends_upto(20)
     assert _all(cache.wrapped) == [(Session("a", 1, 20), 2)]
+
+
+def test_a_view_stays_tracked_by_the_collector() -> None:
+    """A held view is never untracked by a full collection (then re-tracked, as a young object,
+    by its next new session, which made every view count towards the next full collection):
+    the event path's views live as long as their keys."""
+    cache = CachingSessionStore(InMemorySessionStore(retention_ms=1_000), 100, index_ends=True)
+    view = cache.sessions_of("k", INT64_MIN)
+    cache.put(Session("k", 1, 5), 7)
+    gc.collect()
+    gc.collect()
+    assert gc.is_tracked(view)
+    assert cache.event_layout.views["k"] is view
+
+
+@pytest.mark.parametrize("count", [1, 15, 16, 17, 40])
+def test_many_sessions_ending_together_all_close(count: int) -> None:
+    """An end-index entry grows from a short tuple into a list (past 16 sessions): every
+    session ending there closes, in store order, whether indexed when put or again after it
+    grew."""
+    cache = CachingSessionStore(_open(1_000), 1_000, index_ends=True)
+    keys = [f"k{i:02d}" for i in range(count)]
+    for i, key in enumerate(keys):
+        view = cache.sessions_of(key, INT64_MIN)
+        cache.put(Session(key, 10, 20), i)  # indexed at 20
+        cache.put_merged(key, view, [(10, 20)], (key, 5, 30), i)  # grown: still at 20
+    assert cache.take_closed_rows(1, 20) == []  # re-indexed at 30, together
+    rows = cache.take_closed_rows(21, 30)
+    assert rows is not None
+    assert [(row[3], row[2], row[0], row[4]) for row in rows] == \
+        [(key, 5, 30, i) for i, key in enumerate(keys)]
