@@ -39,7 +39,8 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
   open sessions are not written at every event. An event before the last open event of its
   key holds its key, unless it falls inside a session, reaches no further than it does and
-  its add keeps the time-ordered fold with no accumulator check (the in-place update of the
+  its add keeps the time-ordered fold and needs no accumulator check (an int sum's does not:
+  :meth:`.DurationState.in_place_add`; the in-place update of the
   re-cut below is cheaper: a long session taking slightly disordered events would otherwise
   be written again each time the cursor reaches its end). The event holds its key (:class:`.Held`: the
   open sessions stored when it became held, and the events since, in memory); every later

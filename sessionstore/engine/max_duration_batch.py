@@ -6,11 +6,12 @@ aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``,
 
 from __future__ import annotations
 
-import bisect
 import heapq
+import operator
 from typing import Any
 
 import numpy as np
+from sortedcontainers import SortedKeyList
 
 from ..gap_boundary import reaches, within_max_duration
 from ..types import Session
@@ -19,7 +20,6 @@ from .emit import Emit
 from .max_duration_held import HeldKeys
 from .max_duration_order import OpenOrders
 from .max_duration_state import (
-    EVENT_TIME,
     ChangeLog,
     DurationState,
     fold_events,
@@ -29,6 +29,9 @@ from .max_duration_state import (
 )
 from .max_duration_step import EventStep
 from .record import acc_of, check_encodable, record_with_events
+
+_TIME_ARRIVAL = operator.itemgetter(0, 1)
+"""An event's (time, arrival number): its place among a key's events."""
 
 
 class BatchStep:
@@ -260,7 +263,12 @@ class BatchStep:
         and the new event joins the rest, which is cut again. So: per arrival, freeze that
         prefix, insert the event; at the end, cut what is still open. Accumulators are folded
         per final session, which is the loop's value for aggregations that do not depend on
-        the order of the adds (the caller checks)."""
+        the order of the adds (the caller checks).
+
+        The open events are a sorted list of blocks (``SortedKeyList`` on (time, arrival)): an
+        insertion or a position costs O(log n), not the O(n) list moves of inserting into one
+        list (a newest-first key inserts every event at the front), so the replay is
+        O(n log n) in the key's events."""
         agg = self._engine.aggregation
         md = self._md
         inclusive = self._engine.config.inclusive_gap
@@ -268,7 +276,8 @@ class BatchStep:
         batch = [[times[row], seq, ends[row], values[row]]
                  for row, seq in zip(rows, seqs, strict=True)]
         by_arrival = sorted(range(len(rows)), key=seqs.__getitem__)
-        pending = list(open_events)  # the open events, in (time, arrival) order
+        # the open events, in (time, arrival) order (arrival numbers are unique)
+        pending = SortedKeyList(open_events, key=_TIME_ARRIVAL)
         final: list[tuple[int, int, int, list[Any]]] = []
         # the first session of the cut of pending, while known: [start, run, limit, stop]
         head: list[int] | None = None
@@ -287,10 +296,9 @@ class BatchStep:
                 del pending[:stop]
                 head = None
             event = batch[i]
-            # after the equal times: it arrived last
-            pos = bisect.bisect_right(pending, event[0], key=EVENT_TIME)
-            pending.insert(pos, event)
+            pending.add(event)  # after the equal times: it arrived last
             if head is not None:
+                pos = pending.bisect_key_left(_TIME_ARRIVAL(event))
                 if pos == 0:
                     head = None  # a new first event: scan again
                 elif pos <= head[3]:
@@ -300,8 +308,9 @@ class BatchStep:
                             head[1] = event[2]
                     scan_on(pending, head, md, inclusive)  # a longer run may take more
         low = 0
-        for start, end, max_end, stop in cut(pending, md, inclusive):
-            final.append((start, end, max_end, pending[low:stop]))
+        rest = list(pending)
+        for start, end, max_end, stop in cut(rest, md, inclusive):
+            final.append((start, end, max_end, rest[low:stop]))
             low = stop
         done: list[list[Any]] = []
         fresh: list[int] = []

@@ -113,6 +113,10 @@ class DurationState:
             adds look at the value's number.
         order_free_adds: no such part: the adds of the other built-ins (count, first, last,
             collect) give the fold in (time, arrival) order whatever order they come in.
+        checked_sums_only: the accumulator is checked (``engine.check_acc``) only for its sums
+            (every other part of a built-in encodes whatever encodable values it adds): a sum
+            of ints that stays in int64 is an int, which encodes, so such an add needs no
+            check (:meth:`in_place_add`).
         recut_events: the events of the sessions re-cuts wrote (each is copied into its record
             and folded).
         recut_steps: the steps of re-cuts done one by one in Python: binary searches (or,
@@ -121,7 +125,7 @@ class DurationState:
     """
 
     __slots__ = ("engine", "max_duration_ms", "incremental", "fixed_gap", "lazy", "numeric",
-                 "order_free_adds", "recut_events", "recut_steps")
+                 "order_free_adds", "checked_sums_only", "recut_events", "recut_steps")
 
     def __init__(self, engine: EngineHost, max_duration_ms: int) -> None:
         self.engine = engine
@@ -134,6 +138,10 @@ class DurationState:
         self.numeric = [(kind == "sum", column, i if combined else None)
                         for i, (kind, column) in enumerate(parts or []) if kind in NUMERIC_KINDS]
         self.order_free_adds = not self.numeric
+        aggregation = engine.aggregation
+        members = aggregation.parts if isinstance(aggregation, Combined) else [aggregation]
+        self.checked_sums_only = self.incremental and all(
+            part.acc_always_encodable or part.columnar_kind == "sum" for part in members)
         self.recut_events = 0
         self.recut_steps = 0
 
@@ -154,6 +162,24 @@ class DurationState:
             elif kind is not float:
                 return None
         return total
+
+    def in_place_add(self, acc: Any, value: Any) -> bool:
+        """Whether adding ``value`` to a session's accumulator ``acc`` (of a built-in
+        aggregation: ``incremental``) anywhere among its events gives the fold in (time,
+        arrival) order and needs no accumulator check, so that it can be done in place (the
+        event path, inside a session, and its in-place insert).
+
+        Without a check: the order-free built-ins (count, first, last, collect), or sums,
+        minima and maxima that see only ints (:meth:`ints_only`). With one, only when the
+        sums are what is checked (``checked_sums_only``) and they see only ints: an int sum
+        is exact and order-free, its overflow raises at the event
+        (:func:`~sessionstore.aggregations.int64_sum`, before anything changes), and an int
+        in int64 encodes. A float sum keeps the time-ordered fold (its rounding depends on the
+        order of the adds: bit-identical to the static path), and user functions are folded
+        again from the events (they are not ``incremental``)."""
+        if self.engine.check_acc:
+            return self.checked_sums_only and self.ints_only(acc, value)
+        return self.order_free_adds or self.ints_only(acc, value)
 
     def ints_only(self, acc: Any, value: Any) -> bool:
         """Whether the sums, minima and maxima of ``acc`` and ``value`` are all ints, so that

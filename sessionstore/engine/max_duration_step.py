@@ -215,14 +215,14 @@ class EventStep:
         it would write the key again when the close cursor reaches the session's end: a long
         session taking slightly disordered events was written again every gap's worth of
         events (issue 25)."""
-        if j < 0 or not self._incremental or self._engine.check_acc:
+        if j < 0 or not self._incremental:
             return False
         b = bounds[j]
         raw = view[b][0]
         events, max_end = stored_events(raw, key, b)
         # the in-place case of step(), "inside a session, reaching no further"
-        return t < events[-1][0] and own_end <= max_end and (self._order_free_adds
-                                       or self._state.ints_only(acc_of(raw), value))
+        return t < events[-1][0] and own_end <= max_end \
+            and self._state.in_place_add(acc_of(raw), value)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
               event: list[Any], pos: int) -> tuple[Any, list[Any]]:
@@ -240,8 +240,10 @@ class EventStep:
             events = [*events[:pos], event, *events[pos:]]
             self._state.recut_events += len(events)
             return fold_events(agg, key, events), events
+        # the accumulator check may still refuse (not for an int sum: in_place_add): copy
+        copy = self._engine.check_acc and not self._state.in_place_add(acc, value)
         acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
-        if self._engine.check_acc:  # the accumulator check may still refuse: copy
+        if copy:
             return acc, [*events[:pos], event, *events[pos:]]
         # in place (O(1) at the end): only the record this step replaces holds the list, and
         # nothing after this can fail on the event (the store copies what it writes)

@@ -24,6 +24,7 @@ from sessionstore import (
 )
 from sessionstore.engine.max_duration_step import EventStep
 from sessionstore.timeutil import INT64_MAX
+from tests import oracle
 from tests.engine.test_engine_properties import AGG_ALL, as_rows, changelog_table, check_table_path
 from tests.engine.test_max_duration import (
     MaxDurationDriver,
@@ -277,3 +278,37 @@ def test_a_session_that_closed_exactly_at_the_cursor_is_not_an_open_session(monk
     assert got == want
     assert [(e.session.key, e.session.start, e.session.end, e.value["values"]) for e in got] == [
         ("a", 0, 100, [0, 1]), ("a", 20, 120, [3, 4]), ("b", 100, 200, [2])]
+
+
+@pytest.mark.parametrize("times", [[5_000, 5_500, 5_600, 4_800, 7_000],
+                                   [5_000, 5_500, 5_600, 5_200, 4_800, 7_000, 6_700]])
+def test_the_replay_restarts_its_first_session_at_an_event_before_it(monkeypatch, times):
+    # one process_batch, ON_WINDOW_UPDATE, a user reduce: the replay (BatchStep._replay) knows
+    # the cut of its first open session ([5000, ...) once 5600's "closed before" passes its
+    # first event); 4800 (own window [4800, 5800), not late) then comes before it and must
+    # start that session again: the maximum duration (1.5 s) then ends it at 6300, not 6500,
+    # and 7000 starts the next. Kills: keeping the known first session when an event is
+    # inserted at its front (its start and end stay those of 5000: the oracle property tests
+    # missed it); also a wrong position in the replay's sorted list of open events
+    values = list(range(1, len(times) + 1))
+
+    def engine() -> SessionAggregator:
+        return SessionAggregator(InMemorySessionStore(retention_ms=100_000),
+                                 SessionWindows(1_000, max_duration_ms=1_500),
+                                 aggregations.reduce(lambda a, b: a + b), emit=UPDATE,
+                                 max_out_of_orderness_ms=0)
+
+    plain = engine()
+    want = [e for t, v in zip(times, values, strict=True) for e in plain.process("k", v, t)]
+    want += plain.advance_watermark(INT64_MAX)
+    calls = _count_steps(monkeypatch)
+    batched = engine()
+    got = batched.process_batch(["k"] * len(times), values, times)
+    got += batched.advance_watermark(INT64_MAX)
+    assert calls == []  # replayed in one pass
+    sessions, dropped = oracle.sessionize_max_duration(
+        [("event", "k", v, t) for t, v in zip(times, values, strict=True)], 1_000, 1_500, 0,
+        True, 0)
+    assert not dropped
+    assert _applied(got) == _applied(want) == [((k, s, e), sum(vs)) for k, s, e, vs in sessions]
+    assert [(s, e) for _, s, e, _ in sessions][0] == (4_800, 6_300)

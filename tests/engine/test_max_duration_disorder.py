@@ -24,6 +24,7 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
+from sessionstore.aggregations import SumOverflowError
 from sessionstore.bounded import sessionize
 from sessionstore.engine import max_duration_held
 from sessionstore.engine.cuts import cut, cut_pieces
@@ -860,7 +861,7 @@ def slightly_disordered(n: int, agg: Any, value: Any) -> int:
 
 @pytest.mark.parametrize(("agg", "value", "linear"), [
     (aggregations.count(), None, True), (aggregations.collect(), None, True),
-    (aggregations.sum_of(), 3, False),
+    (aggregations.sum_of(), 3, True),
     (aggregations.sum_of(), 1.5, False), (aggregations.reduce(lambda a, b: a + b), 1.5, False)])
 def test_a_slightly_disordered_long_session_is_not_written_at_every_watermark_move(agg, value,
                                                                                  linear):
@@ -870,14 +871,44 @@ def test_a_slightly_disordered_long_session_is_not_written_at_every_watermark_mo
     # the whole session again: n^2 / 2 (8,010,387 at 4,000 events with a count; 17.4 s of
     # CPU at 16,000). Now an event inside a session that moves no bound and whose add keeps
     # the time-ordered fold, and whose accumulator needs no check (count, first, last,
-    # collect, min and max of ints), is added in place, not held: linear (the in-place adds
-    # are not counted); the others (sums, user functions) are held with the first session's
-    # end as the bound, so the key is written
+    # collect, min and max of ints; since, sums of ints: their checked accumulator is an int
+    # in int64), is added in place, not held: linear (the in-place adds are not counted); the
+    # others (float sums, user functions) are held with the first session's end as the
+    # bound, so the key is written
     # once per gap's worth of events (100 here): n^2 / 70. Kills: the old bound; holding
-    # the cheap in-place events
+    # the cheap in-place events (the int sum: 58,400 and 231,595 when it was held)
     small, large = slightly_disordered(2_000, agg, value), slightly_disordered(4_000, agg,
                                                                               value)
     if linear:
         assert small == large  # the events after the first hold: none re-cut
     else:
         assert small > 0 and large <= 4_000 ** 2 / 50
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_an_int_sum_added_in_place_still_fails_at_the_event_and_changes_nothing(combined):
+    # an int sum's add inside a long session is now in place, like a count (exact and
+    # order-free; its accumulator check cannot refuse an int in int64): its overflow must
+    # still raise at the event (aggregations.int64_sum), before the session's events or sum
+    # change, and the next event is added in place too. Kills: inserting the event before
+    # the add (the session keeps an event its sum lacks), holding or re-cutting it (work
+    # counted), an in-place add of a float into an int sum (the sum's fold order)
+    agg = (aggregations.combine({"s": aggregations.sum_of(), "c": aggregations.collect()})
+           if combined else aggregations.sum_of())
+    windows = SessionWindows(1_000, max_duration_ms=DAY_MS)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms + 100),
+                               windows, agg, emit=CLOSE, max_out_of_orderness_ms=50)
+    engine.process("k", INT64_MAX - 10, 0)
+    engine.process("k", 5, 20)
+    with pytest.raises(SumOverflowError) as caught:
+        engine.process("k", 100, 10)
+    assert caught.value.key == "k" and caught.value.total == INT64_MAX + 95
+    engine.process("k", 1, 10)
+    held = engine._core.max_duration.held
+    assert steps(engine) + recut(engine) == 0 and held.events_held == 0  # in place
+    engine.process("k", 0.5, 15)  # a float: the time-ordered fold, so held
+    assert held.events_held == 1
+    out = engine.advance_watermark(INT64_MAX)
+    total = (INT64_MAX - 10) + 1 + 0.5 + 5  # the left fold in time order
+    want = {"s": total, "c": [INT64_MAX - 10, 1, 0.5, 5]} if combined else total
+    assert [(e.session.start, e.session.end, e.value) for e in out] == [(0, 1_020, want)]
