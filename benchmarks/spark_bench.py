@@ -86,6 +86,7 @@ def spark_session(partitions: int, confs: dict[str, str] | None = None, ui: bool
         .config("spark.ui.enabled", str(ui).lower())  # --breakdown reads its REST API
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
+        .config("spark.python.worker.faulthandler.enabled", "true")  # a crash shows its stack
         # every micro-batch's progress, not the default last 100
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
         # Spark's RocksDB state store (the processor engine needs it) unless --conf names

@@ -34,6 +34,8 @@ def spark() -> Iterator[object]:
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.memory", "2g")
+        # a Python worker that crashes shows its stack in the task's error, not only "exited"
+        .config("spark.python.worker.faulthandler.enabled", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -38,6 +38,7 @@ def main() -> int:
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+             .config("spark.python.worker.faulthandler.enabled", "true")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     stream = spark.readStream.schema("user string, ts timestamp, amount long") \

@@ -27,6 +27,7 @@ from pyspark import TaskContext
 from sessionstore import SessionAggregator, aggregations
 from sessionstore.windows import SessionWindows
 from spark_adapter import arrow, kept
+from spark_adapter import provider as provider_module
 from spark_adapter.config import SessionizeConfig
 from spark_adapter.provider import (
     RELEASE_REQUEST,
@@ -199,7 +200,7 @@ def _only_wakeups() -> None:
     kept.WATCH_IDLE_S = 3600.0
 
 
-def _watcher_asleep() -> None:
+def watcher_asleep() -> None:
     """Return once this process's watcher has gone to sleep: it looked at least once, then not
     again for 0.3 s. A request made after this reaches it only by a wake-up.
 
@@ -224,7 +225,7 @@ def _hold(root: str, keep_it: bool, ready: Any, done: Any) -> None:
     provider.commit(engine.commit, 0, {})
     if keep_it:
         kept.keep(("test", 0), kept.OpenPartition(provider, engine))
-        _watcher_asleep()
+        watcher_asleep()
     ready.set()
     done.wait(600)  # a holder that left would free the copy without being asked
 
@@ -236,7 +237,7 @@ def test_a_waiting_process_gets_a_kept_copy_but_never_one_in_use(tmp_path, idle)
     holder = context.Process(target=_hold, args=(str(tmp_path), idle, ready, done))
     holder.start()
     try:
-        assert ready.wait(60)
+        assert ready.wait(120)
         if idle:
             # the holder's watcher, woken by this wait (it has no timer), closes its idle copy
             # for us; the timeout only bounds a failure, so a loaded machine cannot fail it
@@ -267,7 +268,7 @@ def test_an_idle_watcher_does_not_poll(tmp_path, monkeypatch):
         provider.commit(engine.commit, 0, {})
         kept.keep(("idle", partition), kept.OpenPartition(provider, engine))
         providers.append(provider)
-    _watcher_asleep()
+    watcher_asleep()
     looks = kept.watcher_looks()
     time.sleep(0.5)
     assert kept.watcher_looks() == looks  # no timer: 0.5 s idle, not one look
@@ -297,11 +298,18 @@ def _in_use_then_kept(root: str, ready: Any, release: Any, done: Any) -> None:
 
 def _wait_then_keep(root: str, name: str, waiting: Any, results: Any, done: Any) -> None:
     """In another process: wait for the partition's lock, then keep it idle, as a task that
-    committed would. Only wake-ups make a keeper give the copy up (:func:`_only_wakeups`), so
-    the timeout bounds a failure only and can be long enough for any load."""
+    committed would; ``waiting`` is set once its first try found the lock held and it asked for
+    the copy. Only wake-ups make a keeper give the copy up (:func:`_only_wakeups`), so the
+    timeout bounds a failure only and can be long enough for any load."""
     _only_wakeups()
+    ask = provider_module.wake_keeper
+
+    def asked(local: Path) -> None:  # called by the lock wait after each try that failed
+        waiting.set()
+        ask(local)
+
+    provider_module.wake_keeper = asked
     provider = _provider(Path(root), lock_timeout_ms=60_000)
-    waiting.set()
     try:
         store = provider.load(0)
     except StateLockedError as exc:
@@ -322,16 +330,16 @@ def test_two_waiting_processes_both_get_a_copy_each_keeps_in_turn(tmp_path):
     holder.start()
     waiters = []
     try:
-        assert ready.wait(60)
+        assert ready.wait(120)
         for name in ("first", "second"):
             waiting = context.Event()
             waiter = context.Process(target=_wait_then_keep,
                                      args=(str(tmp_path), name, waiting, results, done))
             waiter.start()
             waiters.append(waiter)
-            assert waiting.wait(60)
-        time.sleep(0.3)  # both wait for the lock, the holder's task still runs
-        release.set()
+            # it tried, found the lock held and asked for the copy: no sleep guesses when
+            assert waiting.wait(120)
+        release.set()  # both wait for the lock, and only now the holder's task ends
         outcomes = dict(results.get(timeout=150) for _ in waiters)
         assert outcomes == {"first": "got it", "second": "got it"}
     finally:
