@@ -222,7 +222,7 @@ class MaxDuration:
         horizon = closed_before
         if self._fallible:  # first the writes this event may need (they may fail)
             horizon = self.close_cursor_after(t)
-            self.held.write_upto(horizon, out)  # what its watermark move closes
+            self.held.write_upto(horizon, out, closing=False)  # what its move closes
             if self.held.full(1):
                 self.held.write_all(out)  # the held-events limit
         engine.metrics.records_in += 1
@@ -253,7 +253,7 @@ class MaxDuration:
         write, when their writes can fail (so that a failure changes nothing; the engine's
         ``advance_watermark`` calls this first)."""
         if self._fallible:
-            self.held.write_upto(to_ms - self._engine.config.grace_ms, out)
+            self.held.write_upto(to_ms - self._engine.config.grace_ms, out, closing=False)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
@@ -263,7 +263,7 @@ class MaxDuration:
         horizon = None
         if self._fallible and len(times):  # first the writes the batch may need
             horizon = self.close_cursor_after(int(times.max()))
-            self.held.write_upto(horizon, out)  # what its close reaches
+            self.held.write_upto(horizon, out, closing=False)  # what its close reaches
             if self.held.full(len(times)):
                 self.held.write_all(out)  # the held-events limit (a longer batch than the
                 # limit may still write every key between two of its events)

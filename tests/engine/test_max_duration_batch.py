@@ -38,17 +38,19 @@ UPDATE = EmitStrategy.ON_WINDOW_UPDATE
 
 
 @st.composite
-def dense_steps(draw: st.DrawFn, floats: bool = False) -> list[tuple[Any, ...]]:
+def dense_steps(draw: st.DrawFn, floats: bool = False, texts: bool = False
+                ) -> list[tuple[Any, ...]]:
     """Events of one to three keys, mostly a few ms out of order (within the gap, so that
     they re-cut rather than come late), sometimes far behind, with (rarely) watermark
-    advances, commits, aborts and reopens between them. With ``floats``, float values."""
+    advances, commits, aborts and reopens between them. With ``floats``, float values; with
+    ``texts``, strs (some equal)."""
     n = draw(st.integers(1, 70))
     keys = draw(st.sampled_from([["a"], ["a", "b"], ["a", "b", "c"]]))
     base = sorted(draw(st.lists(st.integers(0, 250), min_size=n, max_size=n)))
     steps: list[tuple[Any, ...]] = []
     for i, t in enumerate(base):
         jitter = draw(st.sampled_from([0, 0, 0, 0, -1, -2, -4, -8, -15, -40]))
-        value: Any = i * 0.1 + 0.01 if floats else i
+        value: Any = i * 0.1 + 0.01 if floats else f"v{i * 37 % 23:02d}" if texts else i
         steps.append(("event", draw(st.sampled_from(keys)), value, t + jitter))
         extra = draw(st.sampled_from([None] * 20 + ["watermark", "commit", "abort", "reopen"]))
         if extra == "watermark":
@@ -126,6 +128,31 @@ def test_float_sums_are_the_left_fold_in_time_order_on_every_path(cfg, steps, cu
         for value in e.value["values"]:  # collect keeps (time, arrival) order
             total = total + value
         assert e.value["sum"].hex() == float(total).hex() and type(total) is float
+
+
+TEXT_AGG = aggregations.combine({"n": aggregations.count(), "values": aggregations.collect(),
+                                 "min": aggregations.min_of(), "max": aggregations.max_of()})
+
+
+@settings(max_examples=60)
+@given(md_configs(), dense_steps(texts=True), long_cuts, st.sampled_from([CLOSE, UPDATE]))
+def test_str_minima_and_maxima_equal_the_oracle_on_every_path(cfg, steps, cuts, emit):
+    """Minima and maxima of strs are held and added in place inside a session (issue 25; an
+    int's rule: exact and order-free): every session's are those of its values, on the batch
+    path, the event path and the write cache, and the sessions are the oracle's."""
+    batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
+                                           aggregation=TEXT_AGG).run(steps)
+    if emit is CLOSE:
+        plain, _ = MaxDurationDriver(cfg, emit, False, cuts, aggregation=TEXT_AGG).run(steps)
+    else:
+        plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
+                                     write_cache=True, aggregation=TEXT_AGG).run(steps)
+    assert deliveries(batched) == deliveries(plain)
+    rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
+    assert rows == reference(cfg, effective)
+    for e in batched + plain:
+        values = e.value["values"]
+        assert (e.value["min"], e.value["max"]) == (min(values), max(values)), e
 
 
 def _engine(max_duration_ms: int = 25) -> SessionAggregator:
