@@ -121,8 +121,8 @@ class Held:
             on creation, so every session of the key ends at or after it.
         magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
             a fold can leave int64 while it is at most ``INT64_MAX``).
-        texts: the minima and maxima that see strs (a bit mask, the same for every open
-            event: a str is never compared with a number).
+        classes: the classes of what its minima and maxima compare (numbers, strs or bytes:
+            the same for every open event, so a str is never compared with a number).
         run, limit: the largest own end of the events known to be in the first session, and
             ``f + max_duration`` (the first stored session's end stands for its events' largest
             own end: they are equal unless that end is the limit).
@@ -135,11 +135,11 @@ class Held:
         queued: the bound of its newest entry in the heap of bounds (None before the first).
     """
 
-    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude", "texts", "run",
+    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude", "classes", "run",
                  "limit", "waiting", "detached", "queued")
 
     def __init__(self, stored: list[tuple[tuple[int, int], Any]], floor: int,
-                 magnitude: int, texts: int, max_duration_ms: int) -> None:
+                 magnitude: int, classes: int, max_duration_ms: int) -> None:
         self.stored = stored
         self.events: list[list[Any]] = []
         self.first_t = stored[0][0][0]
@@ -147,7 +147,7 @@ class Held:
         first_end = stored[0][0][1]
         self.bound = first_end if first_end > floor else floor
         self.magnitude = magnitude
-        self.texts = texts
+        self.classes = classes
         self.run = first_end
         self.limit = self.first_t + max_duration_ms
         self.waiting: list[tuple[int, int]] | None = []
@@ -239,7 +239,7 @@ class HeldKeys:
         found = state.magnitude(event[3])
         if found is None:
             return False
-        magnitude, texts = found
+        magnitude, classes = found
         stored = [(b, view[b][0]) for b in bounds]
         state.recut_steps += len(stored)
         if state.numeric:
@@ -247,13 +247,13 @@ class HeldKeys:
                 kept = stored_events(raw, key, b)[0]
                 for e in kept:
                     more = state.magnitude(e[3])
-                    if more is None or more[1] != texts:
+                    if more is None or more[1] != classes:
                         return False
                     magnitude += more[0]
                 state.recut_steps += len(kept)
         if magnitude > INT64_MAX:
             return False
-        held = Held(stored, first_open_end(closed_before), magnitude, texts, self._md)
+        held = Held(stored, first_open_end(closed_before), magnitude, classes, self._md)
         if held.bound <= horizon:  # not a bound this call's own close could reach
             return False
         if self.events_held >= HELD_EVENTS_LIMIT:
@@ -294,7 +294,7 @@ class HeldKeys:
         events are held: then every key is written first (:meth:`write_all`, with ``out``
         and ``log``)."""
         found = self._magnitude(event[3])
-        if found is None or found[1] != held.texts or held.magnitude + found[0] > INT64_MAX:
+        if found is None or found[1] != held.classes or held.magnitude + found[0] > INT64_MAX:
             return False
         magnitude = found[0]
         bound = held.bound

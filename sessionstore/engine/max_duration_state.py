@@ -44,6 +44,14 @@ Added = tuple[int, int, Any, list[Any], int, bool, Any]
 the old accumulator of a session changed in place)``."""
 
 
+_CLASSES: dict[type, int] = {str: 1, bytes: 2}
+"""The classes of values a held key's minima and maxima may compare besides numbers (ints,
+bools and floats: class 0)."""
+_EXACT_EXTREMES = frozenset((int, bool, str, bytes))
+"""The types whose equal values are indistinguishable (a minimum or maximum of one of them
+does not depend on which equal value came first)."""
+
+
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
     """The end of the session an event at ``t_ms`` forms alone: ``t + min(gap, max_duration)``.
 
@@ -147,28 +155,30 @@ class DurationState:
 
     def magnitude(self, value: Any) -> tuple[int, int] | None:
         """What holding ``value`` needs to know so that writing its key cannot fail: ``(the
-        sum of the magnitudes of its int numbers that sums add, the minima and maxima that
-        see a str, as a bit mask)``; None when a number a sum adds is not an int or a float,
-        or one a minimum or maximum compares is not an int, a float or a str (or is missing):
-        the event then takes the exact step, whose add fails at that event if it must. A key
-        is held only while every event gives the same mask (a str is never compared with a
-        number)."""
+        sum of the magnitudes of its int numbers that sums add, the classes of what its
+        minima and maxima compare)``; None when a number a sum adds is not an int, a bool or
+        a float, or one a minimum or maximum compares is none of those, a str or bytes (or
+        it is missing): the event then takes the exact step, whose add fails at that event
+        if it must. The classes (:data:`_CLASSES`: numbers, strs, bytes; two bits per
+        minimum or maximum) must be the same for every event of a held key: what one class
+        holds never fails to compare with itself, nor is it compared with another."""
         total = 0
-        texts = 0
+        classes = 0
         for i, (is_sum, column, _) in enumerate(self.numeric):
             try:
                 number = value if column is None else value[column]
             except (KeyError, TypeError, IndexError):
                 return None
             kind = type(number)
-            if kind is int:
+            if kind is int or kind is bool:
                 if is_sum:
                     total += number if number >= 0 else -number
-            elif kind is str and not is_sum:
-                texts |= 1 << i
             elif kind is not float:
-                return None
-        return total, texts
+                cls = _CLASSES.get(kind)
+                if cls is None or is_sum:
+                    return None
+                classes |= cls << 2 * i
+        return total, classes
 
     def in_place_add(self, acc: Any, value: Any) -> bool:
         """Whether adding ``value`` to a session's accumulator ``acc`` (of a built-in
@@ -191,18 +201,18 @@ class DurationState:
 
     def exact_adds(self, acc: Any, value: Any) -> bool:
         """Whether the sums of ``acc`` and ``value`` are ints and their minima and maxima
-        ints or strs (the accumulator's of the value's type), so that an ``add`` anywhere
-        gives the fold in (time, arrival) order: int sums are exact, and the minimum of ints
-        (or of strs) is the same whichever equal one is seen first, equal ones being
-        indistinguishable (not so for floats: -0.0 and 0.0 are equal; a sum stays an int only
-        while every value added was one)."""
+        ints, bools, strs or bytes (the accumulator's of the value's type), so that an
+        ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and the
+        minimum of ints (or of strs...) is the same whichever equal one is seen first, equal
+        ones being indistinguishable (not so for floats: -0.0 and 0.0 are equal, nor for an
+        int and a bool; a sum stays an int only while every value added was one)."""
         for is_sum, column, index in self.numeric:
             try:
                 number = value if column is None else value[column]
             except (KeyError, TypeError, IndexError):
                 return False
             kind = type(number)
-            if kind is not int and (is_sum or kind is not str):
+            if kind is not int and (is_sum or kind not in _EXACT_EXTREMES):
                 return False
             if type(acc if index is None else acc[index]) is not kind:
                 return False
