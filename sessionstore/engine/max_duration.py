@@ -65,10 +65,11 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   the write removes it): it is removed from the store before the closing meets it
   (:meth:`.HeldKeys.write_upto`, its record kept for the write; an abort restores it with the
   rest). The built-in aggregations are held only while the numbers their sums see are ints
-  and floats whose int sums cannot leave int64, and their minima and maxima see ints and
-  floats, or strs only (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
-  event that could make it fail takes the re-cut and fails at itself. Aggregations with user
-  functions are held with ``ON_WINDOW_CLOSE`` only, and their writes can fail: a failing write
+  and floats whose int sums cannot leave int64, and their minima and maxima see numbers
+  only, strs only or bytes only (:meth:`.DurationState.magnitude`): a write then cannot fail,
+  and an event that could make it fail takes the re-cut and fails at itself. Aggregations
+  with user functions are held with ``ON_WINDOW_CLOSE`` only (a batch replays their keys
+  instead: below), and their writes can fail: a failing write
   raises :class:`.HeldWriteError` (naming the aggregation, key and session), writes nothing
   and keeps the key held; it is done before the call that needs it changes anything
   (:meth:`MaxDuration.process` and :meth:`MaxDuration.process_many` first write what their
@@ -109,10 +110,14 @@ them have no sound pane history) raise ``ValueError``.
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
 order after its last open event (:meth:`.BatchStep._in_order`), or out of order with an
-aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``:
-:meth:`.BatchStep._replay` follows the loop's re-cuts and closes; those fold from the events);
-the other keys take the event step one by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
-write cache every event takes the event step (its evictions forward in the loop's order).
+aggregation with user functions (:meth:`.BatchStep._replay` follows the loop's re-cuts and
+closes, in O(n log n); those fold from the events, before the batch changes anything, so a
+failing function raises at that batch and changes nothing: with ``ON_WINDOW_UPDATE`` a held
+write at the batch's end would follow its changes, and with ``ON_WINDOW_CLOSE`` no event is
+held whose key's bound the batch's own close reaches); the other keys take the event step one
+by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of
+the batch. With a write cache every event takes the event step (its evictions forward in the
+loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of

@@ -157,9 +157,9 @@ class DurationState:
         """What holding ``value`` needs to know so that writing its key cannot fail: ``(the
         sum of the magnitudes of its int numbers that sums add, the classes of what its
         minima and maxima compare)``; None when a number a sum adds is not an int, a bool or
-        a float, or one a minimum or maximum compares is none of those, a str or bytes (or
-        it is missing): the event then takes the exact step, whose add fails at that event
-        if it must. The classes (:data:`_CLASSES`: numbers, strs, bytes; two bits per
+        a float (numpy's ``float64`` included, which pandas rows give), or one a minimum or
+        maximum compares is none of those, a str or bytes (or it is missing): the event then
+        takes the exact step, whose add fails at that event if it must. The classes (:data:`_CLASSES`: numbers, strs, bytes; two bits per
         minimum or maximum) must be the same for every event of a held key: what one class
         holds never fails to compare with itself, nor is it compared with another."""
         total = 0
@@ -173,7 +173,7 @@ class DurationState:
             if kind is int or kind is bool:
                 if is_sum:
                     total += number if number >= 0 else -number
-            elif kind is not float:
+            elif kind is not float and kind is not np.float64:  # (numpy's: a float too)
                 cls = _CLASSES.get(kind)
                 if cls is None or is_sum:
                     return None
