@@ -107,23 +107,31 @@ FLOAT_AGG = aggregations.combine({"n": aggregations.count(), "values": aggregati
                                   "sum": aggregations.sum_of(), "min": aggregations.min_of()})
 
 
+def every_path(cfg: dict[str, Any], steps: list[tuple[Any, ...]], cuts: list[bool],
+               emit: Any, aggregation: Any) -> list[Any]:
+    """The emits of the batch path and of the event path (with its write cache for
+    ``ON_WINDOW_UPDATE``) with ``aggregation``, after checking that they deliver the same
+    sessions and values, and that those are the oracle's sessions."""
+    batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
+                                           aggregation=aggregation).run(steps)
+    if emit is CLOSE:
+        plain, _ = MaxDurationDriver(cfg, emit, False, cuts, aggregation=aggregation).run(steps)
+    else:
+        plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
+                                     write_cache=True, aggregation=aggregation).run(steps)
+    assert deliveries(batched) == deliveries(plain)
+    rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
+    assert rows == reference(cfg, effective)
+    return batched + plain
+
+
 @settings(max_examples=100)
 @given(md_configs(), dense_steps(floats=True), long_cuts, st.sampled_from([CLOSE, UPDATE]))
 def test_float_sums_are_the_left_fold_in_time_order_on_every_path(cfg, steps, cuts, emit):
     """A float sum rounds by the order of its adds: a session's sum is the left fold of its
     values in (time, arrival) order, whatever the arrival order and whether its key was held;
     the batch path equals the event path bit for bit."""
-    batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
-                                           aggregation=FLOAT_AGG).run(steps)
-    if emit is CLOSE:
-        plain, _ = MaxDurationDriver(cfg, emit, False, cuts, aggregation=FLOAT_AGG).run(steps)
-    else:
-        plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
-                                     write_cache=True, aggregation=FLOAT_AGG).run(steps)
-    assert deliveries(batched) == deliveries(plain)
-    rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
-    assert rows == reference(cfg, effective)
-    for e in batched + plain:
+    for e in every_path(cfg, steps, cuts, emit, FLOAT_AGG):
         total: Any = 0
         for value in e.value["values"]:  # collect keeps (time, arrival) order
             total = total + value
@@ -140,17 +148,7 @@ def test_str_minima_and_maxima_equal_the_oracle_on_every_path(cfg, steps, cuts, 
     """Minima and maxima of strs are held and added in place inside a session (issue 25; an
     int's rule: exact and order-free): every session's are those of its values, on the batch
     path, the event path and the write cache, and the sessions are the oracle's."""
-    batched, effective = MaxDurationDriver(cfg, emit, True, cuts,
-                                           aggregation=TEXT_AGG).run(steps)
-    if emit is CLOSE:
-        plain, _ = MaxDurationDriver(cfg, emit, False, cuts, aggregation=TEXT_AGG).run(steps)
-    else:
-        plain, _ = MaxDurationDriver({**cfg, "cache": 100_000}, emit, False, cuts,
-                                     write_cache=True, aggregation=TEXT_AGG).run(steps)
-    assert deliveries(batched) == deliveries(plain)
-    rows = as_rows(batched) if emit is CLOSE else changelog_table(batched)
-    assert rows == reference(cfg, effective)
-    for e in batched + plain:
+    for e in every_path(cfg, steps, cuts, emit, TEXT_AGG):
         values = e.value["values"]
         assert (e.value["min"], e.value["max"]) == (min(values), max(values)), e
 
