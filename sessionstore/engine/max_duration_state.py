@@ -157,11 +157,12 @@ class DurationState:
         """What holding ``value`` needs to know so that writing its key cannot fail: ``(the
         sum of the magnitudes of its int numbers that sums add, the classes of what its
         minima and maxima compare)``; None when a number a sum adds is not an int, a bool or
-        a float (numpy's ``float64`` included, which pandas rows give), or one a minimum or
+        a float (numpy's ``float64`` too: an element of an array), or one a minimum or
         maximum compares is none of those, a str or bytes (or it is missing): the event then
-        takes the exact step, whose add fails at that event if it must. The classes (:data:`_CLASSES`: numbers, strs, bytes; two bits per
-        minimum or maximum) must be the same for every event of a held key: what one class
-        holds never fails to compare with itself, nor is it compared with another."""
+        takes the exact step, whose add fails at that event if it must. The classes
+        (:data:`_CLASSES`: numbers, strs, bytes; two bits per minimum or maximum) must be the
+        same for every event of a held key: what one class holds never fails to compare
+        with itself, nor is it compared with another."""
         total = 0
         classes = 0
         for i, (is_sum, column, _) in enumerate(self.numeric):

@@ -268,8 +268,8 @@ def test_a_newest_first_chain_is_held_and_costs_linear_work(agg, path, emit):
     # the first event of every session behind it): 4x the work at twice the events; the
     # float sum was never held by the batch path (it stepped event by event, O(n^2)); the
     # key held but written at every event; written per session in every batch; numpy's
-    # float64 values (what pandas rows give) not held, as only exact floats were (the event
-    # path: 2,000,999 and 8,001,999 events re-cut)
+    # float64 values (an element of a numpy array or pandas column) not held, as only exact
+    # floats were (the event path: 2,000,999 and 8,001,999 events re-cut)
     small, large = held_newest_first(2_000, agg, path, emit), held_newest_first(4_000, agg, path,
                                                                                emit)
     assert small > 0 and large <= 2.2 * small
