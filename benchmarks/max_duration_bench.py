@@ -1,6 +1,6 @@
-"""Maximum duration under arrival disorder: one key's events in time order, newest first and
-shuffled (issue 25, item 3). Reports CPU and wall time per row and the growth per doubling of
-the input; asserts nothing::
+"""Maximum duration under arrival disorder: one key's events in time order, newest first,
+shuffled and slightly disordered (issue 25, item 3). Reports CPU and wall time per row and the
+growth per doubling of the input; asserts nothing::
 
     python -m benchmarks.max_duration_bench                      # 4k, 8k, 16k events
     python -m benchmarks.max_duration_bench --sizes 16000 64000 --aggs count fsum \
@@ -10,13 +10,17 @@ Events are 10 ms apart with a 100 ms gap, under two maximum durations: 10 s (a c
 sessions of 1,000 events, cut by the maximum duration: a newest-first event moves the first
 event of each, so each is written again) and one day (one session). ``events_re_cut`` counts
 the events of the sessions re-cuts wrote, ``re_cut_steps`` the steps they took one by one.
-Lateness covers the whole input, so every event is accepted whatever the order.
+Lateness covers the whole input, so every event is accepted whatever the order; except for
+``swapped`` (each pair of neighbouring events swapped: slight disorder in a long stream), whose
+lateness is 50 ms, so that the watermark moves with the events and sessions close as they go
+(not in the CLI rows).
 
 Aggregations: ``count`` and ``fsum`` (a float sum, whose value depends on the order of its adds),
 and two with user functions (issue 25: held with ``ON_WINDOW_CLOSE`` since, re-cut per event
 before): ``reduce`` (``reduce(lambda a, b: a + b)`` over the float values) and ``aggregate``
-(``aggregate`` with an initializer, aggregator and merger adding the float values). The CLI
-rows take ``count`` and ``fsum`` only.
+(``aggregate`` with an initializer, aggregator and merger adding the float values); ``text``:
+the minimum and maximum of str values (:func:`text_of`). The CLI rows take ``count`` and
+``fsum`` only.
 Paths: ``event`` (``process`` per event, ``ON_WINDOW_CLOSE``), ``event-update`` (the same with
 ``ON_WINDOW_UPDATE``: every event emits its changes, so a newest-first chain is output-bound),
 ``batch`` (one ``process_batch``, ``ON_WINDOW_CLOSE``), ``batch-update`` (one ``process_batch``,
@@ -56,14 +60,21 @@ from .common import write_results
 log = logging.getLogger("benchmarks.max_duration")
 STEP_MS, GAP_MS = 10, 100
 MAX_DURATIONS_MS = {"chained": 10_000, "one session": 86_400_000}
-ORDERS = ("sorted", "reversed", "shuffled")
-AGGS = ("count", "fsum", "reduce", "aggregate")
+ORDERS = ("sorted", "reversed", "shuffled", "swapped")
+AGGS = ("count", "fsum", "reduce", "aggregate", "text")
+SWAPPED_LATENESS_MS = 5 * STEP_MS
 PATHS = ("event", "event-update", "batch", "batch-update", "cli", "cli-update")
 
 
 def value_of(t: int) -> float:
     """The float an event at ``t`` carries for ``fsum`` (not exactly representable sums)."""
     return t * 0.1 + 0.3
+
+
+def text_of(t: int) -> str:
+    """The str an event at ``t`` carries for ``text`` (its order is not the order of the
+    times)."""
+    return f"v{t * 7_919 % 100_003:06d}"
 
 
 def _add(a: float, b: float) -> float:
@@ -81,6 +92,9 @@ def aggregation_of(agg: str) -> aggregations.Aggregation:
     if agg == "aggregate":
         return aggregations.aggregate(float, lambda key, value, acc: acc + value,
                                       lambda key, a, b: a + b)
+    if agg == "text":
+        return aggregations.combine({"min": aggregations.min_of(),
+                                     "max": aggregations.max_of()})
     raise ValueError(f"unknown aggregation {agg!r}; expected one of {', '.join(AGGS)}")
 
 
@@ -91,6 +105,9 @@ def arrival(n: int, order: str, seed: int = 1) -> list[int]:
         times.reverse()
     elif order == "shuffled":
         random.Random(seed).shuffle(times)
+    elif order == "swapped":
+        for i in range(0, n - 1, 2):
+            times[i], times[i + 1] = times[i + 1], times[i]
     return times
 
 
@@ -100,14 +117,15 @@ def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[
     if path.startswith("cli"):
         return run_cli(n, order, layout, agg, path)
     windows = SessionWindows(GAP_MS, max_duration_ms=MAX_DURATIONS_MS[layout])
-    lateness = n * STEP_MS
+    lateness = SWAPPED_LATENESS_MS if order == "swapped" else n * STEP_MS
     updates = path.endswith("-update")
     emit = EmitStrategy.ON_WINDOW_UPDATE if updates else EmitStrategy.ON_WINDOW_CLOSE
     engine = SessionAggregator(
         InMemorySessionStore(retention_ms=windows.retention_ms + lateness), windows,
         aggregation_of(agg), emit=emit, max_out_of_orderness_ms=lateness)
     times = arrival(n, order)
-    values: list[Any] = [None] * n if agg == "count" else [value_of(t) for t in times]
+    values: list[Any] = ([None] * n if agg == "count" else list(map(text_of, times))
+                         if agg == "text" else [value_of(t) for t in times])
     cpu, wall = time.process_time(), time.perf_counter()
     if path.startswith("event"):
         out = []
@@ -118,7 +136,7 @@ def run(n: int, order: str, path: str, layout: str, agg: str = "count") -> dict[
     closed = engine.advance_watermark(INT64_MAX)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if not updates:
-        out = closed
+        out += closed
     if agg == "count" and not updates and sum(e.value for e in out) != n:
         raise AssertionError(f"{order} {path} {n}: {sum(e.value for e in out)} events out")
     recut = engine.recut_counts
@@ -135,6 +153,8 @@ def run_cli(n: int, order: str, layout: str, agg: str, path: str) -> dict[str, A
         raise ValueError(f"the CLI rows use the chained layout, got {layout!r}")
     if agg not in ("count", "fsum"):
         raise ValueError(f"the CLI rows take count or fsum, got {agg!r}")
+    if order == "swapped":
+        raise ValueError("the CLI rows cover the whole input with their lateness; not swapped")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         with source.open("w") as f:

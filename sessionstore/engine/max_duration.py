@@ -39,29 +39,37 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   :meth:`MaxDuration.process_many`, whose change log is "before the batch, and now"): the key's
   open sessions are not written at every event. An event before the last open event of its
   key holds its key, unless it falls inside a session, reaches no further than it does and
-  its add keeps the time-ordered fold and needs no accumulator check (an int sum's does not:
-  :meth:`.DurationState.in_place_add`; the in-place update of the
-  re-cut below is cheaper: a long session taking slightly disordered events would otherwise
-  be written again each time the cursor reaches its end). The event holds its key (:class:`.Held`: the
-  open sessions stored when it became held, and the events since, in memory); every later
-  event of the key is held too. The key is written once (:meth:`.HeldKeys.write`: its
+  its add keeps the time-ordered fold and needs no accumulator check (ints, and strs for
+  minima and maxima; an int sum's needs none: :meth:`.DurationState.in_place_add`; the
+  in-place update of the re-cut below is one add, where holding keeps the event in memory
+  and writes the session later). The event holds its key (:class:`.Held`: the open sessions
+  stored when it became held, and the events since, in memory); every later event of the
+  key is held too. The key is written once (:meth:`.HeldKeys.write`: its
   open events from the session the earliest held event falls into, sorted, cut by
   :func:`.cut_until_unchanged`, diffed against the stored sessions) when that is needed: before
   the close cursor reaches a lower bound of its session ends (:meth:`MaxDuration.write_upto`,
-  called by the engine's closing; the bound is the end of the first stored open session, or
-  the smallest own-window end of a held event before it if earlier, since the sessions of a
-  cut end in increasing order and the first one keeps the first stored session's events or
+  called by the engine's closing; the bound is the end of the first session as far as the
+  held events tell: the first stored open session's end, raised by the held events its run
+  reaches (:meth:`.Held.extend`, a heap of the held events it does not reach yet, so a long
+  session taking slightly disordered events is written once, when it closes); or the
+  smallest own-window end of a held event before it if earlier, since the sessions of a cut
+  end in increasing order and the first one keeps the first stored session's events or
   starts at such a held event (:class:`.Held`); or the "closed before" when it became held,
   + 1, if later, since no step creates a session closed on creation), before an event whose
   "closed before" reaches it, at
   the end of a batch with ``ON_WINDOW_UPDATE``, before ``commit()``, ``flush()`` and
   ``sessions(key)``, and when :data:`.HELD_EVENTS_LIMIT` events are held; ``abort()`` drops
   them. Until the bound is reached none of the key's sessions could have closed, so the
-  written cut is the one a re-cut per event gives. The built-in aggregations are held only
-  while the numbers their sums, minima and maxima see are ints and floats whose int sums
-  cannot leave int64 (:meth:`.DurationState.magnitude`): a write then cannot fail, and an
-  event that could make it fail takes the re-cut and fails at itself. Aggregations with user
-  functions are held with ``ON_WINDOW_CLOSE`` only, and their writes can fail: a failing write
+  written cut is the one a re-cut per event gives. A stored session the close cursor passes
+  while the bound is later is stale (no session of the key's cut ends before the bound, so
+  the write removes it): it is removed from the store before the closing meets it
+  (:meth:`.HeldKeys.write_upto`, its record kept for the write; an abort restores it with the
+  rest). The built-in aggregations are held only while the numbers their sums see are ints
+  and floats whose int sums cannot leave int64, and their minima and maxima see numbers
+  only, strs only or bytes only (:meth:`.DurationState.magnitude`): a write then cannot fail,
+  and an event that could make it fail takes the re-cut and fails at itself. Aggregations
+  with user functions are held with ``ON_WINDOW_CLOSE`` only (a batch replays their keys
+  instead: below), and their writes can fail: a failing write
   raises :class:`.HeldWriteError` (naming the aggregation, key and session), writes nothing
   and keeps the key held; it is done before the call that needs it changes anything
   (:meth:`MaxDuration.process` and :meth:`MaxDuration.process_many` first write what their
@@ -79,7 +87,8 @@ retention expires it: memory and disk grow with the events per session, not only
 and writing a session costs O(its events) (a write-through cache re-encodes the whole record on
 every change). A key's open sessions are kept in order beside the cache's view of the key
 (:meth:`.OpenOrders.bounds`), so an event finds its session by binary search. A held
-event costs O(1); writing a held key costs a sort and a scan of its open events from the
+event costs O(log n) at most (O(1) but for the heap of :meth:`.Held.extend`); writing a
+held key costs a sort and a scan of its open events from the
 session its earliest held event falls into. So any arrival order costs O(n log n) per key plus
 the output with ``ON_WINDOW_CLOSE`` and on the batch paths, as long as a key is not written
 again and again (each write happens because its bound was reached, a batch with
@@ -101,10 +110,14 @@ them have no sound pane history) raise ``ValueError``.
 exactly the event path's answer: lateness, each event's "closed before" and arrival numbers are
 computed for the whole batch, then each key's events are cut in one pass when they came in time
 order after its last open event (:meth:`.BatchStep._in_order`), or out of order with an
-aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``:
-:meth:`.BatchStep._replay` follows the loop's re-cuts and closes; those fold from the events);
-the other keys take the event step one by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a
-write cache every event takes the event step (its evictions forward in the loop's order).
+aggregation with user functions (:meth:`.BatchStep._replay` follows the loop's re-cuts and
+closes, in O(n log n); those fold from the events, before the batch changes anything, so a
+failing function raises at that batch and changes nothing: with ``ON_WINDOW_UPDATE`` a held
+write at the batch's end would follow its changes, and with ``ON_WINDOW_CLOSE`` no event is
+held whose key's bound the batch's own close reaches); the other keys take the event step one
+by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of
+the batch. With a write cache every event takes the event step (its evictions forward in the
+loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
@@ -222,7 +235,7 @@ class MaxDuration:
         horizon = closed_before
         if self._fallible:  # first the writes this event may need (they may fail)
             horizon = self.close_cursor_after(t)
-            self.held.write_upto(horizon, out)  # what its watermark move closes
+            self.held.write_upto(horizon, out, closing=False)  # what its move closes
             if self.held.full(1):
                 self.held.write_all(out)  # the held-events limit
         engine.metrics.records_in += 1
@@ -253,7 +266,7 @@ class MaxDuration:
         write, when their writes can fail (so that a failure changes nothing; the engine's
         ``advance_watermark`` calls this first)."""
         if self._fallible:
-            self.held.write_upto(to_ms - self._engine.config.grace_ms, out)
+            self.held.write_upto(to_ms - self._engine.config.grace_ms, out, closing=False)
 
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
@@ -263,7 +276,7 @@ class MaxDuration:
         horizon = None
         if self._fallible and len(times):  # first the writes the batch may need
             horizon = self.close_cursor_after(int(times.max()))
-            self.held.write_upto(horizon, out)  # what its close reaches
+            self.held.write_upto(horizon, out, closing=False)  # what its close reaches
             if self.held.full(len(times)):
                 self.held.write_all(out)  # the held-events limit (a longer batch than the
                 # limit may still write every key between two of its events)

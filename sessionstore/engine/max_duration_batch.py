@@ -1,8 +1,8 @@
 """The batch step of the maximum-duration engine (:meth:`BatchStep.process_many`; see "The batch
 path" in :mod:`sessionstore.engine.max_duration`): a key whose events came in time order after
 its open events is cut in one pass (:meth:`BatchStep._in_order`), so is a disordered key of an
-aggregation that is not held (user functions with ``ON_WINDOW_UPDATE``,
-:meth:`BatchStep._replay`); every other key's events take the event step, in arrival order."""
+aggregation with user functions (:meth:`BatchStep._replay`, whatever the emission); every other
+key's events take the event step, in arrival order."""
 
 from __future__ import annotations
 
@@ -46,16 +46,15 @@ class BatchStep:
         event: the event step, for the keys that are not cut in one pass.
     """
 
-    __slots__ = ("_engine", "_md", "_lazy", "_holdable", "_incremental", "_orders",
-                 "_held_keys", "_event")
+    __slots__ = ("_state", "_engine", "_md", "_lazy", "_incremental", "_orders", "_held_keys",
+                 "_event")
 
     def __init__(self, state: DurationState, orders: OpenOrders, held: HeldKeys,
                  event: EventStep) -> None:
+        self._state = state
         self._engine = state.engine
         self._md = state.max_duration_ms
         self._lazy = state.lazy
-        # as the event step: built-ins always, user functions with ON_WINDOW_CLOSE
-        self._holdable = state.incremental or state.lazy
         self._incremental = state.incremental
         self._orders = orders
         self._held_keys = held
@@ -82,7 +81,7 @@ class BatchStep:
         would see (the watermark before each event is a running maximum). A key whose
         accepted events come in time order, none before the last event of its open sessions,
         is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
-        after the other; so is a disordered key of an aggregation that is not held
+        after the other; so is a disordered key of an aggregation with user functions
         (:meth:`_replay`); every other key's events take the event step, in arrival order,
         which holds them (:meth:`.HeldKeys.hold`). With ``ON_WINDOW_UPDATE`` every held key
         is written at the end. Closing runs once, after every write, as in the columnar batch
@@ -116,13 +115,15 @@ class BatchStep:
         code_list = sorted_codes.tolist()
         fallback: list[int] = []  # arrival indexes among the accepted
         plans: list[tuple[Any, list[Any]]] = []
-        # a disordered key is held (written once, lazily) by the step: built-in accumulators
-        # with either emission (a batch holds keys with both), user functions with
-        # ON_WINDOW_CLOSE; otherwise (user functions with ON_WINDOW_UPDATE, whose failing
-        # write at the batch's end would follow its changes) replayed in one pass (they fold
-        # from the events, so their accumulators do not depend on the order of the adds)
+        # a disordered key is held (written once, lazily) by the step when its accumulator is
+        # a built-in one (a batch holds keys with either emission); a user function's is
+        # replayed in one pass (it folds from the events, so its accumulators do not depend on
+        # the order of the adds), which folds before the batch changes anything: with
+        # ON_WINDOW_UPDATE a failing held write at the batch's end would follow its changes,
+        # and with ON_WINDOW_CLOSE the step holds no event whose key's bound the batch's own
+        # close reaches, so a long session's events would each be re-cut (issue 25)
         lazy = self._lazy or log is not None
-        held_keys = lazy and self._holdable
+        held_keys = lazy and self._incremental
         pending = self._held_keys.by_key
         for g in range(len(starts)):
             a, b = bounds_of[g], bounds_of[g + 1]
@@ -175,7 +176,7 @@ class BatchStep:
         * the events came in time order (``disordered`` false): each is the loop's in-order
           step, also when a session closes between two of them; or
         * they did not (``disordered``): :meth:`_replay` follows the loop's re-cuts and
-          closes, for aggregations that are folded from their events (not held), whose
+          closes, for aggregations that are folded from their events (user functions), whose
           accumulators do not depend on the order of the adds.
 
         Returns the changed sessions, ``[start, end, max_end, events, acc, old bounds or None,
@@ -333,6 +334,10 @@ class BatchStep:
             if (start, end) != old:
                 fresh.append(end)
             done.append([start, end, max_end, events, acc, old, old_acc, True])
+        # the work, as a re-cut counts it: each event placed once, each session written
+        state = self._state
+        state.recut_steps += len(batch) + len(done)
+        state.recut_events += sum(len(session[3]) for session in done)
         return done, fresh
 
     def _apply_in_order(self, key: Any, plan: list[Any], log: ChangeLog | None) -> None:

@@ -17,7 +17,7 @@ import heapq
 from typing import Any
 
 from ..aggregations import Aggregation, Combined
-from ..gap_boundary import first_open_end, is_final
+from ..gap_boundary import first_open_end, is_final, reaches
 from ..timeutil import INT64_MAX
 from ..types import Session
 from .cuts import Recut, cut_until_unchanged
@@ -102,29 +102,44 @@ class Held:
     Its bound: the sessions of a cut end in increasing order, so none ends before the first
     one, which starts at the key's first open event. If that is the first stored event ``f``,
     the session keeps every event of the first stored session (the scan from ``f`` only gains
-    events and reach when events are added), so it ends at or after that session's stored
-    end; if it is a held event before ``f``, it ends at or after that event's own-window end.
-    The bound is no later than the stored end either way, so the key is written before the
-    close cursor reaches a stored session.
+    events and reach when events are added) and every held event its run reaches (see
+    :meth:`extend`), so it ends at or after ``min(run, f + max_duration)``, where ``run`` is
+    the largest own end of those events (at first the first stored session's end); if it is a
+    held event before ``f``, it ends at or after that event's own-window end. Since the
+    bound only counts events already held, it is also a lower bound of every session the
+    key's events formed at each step since it became held: none of them closed.
 
     Attributes:
         stored: the open sessions stored when it became held, ``[(bounds, record)]`` in order;
-            they stay as stored until the key is written.
+            they stay as stored until the key is written, but for the first ``detached``.
         events: the events that came since, ``[t, seq, own_end, value]`` in arrival order.
         first_t: ``f``, the time of the first stored open event.
         bound: a lower bound of the end of every session the key's open events can form: the
-            first stored session's end, the smallest own-window end of a held event before
-            ``f`` if earlier, ``floor`` if later.
+            end of the first session as far as :meth:`extend` knows it, the smallest
+            own-window end of a held event before ``f`` if earlier, ``floor`` if later.
         floor: the "closed before" when it became held, + 1: no step creates a session closed
             on creation, so every session of the key ends at or after it.
         magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
             a fold can leave int64 while it is at most ``INT64_MAX``).
+        classes: the classes of what its minima and maxima compare (numbers, strs or bytes:
+            the same for every open event, so a str is never compared with a number).
+        run, limit: the largest own end of the events known to be in the first session, and
+            ``f + max_duration`` (the first stored session's end stands for its events' largest
+            own end: they are equal unless that end is the limit).
+        waiting: the ``(t, own_end)`` of held events at or after ``f`` and before ``limit``
+            that the run does not reach yet (a heap); None once a held event came before
+            ``f`` (the first session then starts elsewhere: the bound stops rising).
+        detached: how many of ``stored`` (a prefix) were removed from the store because the
+            close cursor passed their ends while the bound was later: the key's write would
+            remove them, and closing must not emit them (:meth:`HeldKeys.write_upto`).
+        queued: the bound of its newest entry in the heap of bounds (None before the first).
     """
 
-    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude")
+    __slots__ = ("stored", "events", "first_t", "bound", "floor", "magnitude", "classes", "run",
+                 "limit", "waiting", "detached", "queued")
 
     def __init__(self, stored: list[tuple[tuple[int, int], Any]], floor: int,
-                 magnitude: int) -> None:
+                 magnitude: int, classes: int, max_duration_ms: int) -> None:
         self.stored = stored
         self.events: list[list[Any]] = []
         self.first_t = stored[0][0][0]
@@ -132,6 +147,49 @@ class Held:
         first_end = stored[0][0][1]
         self.bound = first_end if first_end > floor else floor
         self.magnitude = magnitude
+        self.classes = classes
+        self.run = first_end
+        self.limit = self.first_t + max_duration_ms
+        self.waiting: list[tuple[int, int]] | None = []
+        self.detached = 0
+        self.queued: int | None = None
+
+    def extend(self, t: int, own_end: int, inclusive: bool) -> None:
+        """Raise the bound with a held event at ``t >= f`` (own end ``own_end``).
+
+        An event before the limit that the run of known members reaches is in the first
+        session (the scan from ``f`` stops only at an event it does not reach or past the
+        limit, and every event before this one that the scan meets is reached too), so the run
+        takes its own end, and then every waiting event it now reaches (the earliest first:
+        if the earliest is not reached, no later one is). O(log n) per event, amortised."""
+        waiting = self.waiting
+        assert waiting is not None
+        limit = self.limit
+        run = self.run
+        if t >= limit:
+            return  # never in the first session
+        if not reaches(run, t, inclusive):
+            heapq.heappush(waiting, (t, own_end))
+            return
+        if own_end > run:
+            run = own_end
+        while waiting and waiting[0][0] < limit and reaches(run, waiting[0][0], inclusive):
+            reached = heapq.heappop(waiting)[1]
+            if reached > run:
+                run = reached
+        self.run = run
+        end = run if run < limit else limit  # own_window_end(f, run, max_duration), inline
+        if end > self.bound:
+            self.bound = end
+
+    def due(self) -> int:
+        """When the key must be looked at again: its bound, or the end of its first stored
+        session not detached if earlier (closing must not meet it while it is stale)."""
+        if self.detached < len(self.stored):
+            end = int(self.stored[self.detached][0][1])
+            if end < self.bound:
+                return end
+        return self.bound
 
 
 class HeldKeys:
@@ -148,7 +206,7 @@ class HeldKeys:
     """
 
     __slots__ = ("_state", "_orders", "_md", "_magnitude", "by_key", "events_held", "_due",
-                 "_tie")
+                 "_tie", "_inclusive")
 
     def __init__(self, state: DurationState, orders: OpenOrders) -> None:
         self._state = state
@@ -157,8 +215,9 @@ class HeldKeys:
         self._magnitude = state.magnitude  # once per held event
         self.by_key: dict[Any, Held] = {}
         self.events_held = 0
-        self._due: list[tuple[int, int, Any, Held]] = []  # (bound, tie, key, entry), a heap
+        self._due: list[tuple[int, int, Any, Held]] = []  # (due, tie, key, entry), a heap
         self._tie = 0
+        self._inclusive = state.engine.config.inclusive_gap
 
     def start_holding(self, key: Any, view: Any, bounds: list[tuple[int, int]],
                       event: list[Any], closed_before: int, horizon: int, out: list[Emit],
@@ -177,9 +236,10 @@ class HeldKeys:
 
         The bound is that of :class:`Held`: read from the first stored session alone."""
         state = self._state
-        magnitude = state.magnitude(event[3])
-        if magnitude is None:
+        found = state.magnitude(event[3])
+        if found is None:
             return False
+        magnitude, classes = found
         stored = [(b, view[b][0]) for b in bounds]
         state.recut_steps += len(stored)
         if state.numeric:
@@ -187,13 +247,13 @@ class HeldKeys:
                 kept = stored_events(raw, key, b)[0]
                 for e in kept:
                     more = state.magnitude(e[3])
-                    if more is None:
+                    if more is None or more[1] != classes:
                         return False
-                    magnitude += more
+                    magnitude += more[0]
                 state.recut_steps += len(kept)
         if magnitude > INT64_MAX:
             return False
-        held = Held(stored, first_open_end(closed_before), magnitude)
+        held = Held(stored, first_open_end(closed_before), magnitude, classes, self._md)
         if held.bound <= horizon:  # not a bound this call's own close could reach
             return False
         if self.events_held >= HELD_EVENTS_LIMIT:
@@ -210,14 +270,18 @@ class HeldKeys:
         return self.events_held + more > HELD_EVENTS_LIMIT
 
     def _push_due(self, key: Any, held: Held) -> None:
-        """Index a held key's (new, lower) bound for :meth:`write_upto`; a driver that wakes
-        the engine on close times (``drain_close_times``) gets the bound as one: no session of
-        the key closes before it, and the wake-up writes the key, whose ends then follow."""
+        """Index when a held key is due (:meth:`Held.due`: its new, lower bound, or the end of
+        a stored session its bound passed) for :meth:`write_upto`; a driver that wakes the
+        engine on close times (``drain_close_times``) gets it as one: no session of the key
+        closes before it, and the wake-up writes the key (whose ends then follow) or indexes
+        it again."""
+        due = held.due()
+        held.queued = due
         self._tie += 1
-        heapq.heappush(self._due, (held.bound, self._tie, key, held))
+        heapq.heappush(self._due, (due, self._tie, key, held))
         engine = self._state.engine
         if engine.record_close_times:
-            engine.new_close_times.append(held.bound)
+            engine.new_close_times.append(due)
 
     def hold(self, key: Any, held: Held, event: list[Any], horizon: int, out: list[Emit],
              log: ChangeLog | None) -> bool:
@@ -229,42 +293,88 @@ class HeldKeys:
         anything, so that a failing write changes nothing), or when :data:`HELD_EVENTS_LIMIT`
         events are held: then every key is written first (:meth:`write_all`, with ``out``
         and ``log``)."""
-        magnitude = self._magnitude(event[3])
-        if magnitude is None or held.magnitude + magnitude > INT64_MAX:
+        found = self._magnitude(event[3])
+        if found is None or found[1] != held.classes or held.magnitude + found[0] > INT64_MAX:
             return False
+        magnitude = found[0]
         bound = held.bound
-        if event[0] < held.first_t:  # a new first event: the first session ends after its
-            end = own_window_end(event[0], event[2], self._md)  # own window
+        t = event[0]
+        early = t < held.first_t
+        if early:  # a new first event: the first session ends after its own window
+            end = own_window_end(t, event[2], self._md)
             if end < bound:
                 bound = end if end > held.floor else held.floor
-        if bound <= horizon:
+        if bound <= horizon:  # (an event at or after f only raises the bound)
             return False
         if self.events_held >= HELD_EVENTS_LIMIT:
             self.write_all(out, log)
             return False
-        index = bound < held.bound or not held.events  # a lower bound, or its first one
         held.magnitude += magnitude
         held.events.append(event)
         held.bound = bound
-        if index:
+        if early:
+            held.waiting = None  # the first session may start elsewhere: no longer raised
+        elif held.waiting is not None:
+            held.extend(t, event[2], self._inclusive)
+        if held.queued is None or held.due() < held.queued:  # its first, or earlier
             self._push_due(key, held)
         self.events_held += 1
         return True
 
-    def write_upto(self, upto: int, out: list[Emit]) -> None:
-        """Write every held key whose bound is at or before ``upto`` (the engine calls this
-        before it closes the sessions ending up to ``upto``)."""
+    def write_upto(self, upto: int, out: list[Emit], closing: bool = True) -> None:
+        """Write every held key whose bound is at or before ``upto``.
+
+        Args:
+            upto: the close cursor about to be reached.
+            out: emits of the writes.
+            closing: the engine closes the sessions ending up to ``upto`` next: the stored
+                sessions of a key whose bound is later, ending up to ``upto``, are removed
+                from the store first (the key's write would remove them: no session of its
+                cut ends before its bound). Without it (a write before a call that may fail
+                changes anything), such a key is only indexed again, at ``upto``, so that the
+                closing finds it.
+        """
         due = self._due
         pending = self.by_key
+        later: list[tuple[int, int, Any, Held]] = []
         while due and is_final(due[0][0], upto):
             entry = heapq.heappop(due)
             key, held = entry[2], entry[3]
-            if pending.get(key) is held:
-                try:
-                    self.write(key, out, None)
-                except HeldWriteError:
-                    heapq.heappush(due, entry)  # still held: still due
-                    raise
+            if pending.get(key) is not held:
+                continue  # written since
+            if not is_final(held.bound, upto):  # the bound rose since it was indexed
+                if closing:
+                    self._detach(key, held, upto)
+                    if is_final(held.queued, upto):  # no entry after upto yet
+                        self._push_due(key, held)
+                else:
+                    later.append(entry)
+                continue
+            try:
+                self.write(key, out, None)
+            except HeldWriteError:
+                heapq.heappush(due, entry)  # still held: still due
+                for kept in later:
+                    heapq.heappush(due, kept)
+                raise
+        for kept in later:
+            heapq.heappush(due, kept)
+
+    def _detach(self, key: Any, held: Held, upto: int) -> None:
+        """Remove from the store the stored sessions of the held ``key`` ending at or before
+        ``upto``, which is before its bound: the key's cut has no session ending before its
+        bound, so its write removes them, and the closing up to ``upto`` must not emit
+        them. Their records stay in ``held.stored`` for the write."""
+        stored = held.stored
+        i = held.detached
+        cache = self._state.engine.cache
+        while i < len(stored) and is_final(stored[i][0][1], upto):
+            b = stored[i][0]
+            cache.remove(Session(key, b[0], b[1]))
+            i += 1
+        if i > held.detached:
+            held.detached = i
+            self._orders.forget(key)
 
     def write_all(self, out: list[Emit], log: ChangeLog | None = None) -> None:
         """Write every held key (before a commit, a flush, at the end of a batch with
@@ -335,7 +445,9 @@ class HeldKeys:
         del self.by_key[key]
         self.events_held -= len(held.events)
         self._orders.forget(key)  # read again from the view at the key's next step
-        write_changes(engine, key, removed, added)
+        gone = {b for b, _ in stored[:held.detached]}  # detached: removed from the store
+        write_changes(engine, key, [r for r in removed if r[0] not in gone] if gone else removed,
+                      added)
         publish_changes(engine, key, removed, added, out, log)
 
     def _changes(self, key: Any, held: Held, sessions: list[Recut],

@@ -44,6 +44,14 @@ Added = tuple[int, int, Any, list[Any], int, bool, Any]
 the old accumulator of a session changed in place)``."""
 
 
+_CLASSES: dict[type, int] = {str: 1, bytes: 2}
+"""The classes of values a held key's minima and maxima may compare besides numbers (ints,
+bools and floats: class 0)."""
+_EXACT_EXTREMES = frozenset((int, bool, str, bytes))
+"""The types whose equal values are indistinguishable (a minimum or maximum of one of them
+does not depend on which equal value came first)."""
+
+
 def own_window_end(t_ms: int, own_end_ms: int, max_duration_ms: int) -> int:
     """The end of the session an event at ``t_ms`` forms alone: ``t + min(gap, max_duration)``.
 
@@ -145,23 +153,33 @@ class DurationState:
         self.recut_events = 0
         self.recut_steps = 0
 
-    def magnitude(self, value: Any) -> int | None:
-        """The sum of the magnitudes of ``value``'s int numbers that sums add; None when a
-        number the aggregation looks at is not an int or a float (or is missing): the event
-        then takes the exact step, whose add fails at that event if it must."""
+    def magnitude(self, value: Any) -> tuple[int, int] | None:
+        """What holding ``value`` needs to know so that writing its key cannot fail: ``(the
+        sum of the magnitudes of its int numbers that sums add, the classes of what its
+        minima and maxima compare)``; None when a number a sum adds is not an int, a bool or
+        a float (numpy's ``float64`` too: an element of an array), or one a minimum or
+        maximum compares is none of those, a str or bytes (or it is missing): the event then
+        takes the exact step, whose add fails at that event if it must. The classes
+        (:data:`_CLASSES`: numbers, strs, bytes; two bits per minimum or maximum) must be the
+        same for every event of a held key: what one class holds never fails to compare
+        with itself, nor is it compared with another."""
         total = 0
-        for is_sum, column, _ in self.numeric:
+        classes = 0
+        for i, (is_sum, column, _) in enumerate(self.numeric):
             try:
                 number = value if column is None else value[column]
             except (KeyError, TypeError, IndexError):
                 return None
             kind = type(number)
-            if kind is int:
+            if kind is int or kind is bool:
                 if is_sum:
                     total += number if number >= 0 else -number
-            elif kind is not float:
-                return None
-        return total
+            elif kind is not float and kind is not np.float64:  # (numpy's: a float too)
+                cls = _CLASSES.get(kind)
+                if cls is None or is_sum:
+                    return None
+                classes |= cls << 2 * i
+        return total, classes
 
     def in_place_add(self, acc: Any, value: Any) -> bool:
         """Whether adding ``value`` to a session's accumulator ``acc`` (of a built-in
@@ -170,29 +188,33 @@ class DurationState:
         event path, inside a session, and its in-place insert).
 
         Without a check: the order-free built-ins (count, first, last, collect), or sums,
-        minima and maxima that see only ints (:meth:`ints_only`). With one, only when the
-        sums are what is checked (``checked_sums_only``) and they see only ints: an int sum
-        is exact and order-free, its overflow raises at the event
-        (:func:`~sessionstore.aggregations.int64_sum`, before anything changes), and an int
-        in int64 encodes. A float sum keeps the time-ordered fold (its rounding depends on the
-        order of the adds: bit-identical to the static path), and user functions are folded
-        again from the events (they are not ``incremental``)."""
+        minima and maxima whose adds are exact (:meth:`exact_adds`: ints, and strs for minima
+        and maxima). With one, only when the sums are what is checked (``checked_sums_only``)
+        and the adds are exact: an int sum is exact and order-free, its overflow raises at
+        the event (:func:`~sessionstore.aggregations.int64_sum`, before anything changes),
+        and an int in int64 encodes, as does a str. A float sum keeps the time-ordered fold
+        (its rounding depends on the order of the adds: bit-identical to the static path),
+        and user functions are folded again from the events (they are not
+        ``incremental``)."""
         if self.engine.check_acc:
-            return self.checked_sums_only and self.ints_only(acc, value)
-        return self.order_free_adds or self.ints_only(acc, value)
+            return self.checked_sums_only and self.exact_adds(acc, value)
+        return self.order_free_adds or self.exact_adds(acc, value)
 
-    def ints_only(self, acc: Any, value: Any) -> bool:
-        """Whether the sums, minima and maxima of ``acc`` and ``value`` are all ints, so that
-        an ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and
-        the minimum of ints is the same whichever equal int is seen first (a sum stays an int
-        only while every value added was one)."""
-        for _, column, index in self.numeric:
-            if type(acc if index is None else acc[index]) is not int:
-                return False
+    def exact_adds(self, acc: Any, value: Any) -> bool:
+        """Whether the sums of ``acc`` and ``value`` are ints and their minima and maxima
+        ints, bools, strs or bytes (the accumulator's of the value's type), so that an
+        ``add`` anywhere gives the fold in (time, arrival) order: int sums are exact, and the
+        minimum of ints (or of strs...) is the same whichever equal one is seen first, equal
+        ones being indistinguishable (not so for floats: -0.0 and 0.0 are equal, nor for an
+        int and a bool; a sum stays an int only while every value added was one)."""
+        for is_sum, column, index in self.numeric:
             try:
                 number = value if column is None else value[column]
             except (KeyError, TypeError, IndexError):
                 return False
-            if type(number) is not int:
+            kind = type(number)
+            if kind is not int and (is_sum or kind not in _EXACT_EXTREMES):
+                return False
+            if type(acc if index is None else acc[index]) is not kind:
                 return False
         return True

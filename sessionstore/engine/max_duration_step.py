@@ -211,7 +211,7 @@ class EventStep:
         """Whether an event at ``t`` in the ``j``-th open session (before its last event)
         that reaches no further than it does is cheaper added in place than held: it moves
         no bound and no later cut, and its add keeps the (time, arrival) fold (count, first,
-        last, collect, or sums, minima and maxima of ints only, see :meth:`_grow`). Holding
+        last, collect, or sums, minima and maxima whose adds are exact, see :meth:`_grow`). Holding
         it would write the key again when the close cursor reaches the session's end: a long
         session taking slightly disordered events was written again every gap's worth of
         events (issue 25)."""
@@ -232,11 +232,11 @@ class EventStep:
         The accumulator is the fold of the events in (time, arrival) order: an add extends it
         at the end, or anywhere for the built-ins whose adds keep that order themselves;
         otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again,
-        unless they see only ints
-        (:meth:`~sessionstore.engine.max_duration_state.DurationState.ints_only`)."""
+        unless their adds are exact (ints; strs for minima and maxima:
+        :meth:`~sessionstore.engine.max_duration_state.DurationState.exact_adds`)."""
         agg = self._engine.aggregation
         if not self._incremental or (pos < len(events) and not self._order_free_adds
-                                     and not self._state.ints_only(acc, value)):
+                                     and not self._state.exact_adds(acc, value)):
             events = [*events[:pos], event, *events[pos:]]
             self._state.recut_events += len(events)
             return fold_events(agg, key, events), events
