@@ -66,8 +66,9 @@ of one ``add``, on every path. What an earlier event costs depends on the emissi
   (:meth:`.HeldKeys.write_upto`, its record kept for the write; an abort restores it with the
   rest). The built-in aggregations are held only while the numbers their sums see are ints
   and floats whose int sums cannot leave int64, and their minima and maxima see numbers
-  only, strs only or bytes only (:meth:`.DurationState.magnitude`): a write then cannot fail,
-  and an event that could make it fail takes the re-cut and fails at itself. Aggregations
+  only, strs only, bytes only or lists of numbers only (:meth:`.DurationState.magnitude`): a
+  write then cannot fail, and an event that could make it fail takes the re-cut and fails at
+  itself. Aggregations
   with user functions are held with ``ON_WINDOW_CLOSE`` only (a batch replays their keys
   instead: below), and their writes can fail: a failing write
   raises :class:`.HeldWriteError` (naming the aggregation, key and session), writes nothing

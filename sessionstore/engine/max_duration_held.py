@@ -121,8 +121,9 @@ class Held:
             on creation, so every session of the key ends at or after it.
         magnitude: with sums, the sum of the magnitudes of their int values (no partial sum of
             a fold can leave int64 while it is at most ``INT64_MAX``).
-        classes: the classes of what its minima and maxima compare (numbers, strs or bytes:
-            the same for every open event, so a str is never compared with a number).
+        classes: the classes of what its minima and maxima compare (numbers, strs, bytes or
+            lists of numbers: the same for every open event, so a str is never compared with a
+            number).
         run, limit: the largest own end of the events known to be in the first session, and
             ``f + max_duration`` (the first stored session's end stands for its events' largest
             own end: they are equal unless that end is the limit).

@@ -44,9 +44,15 @@ Added = tuple[int, int, Any, list[Any], int, bool, Any]
 the old accumulator of a session changed in place)``."""
 
 
+_NUMBERS = frozenset((int, bool, float, np.float64))
+"""The numbers a held key's sums may add and its minima and maxima compare (class 0; numpy's
+``float64`` is a float: an element of an array or a pandas column)."""
 _CLASSES: dict[type, int] = {str: 1, bytes: 2}
-"""The classes of values a held key's minima and maxima may compare besides numbers (ints,
-bools and floats: class 0)."""
+"""The classes of values a held key's minima and maxima may compare besides numbers (class 0)
+and lists of numbers (:data:`_NUMBER_LISTS`)."""
+_NUMBER_LISTS = 3
+"""The class of a list whose items are all numbers (:data:`_NUMBERS`; the empty list too): two
+such lists compare item by item, numbers with numbers, which cannot fail."""
 _EXACT_EXTREMES = frozenset((int, bool, str, bytes))
 """The types whose equal values are indistinguishable (a minimum or maximum of one of them
 does not depend on which equal value came first)."""
@@ -158,9 +164,12 @@ class DurationState:
         sum of the magnitudes of its int numbers that sums add, the classes of what its
         minima and maxima compare)``; None when a number a sum adds is not an int, a bool or
         a float (numpy's ``float64`` too: an element of an array), or one a minimum or
-        maximum compares is none of those, a str or bytes (or it is missing): the event then
-        takes the exact step, whose add fails at that event if it must. The classes
-        (:data:`_CLASSES`: numbers, strs, bytes; two bits per minimum or maximum) must be the
+        maximum compares is none of those, a str, bytes or a list of numbers (or it is
+        missing): the event then takes the exact step, whose add fails at that event if it
+        must. Other subclasses (an ``IntEnum``, say) are none of those: their operators are the
+        user's. Other numpy scalars and ``Decimal`` never get here: the store refuses them at
+        the event (a record keeps its events' values). The classes (:data:`_CLASSES`:
+        numbers, strs, bytes, lists of numbers; two bits per minimum or maximum) must be the
         same for every event of a held key: what one class holds never fails to compare
         with itself, nor is it compared with another."""
         total = 0
@@ -174,8 +183,10 @@ class DurationState:
             if kind is int or kind is bool:
                 if is_sum:
                     total += number if number >= 0 else -number
-            elif kind is not float and kind is not np.float64:  # (numpy's: a float too)
+            elif kind not in _NUMBERS:  # (a float: numpy's float64 too)
                 cls = _CLASSES.get(kind)
+                if kind is list and _NUMBERS.issuperset(map(type, number)):
+                    cls = _NUMBER_LISTS
                 if cls is None or is_sum:
                     return None
                 classes |= cls << 2 * i
