@@ -149,8 +149,9 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
     if named:
         raise ValueError(f"key column {named[0]!r} has the name of an output column "
                          f"({', '.join(SESSION_COLUMNS)}); rename it")
-    for k in keys:  # before any row is read or spilled
-        check_key_type(schema.field(k).type, k)
+    for k in keys:  # before any row is read or spilled (a column of nulls: named by its row)
+        if not pa.types.is_null(schema.field(k).type):
+            check_key_type(schema.field(k).type, k)
     kind = time_kind(schema.field(time).type, time, time_unit)
     if not isinstance(inclusive_gap, bool):
         raise TypeError(f"inclusive_gap must be True or False, got {inclusive_gap!r}")
