@@ -346,6 +346,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     identity = input_identity(source)
     temp: Path | None = None
     replaced: ReplacedOutput | None = None  # the output of a run without --state
+    # the output of a new --state until its first commit (then the output is the state's)
+    first: ReplacedOutput | None = None
     state = args.state
     if args.metrics_port is not None or args.metrics_file is not None:
         require_prometheus()  # a missing extra is named before anything is touched
@@ -367,12 +369,17 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             committed = engine.committed_metadata or {}
             if committed:
                 _check_resume(committed, state, options, identity, out_path, out_format)
+            elif replaced is None:
+                # written beside --out until the first commit: a run that fails before it
+                # leaves an existing --out as it was
+                first = ReplacedOutput(args.out)
             key_fields = [source.schema.field(k) for k in keys]
             schema = pa.schema([*key_fields, pa.field("session_start_ms", pa.int64()),
                                 pa.field("session_end_ms", pa.int64()), *planned.output_fields,
                                 *([pa.field("retracted", pa.bool_())]
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
-            writer = SessionWriter(args.out if replaced is None else replaced.temporary,
+            beside = replaced or first
+            writer = SessionWriter(args.out if beside is None else beside.temporary,
                                    keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
                                    committed.get("output"), schema=schema,
@@ -386,7 +393,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                         "output_path": str(out_path)},
                        SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE,
                                       windows.gap_ms)
-                       if args.summary else None)
+                       if args.summary else None, first)
             summary = run.execute(int(committed.get("offset", 0)))
         except BaseException:
             _close_quietly(store)
@@ -395,8 +402,9 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         if replaced is not None:
             replaced.commit()
     finally:
-        if replaced is not None:
-            replaced.discard()
+        for beside_out in (replaced, first):
+            if beside_out is not None:
+                beside_out.discard()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
     summary["path"] = "incremental"
@@ -467,7 +475,7 @@ class _Run:
     def __init__(self, args: argparse.Namespace, engine: SessionAggregator,
                  writer: SessionWriter, source: InputSource, keys: list[str],
                  plan: aggspec.ColumnarPlan, identity: dict[str, Any],
-                 summary: SessionSummary | None) -> None:
+                 summary: SessionSummary | None, first: ReplacedOutput | None = None) -> None:
         self.args = args
         self.engine = engine
         self.writer = writer
@@ -477,6 +485,7 @@ class _Run:
         self.value_columns = list(plan.value_names)
         self.identity = identity
         self.summary = summary
+        self.first = first  # the output written beside --out until the first commit
         self.pending: list[pa.Table] = []
         self.processed = 0
         self.floored = 0
@@ -517,6 +526,11 @@ class _Run:
         self.pending = []
         rows = pa.concat_tables(tables) if tables else None
         self.writer.write_table(rows)  # durable (fsynced) before the state that records it
+        if self.first is not None and not self.first.done:
+            # the first commit of a new state: its output takes --out's place, durably, before
+            # the state records it
+            self.first.commit()
+            self.writer.path = self.first.path
         if self.summary is not None and rows is not None:
             self.summary.add_table(rows, self.keys)
         output = {**self.writer.position(), "path": self.identity["output_path"]}

@@ -490,6 +490,39 @@ def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(
     assert out.read_bytes() == written
 
 
+def output_snapshot(out: Path) -> dict[str, bytes]:
+    return snapshot_tree(out) if out.is_dir() else {out.name: out.read_bytes()}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_new_state_whose_run_fails_before_its_first_commit_leaves_out_as_it_was(
+        tmp_path, capsys, suffix):
+    # found auditing issue 25: the first run of a new --state emptied an existing --out when
+    # it opened it, so a run that failed on its first rows (a sum leaving int64, a float key)
+    # destroyed the previous output and wrote nothing. It now writes beside --out, as a run
+    # without --state does, until its first commit.
+    out = tmp_path / f"o{suffix}"
+    assert main(sessionize(write_jsonl(tmp_path / "in.jsonl", ROWS), out)) == 0
+    capsys.readouterr()
+    before, siblings = output_snapshot(out), sorted(p.name for p in tmp_path.iterdir())
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"user": "a", "ts": 0, "v": -(2**63)},
+                                               {"user": "a", "ts": 1, "v": -1}])
+    argv = sessionize(bad, out, "--time-unit", "ms", "--agg", "s=sum:v", "--state",
+                      str(tmp_path / "state"), "--batch-rows", "1")
+    refused(capsys, argv, "input rows 1..1", "int64")
+    assert output_snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*siblings, "bad.jsonl", "state"])
+    # a run of the new state that succeeds replaces the output, and later runs resume it
+    argv = sessionize(write_jsonl(bad, ROWS[:2]), out, "--state", str(tmp_path / "state2"),
+                      "--commit-every", "1")
+    assert main(argv) == 0
+    assert output_snapshot(out) != before
+    assert not [p for p in tmp_path.iterdir() if "inprogress" in p.name]
+    after = output_snapshot(out)
+    assert main(argv) == 0  # a resume: nothing new, the output as it was
+    assert output_snapshot(out) == after
+
+
 def test_commit_every_commits_exactly_every_n_rows_inside_a_read_batch(tmp_path, capsys):
     # --commit-every 3 with read batches of 10 rows: commits at rows 3 and 6, so a failure at
     # row 8 resumes from row 6 (it committed only at batch boundaries before: from row 0)
