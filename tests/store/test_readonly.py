@@ -36,6 +36,16 @@ def assert_is_version(view: ReadOnlySessionStore, version: int) -> None:
     assert view.fetch(f"k{version * 10 - 1}")[0][1] == version * 10 - 1
 
 
+def one_version_and_scratch(tmp_path: Path) -> tuple[Path, Path]:
+    """A store at ``tmp_path/s`` holding version 1, and an empty ``tmp_path/scratch``."""
+    path = tmp_path / "s"
+    with SessionStore(path, retention_ms=10**9) as store:
+        write_version(store, 1)
+    scratch_root = tmp_path / "scratch"
+    scratch_root.mkdir()
+    return path, scratch_root
+
+
 def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_path):
     path = tmp_path / "s"
     writer = SessionStore(path, retention_ms=10**9, segment_interval_ms=1000)
@@ -56,11 +66,7 @@ def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_
 
 
 def test_scratch_is_removed_when_a_view_is_dropped_without_close(tmp_path):
-    path = tmp_path / "s"
-    with SessionStore(path, retention_ms=10**9) as store:
-        write_version(store, 1)
-    scratch_root = tmp_path / "scratch"
-    scratch_root.mkdir()
+    path, scratch_root = one_version_and_scratch(tmp_path)
     view = ReadOnlySessionStore(path, scratch_dir=scratch_root)
     assert_is_version(view, 1)
     assert len(list(scratch_root.iterdir())) == 1
@@ -70,11 +76,7 @@ def test_scratch_is_removed_when_a_view_is_dropped_without_close(tmp_path):
 
 
 def test_scratch_is_removed_when_the_interpreter_exits_with_the_view_open(tmp_path):
-    path = tmp_path / "s"
-    with SessionStore(path, retention_ms=10**9) as store:
-        write_version(store, 1)
-    scratch_root = tmp_path / "scratch"
-    scratch_root.mkdir()
+    path, scratch_root = one_version_and_scratch(tmp_path)
     script = textwrap.dedent(f"""
         from sessionstore import ReadOnlySessionStore
         VIEW = ReadOnlySessionStore({str(path)!r}, scratch_dir={str(scratch_root)!r})
@@ -218,11 +220,7 @@ def test_an_open_removes_the_scratch_of_a_view_killed_by_sigkill(tmp_path):
     # issue 25 item 4, for views: a SIGKILLed view's copy (hard links holding SST space) stayed
     # in the temp directory for ever. The next view under the same scratch_dir removes the
     # copies of dead views, and never the copy of a live one or anything else there.
-    path = tmp_path / "s"
-    with SessionStore(path, retention_ms=10**9) as store:
-        write_version(store, 1)
-    scratch_root = tmp_path / "scratch"
-    scratch_root.mkdir()
+    path, scratch_root = one_version_and_scratch(tmp_path)
     (scratch_root / "sessionstore-view-operator-notes").mkdir()  # not a view's: no lock
     killed = start_view_process(path, scratch_root)
     killed.kill()
