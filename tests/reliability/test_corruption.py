@@ -233,7 +233,8 @@ def test_a_scan_over_a_damaged_block_raises_instead_of_ending_early(tmp_path):
 def test_the_read_only_view_raises_on_a_damaged_block(tmp_path):
     path = committed_store(tmp_path / "s", sessions=5_000)
     with ReadOnlySessionStore(path) as view:
-        (scratch_dir,) = view._scratch.iterdir()
+        # the version's copy (beside the view's LOCK and HELD files)
+        (scratch_dir,) = [p for p in view._scratch.iterdir() if p.is_dir()]
         damage_data_blocks(scratch_dir)
         with pytest.raises(StoreCorruptedError):
             list(view)
