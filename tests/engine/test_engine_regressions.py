@@ -228,5 +228,5 @@ def test_the_cli_refuses_a_float_key_column_with_or_without_state(tmp_path, caps
     assert main(argv + (["--state", str(tmp_path / "state")] if state else [])) == 2
     err = capsys.readouterr().err
     assert "float" in err and "cast the column" in err, err
-    if not state:
-        assert not out.exists()
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", *(["state"] if state else [])]
