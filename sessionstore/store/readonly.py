@@ -65,11 +65,16 @@ def remove_dead_scratch(folder: Path) -> int:
 
     Only a ``sessionstore-view-*`` directory holding ``HELD`` and an unheld ``LOCK`` is removed:
     never a live view's (its process holds the lock, however it shares the folder), one being
-    created (no ``HELD`` yet) or anything else in ``folder``.
+    created (no ``HELD`` yet), one this process may not look into (another user's, in a shared
+    temp directory) or anything else in ``folder``.
     """
     removed = 0
     for entry in folder.glob(SCRATCH_PREFIX + "*"):
-        if (entry / SCRATCH_HELD).is_file() and not is_locked(entry / SCRATCH_LOCK):
+        try:
+            dead = (entry / SCRATCH_HELD).is_file() and not is_locked(entry / SCRATCH_LOCK)
+        except OSError:  # not ours to judge (permissions), or gone meanwhile
+            continue
+        if dead:
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     return removed

@@ -241,3 +241,21 @@ def test_an_open_removes_the_scratch_of_a_view_killed_by_sigkill(tmp_path):
         live.kill()
         live.wait()
     assert set(scratch_root.iterdir()) == {alive, scratch_root / "sessionstore-view-operator-notes"}
+
+
+def test_the_sweep_skips_a_scratch_it_may_not_look_into(tmp_path, monkeypatch):
+    # another user's view in a shared temp directory (mkdtemp makes it 0700): probing it fails
+    # with EACCES, which must not fail this view's open. Root ignores permissions, so the
+    # probe's error is injected here.
+    path, scratch_root = one_version_and_scratch(tmp_path)
+    foreign = scratch_root / "sessionstore-view-another-user"
+    foreign.mkdir()
+    (foreign / "HELD").touch()
+
+    def denied(lock: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(lock))
+
+    monkeypatch.setattr(readonly_module, "is_locked", denied)
+    with ReadOnlySessionStore(path, scratch_dir=scratch_root) as view:
+        assert_is_version(view, 1)
+    assert [p.name for p in scratch_root.iterdir()] == [foreign.name]
