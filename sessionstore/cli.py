@@ -133,14 +133,21 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
 
     Each run names its directory after its process id. A directory is removed only when that
     process is gone and no process holds its store's lock (a run in another PID namespace
-    sharing the temporary directory still holds its lock). Returns how many were removed.
+    sharing the temporary directory still holds its lock), and never one this process may not
+    look into (another user's, in a shared temporary directory). Returns how many were removed.
     """
     removed = 0
     folder = Path(root or tempfile.gettempdir())
     for entry in folder.glob(_TEMP_PREFIX + "*"):
         match = _TEMP_NAME.match(entry.name)
-        if match and entry.is_dir() and not pid_alive(int(match.group(1))) \
-                and not is_locked(entry / "LOCK"):
+        if match is None:
+            continue
+        try:
+            dead = entry.is_dir() and not pid_alive(int(match.group(1))) \
+                and not is_locked(entry / "LOCK")
+        except OSError:  # not ours to judge (permissions), or gone meanwhile
+            continue
+        if dead:
             shutil.rmtree(entry, ignore_errors=True)
             removed += 1
     return removed

@@ -467,6 +467,25 @@ def test_the_sweep_removes_only_directories_of_dead_runs_holding_no_lock(tmp_pat
         p.name for p in (locked, mine, other))
 
 
+def test_the_sweep_skips_a_directory_it_may_not_look_into(tmp_path, monkeypatch):
+    # another user's dead run in a shared temp directory (mkdtemp makes it 0700): probing its
+    # lock fails with EACCES, which must not fail this run. Root ignores permissions, so the
+    # probe's error is injected here.
+    import sessionstore.cli as cli_module
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    foreign = tmp_path / f"sessionstore-cli-{int(dead.stdout)}-x"
+    foreign.mkdir()
+
+    def denied(lock: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(lock))
+
+    monkeypatch.setattr(cli_module, "is_locked", denied)
+    assert cli_module.sweep_stale_temp_states(tmp_path) == 0
+    assert foreign.is_dir()
+
+
 # -- an integer sum that leaves int64 (issue 25) -------------------------------------------------
 
 
