@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
-from .fsutil import pid_alive
+from .fsutil import pid_alive, remove_dead
 from .io import (
     KEY_TYPES,
     TIME_UNITS,
@@ -136,21 +136,12 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
     sharing the temporary directory still holds its lock), and never one this process may not
     look into (another user's, in a shared temporary directory). Returns how many were removed.
     """
-    removed = 0
-    folder = Path(root or tempfile.gettempdir())
-    for entry in folder.glob(_TEMP_PREFIX + "*"):
+    def dead(entry: Path) -> bool:
         match = _TEMP_NAME.match(entry.name)
-        if match is None:
-            continue
-        try:
-            dead = entry.is_dir() and not pid_alive(int(match.group(1))) \
-                and not is_locked(entry / "LOCK")
-        except OSError:  # not ours to judge (permissions), or gone meanwhile
-            continue
-        if dead:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed += 1
-    return removed
+        return match is not None and entry.is_dir() and not pid_alive(int(match.group(1))) \
+            and not is_locked(entry / "LOCK")
+
+    return remove_dead(Path(root or tempfile.gettempdir()), _TEMP_PREFIX, dead)
 
 
 def _port_error(port: int, exc: OSError) -> CliError:

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
+from ..fsutil import remove_dead
 from ..locking import FileLock, is_locked
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
@@ -68,16 +69,10 @@ def remove_dead_scratch(folder: Path) -> int:
     created (no ``HELD`` yet), one this process may not look into (another user's, in a shared
     temp directory) or anything else in ``folder``.
     """
-    removed = 0
-    for entry in folder.glob(SCRATCH_PREFIX + "*"):
-        try:
-            dead = (entry / SCRATCH_HELD).is_file() and not is_locked(entry / SCRATCH_LOCK)
-        except OSError:  # not ours to judge (permissions), or gone meanwhile
-            continue
-        if dead:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed += 1
-    return removed
+    def dead(entry: Path) -> bool:
+        return (entry / SCRATCH_HELD).is_file() and not is_locked(entry / SCRATCH_LOCK)
+
+    return remove_dead(folder, SCRATCH_PREFIX, dead)
 
 
 def _release(handles: dict[str, Any], scratch: Path) -> None:
