@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from . import aggregations, aggspec
 from .aggspec import AggSpec
-from .fsutil import pid_alive
+from .fsutil import pid_alive, remove_dead
 from .io import (
     KEY_TYPES,
     TIME_UNITS,
@@ -133,17 +133,15 @@ def sweep_stale_temp_states(root: Path | None = None) -> int:
 
     Each run names its directory after its process id. A directory is removed only when that
     process is gone and no process holds its store's lock (a run in another PID namespace
-    sharing the temporary directory still holds its lock). Returns how many were removed.
+    sharing the temporary directory still holds its lock), and never one this process may not
+    look into (another user's, in a shared temporary directory). Returns how many were removed.
     """
-    removed = 0
-    folder = Path(root or tempfile.gettempdir())
-    for entry in folder.glob(_TEMP_PREFIX + "*"):
+    def dead(entry: Path) -> bool:
         match = _TEMP_NAME.match(entry.name)
-        if match and entry.is_dir() and not pid_alive(int(match.group(1))) \
-                and not is_locked(entry / "LOCK"):
-            shutil.rmtree(entry, ignore_errors=True)
-            removed += 1
-    return removed
+        return match is not None and entry.is_dir() and not pid_alive(int(match.group(1))) \
+            and not is_locked(entry / "LOCK")
+
+    return remove_dead(Path(root or tempfile.gettempdir()), _TEMP_PREFIX, dead)
 
 
 def _port_error(port: int, exc: OSError) -> CliError:
@@ -346,6 +344,8 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
     identity = input_identity(source)
     temp: Path | None = None
     replaced: ReplacedOutput | None = None  # the output of a run without --state
+    # the output of a new --state until its first commit (then the output is the state's)
+    first: ReplacedOutput | None = None
     state = args.state
     if args.metrics_port is not None or args.metrics_file is not None:
         require_prometheus()  # a missing extra is named before anything is touched
@@ -367,12 +367,17 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             committed = engine.committed_metadata or {}
             if committed:
                 _check_resume(committed, state, options, identity, out_path, out_format)
+            elif replaced is None:
+                # written beside --out until the first commit: a run that fails before it
+                # leaves an existing --out as it was
+                first = ReplacedOutput(args.out)
             key_fields = [source.schema.field(k) for k in keys]
             schema = pa.schema([*key_fields, pa.field("session_start_ms", pa.int64()),
                                 pa.field("session_end_ms", pa.int64()), *planned.output_fields,
                                 *([pa.field("retracted", pa.bool_())]
                                   if emit is EmitStrategy.ON_WINDOW_UPDATE else [])])
-            writer = SessionWriter(args.out if replaced is None else replaced.temporary,
+            beside = replaced or first
+            writer = SessionWriter(args.out if beside is None else beside.temporary,
                                    keys, planned.output_names,
                                    emit is EmitStrategy.ON_WINDOW_UPDATE,
                                    committed.get("output"), schema=schema,
@@ -386,7 +391,7 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                         "output_path": str(out_path)},
                        SessionSummary(counts[0], emit is EmitStrategy.ON_WINDOW_UPDATE,
                                       windows.gap_ms)
-                       if args.summary else None)
+                       if args.summary else None, first)
             summary = run.execute(int(committed.get("offset", 0)))
         except BaseException:
             _close_quietly(store)
@@ -395,8 +400,9 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
         if replaced is not None:
             replaced.commit()
     finally:
-        if replaced is not None:
-            replaced.discard()
+        for beside_out in (replaced, first):
+            if beside_out is not None:
+                beside_out.discard()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
     summary["path"] = "incremental"
@@ -467,7 +473,7 @@ class _Run:
     def __init__(self, args: argparse.Namespace, engine: SessionAggregator,
                  writer: SessionWriter, source: InputSource, keys: list[str],
                  plan: aggspec.ColumnarPlan, identity: dict[str, Any],
-                 summary: SessionSummary | None) -> None:
+                 summary: SessionSummary | None, first: ReplacedOutput | None = None) -> None:
         self.args = args
         self.engine = engine
         self.writer = writer
@@ -477,6 +483,7 @@ class _Run:
         self.value_columns = list(plan.value_names)
         self.identity = identity
         self.summary = summary
+        self.first = first  # the output written beside --out until the first commit
         self.pending: list[pa.Table] = []
         self.processed = 0
         self.floored = 0
@@ -517,6 +524,11 @@ class _Run:
         self.pending = []
         rows = pa.concat_tables(tables) if tables else None
         self.writer.write_table(rows)  # durable (fsynced) before the state that records it
+        if self.first is not None and not self.first.done:
+            # the first commit of a new state: its output takes --out's place, durably, before
+            # the state records it
+            self.first.commit()
+            self.writer.path = self.first.path
         if self.summary is not None and rows is not None:
             self.summary.add_table(rows, self.keys)
         output = {**self.writer.position(), "path": self.identity["output_path"]}

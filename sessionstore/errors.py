@@ -11,6 +11,11 @@ import os
 
 from .locking import LockHeldError
 
+#: Why a float key is refused, and what to use instead: the engine's key check
+#: (:mod:`sessionstore.keyschema`) and the bounded path's (:func:`sessionstore.bounded.order.check_key_type`)
+#: both say this (docs/semantics.md, "Keys are ...").
+FLOAT_KEY_HINT = "floats are not accepted as keys: cast the column to a string or a scaled int"
+
 
 class StoreCorruptedError(ValueError):
     """Stored state (a store directory, a checkpoint, a snapshot) is damaged or inconsistent.

@@ -4,6 +4,8 @@ so that writing an output does not load the store)."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -26,3 +28,20 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
+
+
+def remove_dead(folder: Path, prefix: str, dead: Callable[[Path], bool]) -> int:
+    """Remove each entry of ``folder`` named ``prefix*`` that ``dead`` judges left by a process
+    that died (SIGKILL, power loss); returns how many were removed. An entry ``dead`` cannot
+    judge (it raises ``OSError``: another user's directory in a shared temp directory, or one
+    gone meanwhile) is left alone: the sweep never fails its caller."""
+    removed = 0
+    for entry in folder.glob(prefix + "*"):
+        try:
+            gone = dead(entry)
+        except OSError:
+            continue
+        if gone:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed

@@ -23,6 +23,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from .errors import FLOAT_KEY_HINT
 from .timeutil import INT64_MAX, INT64_MIN
 
 KEY_FIRST = b"K"
@@ -57,7 +58,7 @@ def _check_key_part(part: Any, depth: int) -> None:
     if isinstance(part, float):
         # floats are not grouping keys here: NaN != NaN and -0.0 == 0.0 would need a
         # normalisation (Spark's) that silently merges or splits keys; see docs/semantics.md
-        hint = "; floats are not accepted as keys: cast the column to a string or a scaled int"
+        hint = f"; {FLOAT_KEY_HINT}"
     raise TypeError(
         f"key must be str, bytes, int or a tuple of them, got {type(part).__name__}: "
         f"{part!r:.80}{hint}"

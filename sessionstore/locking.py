@@ -16,7 +16,8 @@ another PID namespace the id means nothing here). A forked child shares its pare
 and so its lock, until both close it.
 
 The session store (``LOCK`` in its directory), the CLI's sweep of dead runs' temporary stores,
-and the Spark provider's partition lock all use this module; no other module locks files.
+the read-only view's scratch copy (swept the same way when its process died) and the Spark
+provider's partition lock all use this module; no other module locks files.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .options import (
     parse_aggregations,
     time_kind,
 )
-from .order import sortable
+from .order import check_key_type, sortable
 from .spill import Spill
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,9 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
     if named:
         raise ValueError(f"key column {named[0]!r} has the name of an output column "
                          f"({', '.join(SESSION_COLUMNS)}); rename it")
+    for k in keys:  # before any row is read or spilled (a column of nulls: named by its row)
+        if not pa.types.is_null(schema.field(k).type):
+            check_key_type(schema.field(k).type, k)
     kind = time_kind(schema.field(time).type, time, time_unit)
     if not isinstance(inclusive_gap, bool):
         raise TypeError(f"inclusive_gap must be True or False, got {inclusive_gap!r}")

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from ..errors import FLOAT_KEY_HINT
 from .frame import Frame, arrow_of, as_numpy, first_null
 
 Int64Array = npt.NDArray[np.int64]
@@ -42,10 +43,7 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
     if row is not None:
         raise ValueError(f"key column {name!r} is null at row {row}: every event needs a key "
                          f"(as in the CLI and the engine, a null key is refused, not dropped)")
-    if not _orderable(data_type):
-        raise ValueError(f"key column {name!r} has type {data_type}, which cannot be a key "
-                         f"(use atomic columns: integers, strings, binary, dates, timestamps, "
-                         f"decimals, booleans)")
+    check_key_type(data_type, name)
     column = sortable(column)
     import pyarrow.compute as pc  # here: its import costs ~70 ms, integer keys need none
 
@@ -64,11 +62,29 @@ def sortable(column: Any) -> Any:
     return column.cast(data_type.value_type) if pa.types.is_dictionary(data_type) else column
 
 
+def check_key_type(data_type: pa.DataType, name: str) -> None:
+    """The key types of the bounded path: integers, strings, binary, dates, timestamps,
+    decimals and booleans, or a dictionary of them. Floats are refused, as the engine and the
+    Spark adapter refuse them: grouping by a float's bits would keep -0.0 apart from 0.0, which
+    Spark groups together (docs/semantics.md).
+
+    Raises:
+        ValueError: naming the column and its type.
+    """
+    value_type = data_type.value_type if pa.types.is_dictionary(data_type) else data_type
+    if pa.types.is_floating(value_type):
+        raise ValueError(f"key column {name!r} has type {data_type}; {FLOAT_KEY_HINT}")
+    if not _orderable(data_type):
+        raise ValueError(f"key column {name!r} has type {data_type}, which cannot be a key "
+                         f"(use atomic columns: integers, strings, binary, dates, timestamps, "
+                         f"decimals, booleans)")
+
+
 def _orderable(data_type: pa.DataType) -> bool:
     t = pa.types
     if t.is_dictionary(data_type):
         return _orderable(data_type.value_type)
-    return bool(t.is_integer(data_type) or t.is_floating(data_type) or t.is_decimal(data_type)
+    return bool(t.is_integer(data_type) or t.is_decimal(data_type)
                 or t.is_string(data_type) or t.is_large_string(data_type)
                 or t.is_binary(data_type) or t.is_large_binary(data_type)
                 or t.is_boolean(data_type) or t.is_date(data_type)

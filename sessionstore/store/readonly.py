@@ -24,6 +24,8 @@ from typing import Any
 
 from .. import keyschema
 from ..errors import StoreCorruptedError
+from ..fsutil import remove_dead
+from ..locking import FileLock, is_locked
 from ..serde import DEFAULT_SERDE
 from ..timeutil import INT64_MAX, INT64_MIN, check_int64
 from ..types import Session, ValueSerde
@@ -50,14 +52,41 @@ log = logging.getLogger(__name__)
 MAX_REFRESH_ATTEMPTS = 100
 
 
+#: A view's scratch directory is named ``sessionstore-view-<random>`` ...
+SCRATCH_PREFIX = "sessionstore-view-"
+#: ... and holds ``LOCK`` (held while the view is open) and, once ``LOCK`` is held, ``HELD``.
+#: A scratch directory with ``HELD`` whose ``LOCK`` nobody holds belongs to a view whose
+#: process died without closing it (SIGKILL, power loss): :func:`remove_dead_scratch` removes it.
+SCRATCH_LOCK, SCRATCH_HELD = "LOCK", "HELD"
+
+
+def remove_dead_scratch(folder: Path) -> int:
+    """Remove the scratch copies under ``folder`` of views whose process died without closing
+    them; their hard links would hold SST space for ever. Returns how many were removed.
+
+    Only a ``sessionstore-view-*`` directory holding ``HELD`` and an unheld ``LOCK`` is removed:
+    never a live view's (its process holds the lock, however it shares the folder), one being
+    created (no ``HELD`` yet), one this process may not look into (another user's, in a shared
+    temp directory) or anything else in ``folder``.
+    """
+    def dead(entry: Path) -> bool:
+        return (entry / SCRATCH_HELD).is_file() and not is_locked(entry / SCRATCH_LOCK)
+
+    return remove_dead(folder, SCRATCH_PREFIX, dead)
+
+
 def _release(handles: dict[str, Any], scratch: Path) -> None:
-    """Close the database and delete the scratch copy. Holds no reference to the view, so it
-    can run as the view's finalizer when the view is dropped without ``close()``."""
+    """Close the database and delete the scratch copy, then give up its lock. Holds no
+    reference to the view, so it can run as the view's finalizer when the view is dropped
+    without ``close()``."""
     handles.pop("cfs", None)
     db = handles.pop("db", None)
     if db is not None:
         db.close()
     shutil.rmtree(scratch, ignore_errors=True)
+    lock = handles.pop("lock", None)
+    if lock is not None:
+        lock.release()
 
 
 def _read_floor(state: CommittedState) -> int | None:
@@ -76,7 +105,9 @@ class ReadOnlySessionStore:
 
     Takes no lock and never writes into ``path``: open it while a writer runs, or on a store
     nobody has open. Its scratch copy (under ``scratch_dir``, default the temp directory) is
-    deleted by :meth:`close`, or when the view is garbage-collected or the interpreter exits.
+    deleted by :meth:`close`, or when the view is garbage-collected or the interpreter exits;
+    the copy of a view whose process was killed is deleted by the next view opened with the same
+    ``scratch_dir`` (:func:`remove_dead_scratch`).
 
     Args:
         path: the store's directory.
@@ -94,9 +125,16 @@ class ReadOnlySessionStore:
         self._path = Path(path)
         self._serde = value_serde or DEFAULT_SERDE
         self._lock = threading.RLock()
-        self._scratch = Path(tempfile.mkdtemp(prefix="sessionstore-view-", dir=scratch_dir))
+        self._scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_dir))
         self._handles: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, _release, self._handles, self._scratch)
+        try:
+            self._handles["lock"] = FileLock(self._scratch / SCRATCH_LOCK).acquire()
+            (self._scratch / SCRATCH_HELD).touch()
+            remove_dead_scratch(self._scratch.parent)
+        except BaseException:
+            self._finalizer()
+            raise
         self._cfs: dict[int, Any] = {}
         self._version = 0
         self._metadata: Any = None

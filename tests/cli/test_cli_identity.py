@@ -62,3 +62,28 @@ def test_an_unchanged_input_resumes_in_every_format(tmp_path, capsys, suffix):
     capsys.readouterr()
     source.touch()  # a new mtime alone is the same input
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_state_recorded_before_content_fingerprints_is_judged_by_its_own_rule(tmp_path,
+                                                                               suffix):
+    # docs/quickstart.md: a state whose Parquet files were fingerprinted by their footer only
+    # is refused with a message that says so; text files were always hashed whole, so such a
+    # state resumes when the bytes are the same (records without "fingerprint_of")
+    from sessionstore.io import identity_difference, input_identity, open_input
+
+    source = tmp_path / f"events{suffix}"
+    if suffix == ".parquet":
+        write_parquet(source, ["u1", "u2"], [0, 1_000])
+    else:
+        source.write_text('{"user":"u1","ts":0}\n{"user":"u2","ts":1000}\n')
+    current = input_identity(open_input(str(source), key_columns=["user"]))
+    legacy = {"format": current["format"],
+              "files": [{k: v for k, v in f.items() if k != "fingerprint_of"}
+                        for f in current["files"]]}
+    change = identity_difference(legacy, current)
+    if suffix == ".parquet":
+        assert change is not None and "Parquet footer only" in change, change
+    else:
+        assert change is None
+    assert identity_difference(current, current) is None

@@ -467,6 +467,25 @@ def test_the_sweep_removes_only_directories_of_dead_runs_holding_no_lock(tmp_pat
         p.name for p in (locked, mine, other))
 
 
+def test_the_sweep_skips_a_directory_it_may_not_look_into(tmp_path, monkeypatch):
+    # another user's dead run in a shared temp directory (mkdtemp makes it 0700): probing its
+    # lock fails with EACCES, which must not fail this run. Root ignores permissions, so the
+    # probe's error is injected here.
+    import sessionstore.cli as cli_module
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    foreign = tmp_path / f"sessionstore-cli-{int(dead.stdout)}-x"
+    foreign.mkdir()
+
+    def denied(lock: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(lock))
+
+    monkeypatch.setattr(cli_module, "is_locked", denied)
+    assert cli_module.sweep_stale_temp_states(tmp_path) == 0
+    assert foreign.is_dir()
+
+
 # -- an integer sum that leaves int64 (issue 25) -------------------------------------------------
 
 
@@ -488,6 +507,39 @@ def test_a_sum_leaving_int64_is_a_named_error_on_every_run_and_changes_no_state(
     with ReadOnlySessionStore(state) as view:
         assert (view.version, view.metadata) == (version, metadata)
     assert out.read_bytes() == written
+
+
+def output_snapshot(out: Path) -> dict[str, bytes]:
+    return snapshot_tree(out) if out.is_dir() else {out.name: out.read_bytes()}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_new_state_whose_run_fails_before_its_first_commit_leaves_out_as_it_was(
+        tmp_path, capsys, suffix):
+    # found auditing issue 25: the first run of a new --state emptied an existing --out when
+    # it opened it, so a run that failed on its first rows (a sum leaving int64, a float key)
+    # destroyed the previous output and wrote nothing. It now writes beside --out, as a run
+    # without --state does, until its first commit.
+    out = tmp_path / f"o{suffix}"
+    assert main(sessionize(write_jsonl(tmp_path / "in.jsonl", ROWS), out)) == 0
+    capsys.readouterr()
+    before, siblings = output_snapshot(out), sorted(p.name for p in tmp_path.iterdir())
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"user": "a", "ts": 0, "v": -(2**63)},
+                                               {"user": "a", "ts": 1, "v": -1}])
+    argv = sessionize(bad, out, "--time-unit", "ms", "--agg", "s=sum:v", "--state",
+                      str(tmp_path / "state"), "--batch-rows", "1")
+    refused(capsys, argv, "input rows 1..1", "int64")
+    assert output_snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*siblings, "bad.jsonl", "state"])
+    # a run of the new state that succeeds replaces the output, and later runs resume it
+    argv = sessionize(write_jsonl(bad, ROWS[:2]), out, "--state", str(tmp_path / "state2"),
+                      "--commit-every", "1")
+    assert main(argv) == 0
+    assert output_snapshot(out) != before
+    assert not [p for p in tmp_path.iterdir() if "inprogress" in p.name]
+    after = output_snapshot(out)
+    assert main(argv) == 0  # a resume: nothing new, the output as it was
+    assert output_snapshot(out) == after
 
 
 def test_commit_every_commits_exactly_every_n_rows_inside_a_read_batch(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -182,3 +183,50 @@ def test_float_keys_are_refused_with_the_accepted_types_and_a_cast_to_use(path, 
         else:
             engine.process_table(pa.table({"k": [key], "t": [1]}), key="k", time="t")
     assert engine.metrics["records-in"] == 0
+
+
+def float_key_column(kind: str) -> Any:
+    import pyarrow as pa
+
+    values = pa.array([1.5, float("nan"), -0.0, 0.0])
+    return {"float64": values, "float32": values.cast(pa.float32()),
+            "float16": pa.array([1.5, 2.5], pa.float32()).cast(pa.float16()),
+            "dictionary": values.dictionary_encode()}[kind]
+
+
+@pytest.mark.parametrize("kind", ["float64", "float32", "float16", "dictionary"])
+def test_float_keys_are_refused_on_the_bounded_path_too(kind):
+    # issue 25: the bounded path (sessionstore.sessionize, the CLI without --state) grouped a
+    # float key column by its bits (-0.0 apart from 0.0, unlike Spark), or crashed on float16,
+    # while the engine and the Spark adapter refuse floats
+    import pyarrow as pa
+
+    import sessionstore
+
+    column = float_key_column(kind)
+    table = pa.table({"k": column, "t": list(range(len(column)))})
+    with pytest.raises(ValueError, match=r"key column 'k' has type .*cast the column"):
+        sessionstore.sessionize(table, key="k", time="t", gap=10, aggregations="n=count")
+    with pytest.raises(ValueError, match=r"key column 'k' has type .*cast the column"):
+        sessionstore.sessionize(table.append_column("s", pa.array(["x"] * len(column))),
+                                key=["s", "k"], time="t", gap=10, aggregations="n=count")
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_the_cli_refuses_a_float_key_column_with_or_without_state(tmp_path, capsys, state):
+    # the same input is refused whichever path the CLI takes, and no output is written
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sessionstore.cli import main
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"k": float_key_column("float64"), "t": [0, 1, 2, 3]}), source)
+    out = tmp_path / "out.jsonl"
+    argv = ["sessionize", str(source), "--key", "k", "--time", "t", "--time-unit", "ms",
+            "--gap", "1m", "--out", str(out), "--no-progress"]
+    assert main(argv + (["--state", str(tmp_path / "state")] if state else [])) == 2
+    err = capsys.readouterr().err
+    assert "float" in err and "cast the column" in err, err
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", *(["state"] if state else [])]

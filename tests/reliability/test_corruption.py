@@ -233,7 +233,8 @@ def test_a_scan_over_a_damaged_block_raises_instead_of_ending_early(tmp_path):
 def test_the_read_only_view_raises_on_a_damaged_block(tmp_path):
     path = committed_store(tmp_path / "s", sessions=5_000)
     with ReadOnlySessionStore(path) as view:
-        (scratch_dir,) = view._scratch.iterdir()
+        # the version's copy (beside the view's LOCK and HELD files)
+        (scratch_dir,) = [p for p in view._scratch.iterdir() if p.is_dir()]
         damage_data_blocks(scratch_dir)
         with pytest.raises(StoreCorruptedError):
             list(view)
@@ -366,6 +367,27 @@ def test_an_open_removes_the_work_directory_of_an_interrupted_rocksdb_checkpoint
         assert store.committed_version == 1
         assert store.committed_metadata == {"offset": SESSIONS}
     assert sorted(p.name for p in root.iterdir()) == [version_dir_name(1)]
+
+
+def test_an_open_removes_every_leftover_of_its_own_naming(tmp_path):
+    # issue 25 item 4, every name at once: a stale COMMITTED.tmp (a SIGKILL between staging the
+    # pointer and publishing it) and a partial ".live-next" copy (a SIGKILL during an open)
+    # besides the checkpoint leftovers. Kills: the open not removing COMMITTED.tmp, or not
+    # removing ".live-next" before copying into it (both survived the project's tests).
+    path = committed_store(tmp_path / "s")
+    (path / "COMMITTED.tmp").write_bytes(b"a stale pointer, never published")
+    (path / ".live-next").mkdir()
+    (path / ".live-next" / "000009.sst").write_bytes(b"half a copy")
+    for name in (".staging-v000000000002", ".staging-v000000000002.tmp",
+                 ".deleting-v000000000001"):
+        (path / "checkpoints" / name).mkdir()
+        (path / "checkpoints" / name / "000009.sst").write_bytes(b"held")
+    with SessionStore(path, retention_ms=10**9) as store:
+        assert store.committed_version == 1
+        assert len(list(store.find_sessions(-(2**63), 2**63 - 1))) == SESSIONS
+    assert sorted(p.name for p in path.iterdir()) == ["COMMITTED", "LOCK", "checkpoints", "live"]
+    assert [p.name for p in (path / "checkpoints").iterdir()] == [version_dir_name(1)]
+    assert not (path / "live" / "000009.sst").exists()
 
 
 def test_a_committed_pointer_that_is_a_directory_is_refused_by_name(tmp_path):

@@ -36,6 +36,16 @@ def assert_is_version(view: ReadOnlySessionStore, version: int) -> None:
     assert view.fetch(f"k{version * 10 - 1}")[0][1] == version * 10 - 1
 
 
+def one_version_and_scratch(tmp_path: Path) -> tuple[Path, Path]:
+    """A store at ``tmp_path/s`` holding version 1, and an empty ``tmp_path/scratch``."""
+    path = tmp_path / "s"
+    with SessionStore(path, retention_ms=10**9) as store:
+        write_version(store, 1)
+    scratch_root = tmp_path / "scratch"
+    scratch_root.mkdir()
+    return path, scratch_root
+
+
 def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_path):
     path = tmp_path / "s"
     writer = SessionStore(path, retention_ms=10**9, segment_interval_ms=1000)
@@ -56,11 +66,7 @@ def test_opens_beside_a_running_writer_without_its_lock_and_changes_nothing(tmp_
 
 
 def test_scratch_is_removed_when_a_view_is_dropped_without_close(tmp_path):
-    path = tmp_path / "s"
-    with SessionStore(path, retention_ms=10**9) as store:
-        write_version(store, 1)
-    scratch_root = tmp_path / "scratch"
-    scratch_root.mkdir()
+    path, scratch_root = one_version_and_scratch(tmp_path)
     view = ReadOnlySessionStore(path, scratch_dir=scratch_root)
     assert_is_version(view, 1)
     assert len(list(scratch_root.iterdir())) == 1
@@ -70,11 +76,7 @@ def test_scratch_is_removed_when_a_view_is_dropped_without_close(tmp_path):
 
 
 def test_scratch_is_removed_when_the_interpreter_exits_with_the_view_open(tmp_path):
-    path = tmp_path / "s"
-    with SessionStore(path, retention_ms=10**9) as store:
-        write_version(store, 1)
-    scratch_root = tmp_path / "scratch"
-    scratch_root.mkdir()
+    path, scratch_root = one_version_and_scratch(tmp_path)
     script = textwrap.dedent(f"""
         from sessionstore import ReadOnlySessionStore
         VIEW = ReadOnlySessionStore({str(path)!r}, scratch_dir={str(scratch_root)!r})
@@ -197,3 +199,63 @@ def test_the_read_floor_follows_the_committed_expiry_cap(tmp_path):
         assert sorted((s.key, s.end) for s, _ in view.find_sessions(-(2**63), 2**63 - 1)) \
             == expected
         assert [v for _, v in view.fetch("k6")] == [6]  # ends at 65: above the capped floor
+
+
+def start_view_process(path: Path, scratch_root: Path) -> subprocess.Popen[str]:
+    """A process holding a view open (under ``scratch_root``) until it is killed."""
+    script = textwrap.dedent(f"""
+        import time
+        from sessionstore import ReadOnlySessionStore
+        VIEW = ReadOnlySessionStore({str(path)!r}, scratch_dir={str(scratch_root)!r})
+        print("open", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.stdout is not None and proc.stdout.readline() == "open\n"
+    return proc
+
+
+def test_an_open_removes_the_scratch_of_a_view_killed_by_sigkill(tmp_path):
+    # issue 25 item 4, for views: a SIGKILLed view's copy (hard links holding SST space) stayed
+    # in the temp directory for ever. The next view under the same scratch_dir removes the
+    # copies of dead views, and never the copy of a live one or anything else there.
+    path, scratch_root = one_version_and_scratch(tmp_path)
+    (scratch_root / "sessionstore-view-operator-notes").mkdir()  # not a view's: no lock
+    killed = start_view_process(path, scratch_root)
+    killed.kill()
+    killed.wait()
+    before = set(scratch_root.iterdir())
+    (dead,) = before - {scratch_root / "sessionstore-view-operator-notes"}
+    assert any(f.stat().st_nlink > 1 for f in dead.rglob("*.sst"))  # holding SST space
+    live = start_view_process(path, scratch_root)
+    try:
+        (alive,) = set(scratch_root.iterdir()) - before
+        with ReadOnlySessionStore(path, scratch_dir=scratch_root) as view:
+            assert_is_version(view, 1)
+            left = set(scratch_root.iterdir())
+            assert dead not in left
+            assert {alive, scratch_root / "sessionstore-view-operator-notes"} < left
+            assert len(left) == 3  # and this view's own
+    finally:
+        live.kill()
+        live.wait()
+    assert set(scratch_root.iterdir()) == {alive, scratch_root / "sessionstore-view-operator-notes"}
+
+
+def test_the_sweep_skips_a_scratch_it_may_not_look_into(tmp_path, monkeypatch):
+    # another user's view in a shared temp directory (mkdtemp makes it 0700): probing it fails
+    # with EACCES, which must not fail this view's open. Root ignores permissions, so the
+    # probe's error is injected here.
+    path, scratch_root = one_version_and_scratch(tmp_path)
+    foreign = scratch_root / "sessionstore-view-another-user"
+    foreign.mkdir()
+    (foreign / "HELD").touch()
+
+    def denied(lock: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(lock))
+
+    monkeypatch.setattr(readonly_module, "is_locked", denied)
+    with ReadOnlySessionStore(path, scratch_dir=scratch_root) as view:
+        assert_is_version(view, 1)
+    assert [p.name for p in scratch_root.iterdir()] == [foreign.name]
