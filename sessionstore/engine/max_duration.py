@@ -116,8 +116,12 @@ closes, in O(n log n); those fold from the events, before the batch changes anyt
 failing function raises at that batch and changes nothing: with ``ON_WINDOW_UPDATE`` a held
 write at the batch's end would follow its changes, and with ``ON_WINDOW_CLOSE`` no event is
 held whose key's bound the batch's own close reaches); the other keys take the event step one
-by one, which holds them. With ``ON_WINDOW_UPDATE`` every held key is written at the end of
-the batch. With a write cache every event takes the event step (its evictions forward in the
+by one, which holds them. Those steps are one change: when one raises (a value check of a
+built-in, an int64 sum or a minimum over values that do not compare, an accumulator the store
+cannot encode, the store), :class:`.BatchUndo` puts back what the earlier ones changed (the
+keys' open sessions and held state), and the batch's counters, arrival counter and watermark
+move only after them, so a failing batch changes nothing, as without a maximum duration. With
+``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a write cache every event takes the event step (its evictions forward in the
 loop's order).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
@@ -134,6 +138,7 @@ its own, and each imports only those above it:
   emits, change log and close index;
 * :mod:`.max_duration_held`: the held keys and the heap of their bounds;
 * :mod:`.max_duration_step`: the event step;
+* :mod:`.max_duration_undo`: the undo of a batch whose event steps failed;
 * :mod:`.max_duration_batch`: the batch step.
 
 The rule's cuts are :mod:`.cuts`; the late rule and the close cursor,

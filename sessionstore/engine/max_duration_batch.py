@@ -2,7 +2,8 @@
 path" in :mod:`sessionstore.engine.max_duration`): a key whose events came in time order after
 its open events is cut in one pass (:meth:`BatchStep._in_order`), so is a disordered key of an
 aggregation with user functions (:meth:`BatchStep._replay`, whatever the emission); every other
-key's events take the event step, in arrival order."""
+key's events take the event step, in arrival order, as one change (undone if one fails:
+:mod:`.max_duration_undo`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .max_duration_state import (
     stored_events,
 )
 from .max_duration_step import EventStep
+from .max_duration_undo import BatchUndo
 from .record import acc_of, check_encodable, record_with_events
 
 _TIME_ARRIVAL = operator.itemgetter(0, 1)
@@ -83,8 +85,9 @@ class BatchStep:
         is cut in one pass (:meth:`_in_order`), as the loop's in-order step would, one event
         after the other; so is a disordered key of an aggregation with user functions
         (:meth:`_replay`); every other key's events take the event step, in arrival order,
-        which holds them (:meth:`.HeldKeys.hold`). With ``ON_WINDOW_UPDATE`` every held key
-        is written at the end. Closing runs once, after every write, as in the columnar batch
+        which holds them (:meth:`.HeldKeys.hold`), as one change (:meth:`_step_all`: a
+        failing step undoes the earlier ones, so the batch changes nothing). With
+        ``ON_WINDOW_UPDATE`` every held key is written at the end. Closing runs once, after every write, as in the columnar batch
         path.
         """
         engine = self._engine
@@ -138,20 +141,16 @@ class BatchStep:
                 fallback.extend(positions[a:b])
             else:
                 plans.append((keys[row], plan))
-        # apply: the late events, the keys that need re-cutting, then the in-order keys
+        # apply: the keys that need re-cutting, one event at a time (a failing step undoes
+        # them all: the batch changes nothing), then the late events and the in-order keys
+        if fallback:
+            self._step_all(keys, values, time_list, end_list, cb_list, accepted.tolist(),
+                           sorted(fallback), seq0, lazy, out, log, horizon)
         metrics = engine.metrics
         metrics.records_in += n
         if m < n:
             for i in np.flatnonzero(late).tolist():
                 engine.drop(keys[i], values[i], time_list[i])
-        fallback.sort()
-        step = self._event.step
-        acc_rows = accepted.tolist()
-        for p in fallback:
-            i = acc_rows[p]
-            cb = cb_list[i]
-            step(keys[i], values[i], time_list[i], end_list[i], cb,
-                 cb if horizon is None else horizon, out, log, seq0 + p, lazy)
         clock.seq += m
         for key, plan in plans:
             self._apply_in_order(key, plan, log)
@@ -159,6 +158,36 @@ class BatchStep:
             self._held_keys.write_all(out, log)  # the log is "before the batch, and now"
         if m and clock.observe(int(acc_times.max())):
             engine.on_watermark(out)
+
+    def _step_all(self, keys: list[Any], values: list[Any], times: list[int], ends: list[int],
+                  closed_before: list[int], rows: list[int], fallback: list[int], seq0: int,
+                  lazy: bool, out: list[Emit], log: ChangeLog | None, horizon: int | None
+                  ) -> None:
+        """Take the event step for each of ``fallback`` (arrival indexes among the accepted
+        events, ascending; ``rows`` maps them to batch rows), as one change: when a step
+        raises (a value check of the aggregation, an accumulator the store cannot encode, the
+        store), :class:`.BatchUndo` puts back what the earlier ones changed before the error
+        goes on, so the batch changes nothing (its watermark, arrival counter and counters
+        move only after this returns)."""
+        undo = BatchUndo(self._state, self._orders, self._held_keys, self._event,
+                         min(closed_before))
+        held = self._held_keys
+        if held.full(len(fallback)):
+            undo.touch_held()  # a step may write every held key
+        step = self._event.step
+        touch = undo.touch
+        try:
+            for p in fallback:
+                i = rows[p]
+                key = keys[i]
+                touch(key)
+                cb = closed_before[i]
+                step(key, values[i], times[i], ends[i], cb, cb if horizon is None else horizon,
+                     out, log, seq0 + p, lazy)
+        except BaseException:
+            undo.undo()
+            raise
+        undo.done()
 
     def _in_order(self, key: Any, values: list[Any], times: list[int], ends: list[int],
                   closed_before: list[int], rows: list[int], seqs: list[int],

@@ -37,6 +37,10 @@ from .max_duration_state import (
 from .max_duration_write import diff_cut, publish_changes, write_changes
 from .record import check_encodable
 
+HeldMemo = tuple["Held", int, int, int, int, list[tuple[int, int]] | None, int]
+"""A held key's state as :meth:`HeldKeys.memo` keeps it: ``(entry, held events, bound,
+magnitude, run, waiting, detached)``."""
+
 HELD_EVENTS_LIMIT = 1 << 20
 """How many events are held unwritten (over all keys) before every held key is written."""
 
@@ -388,6 +392,36 @@ class HeldKeys:
         """Write ``key`` if it is held (before its sessions are read)."""
         if key in self.by_key:
             self.write(key, [], None)
+
+    def memo(self, key: Any) -> HeldMemo | None:
+        """What :meth:`put_back` needs to give ``key`` back its held state as it is now (None:
+        not held). O(1) but for a copy of its waiting heap: the held events are only
+        appended to until the key is written (the count of them is kept)."""
+        held = self.by_key.get(key)
+        if held is None:
+            return None
+        waiting = held.waiting
+        return (held, len(held.events), held.bound, held.magnitude, held.run,
+                None if waiting is None else list(waiting), held.detached)
+
+    def put_back(self, memos: dict[Any, HeldMemo | None], events_held: int) -> None:
+        """Give the keys of ``memos`` back the held state :meth:`memo` kept (a key whose memo
+        is None is held no longer), and the count of held events ``events_held``: a failing
+        batch's undo (:class:`~sessionstore.engine.max_duration_undo.BatchUndo`). Each key
+        still held is indexed again by its bound (an entry of the heap the batch may have
+        dropped, by :meth:`write_all`; a stale entry is skipped when met)."""
+        by_key = self.by_key
+        for key, memo in memos.items():
+            if memo is None:
+                by_key.pop(key, None)
+                continue
+            held, count, bound, magnitude, run, waiting, detached = memo
+            del held.events[count:]
+            held.bound, held.magnitude, held.run = bound, magnitude, run
+            held.waiting, held.detached = waiting, detached
+            by_key[key] = held
+            self._push_due(key, held)
+        self.events_held = events_held
 
     def forget(self) -> None:
         """Drop every held event (an abort)."""

@@ -38,7 +38,7 @@ class EventStep:
     """
 
     __slots__ = ("_state", "_orders", "_held_keys", "_engine", "_md", "_holdable",
-                 "_incremental", "_fixed_gap", "_order_free_adds")
+                 "_incremental", "_fixed_gap", "_order_free_adds", "inserted")
 
     def __init__(self, state: DurationState, orders: OpenOrders, held: HeldKeys) -> None:
         self._state = state
@@ -52,6 +52,9 @@ class EventStep:
         self._incremental = state.incremental
         self._fixed_gap = state.fixed_gap
         self._order_free_adds = state.order_free_adds
+        #: while a batch may undo its steps (:class:`.BatchUndo`): each event list an event
+        #: was inserted into in place, and where, in order (None: not kept)
+        self.inserted: list[tuple[list[Any], int]] | None = None
 
     def step(self, key: Any, value: Any, t: int, own_end: int, closed_before: int,
              horizon: int, out: list[Emit], log: ChangeLog | None, seq: int, lazy: bool
@@ -246,6 +249,9 @@ class EventStep:
         if copy:
             return acc, [*events[:pos], event, *events[pos:]]
         # in place (O(1) at the end): only the record this step replaces holds the list, and
-        # nothing after this can fail on the event (the store copies what it writes)
+        # nothing after this can fail on the event (the store copies what it writes); a
+        # batch's undo keeps that record, and takes the event out again (``inserted``)
         events.insert(pos, event)
+        if self.inserted is not None:
+            self.inserted.append((events, pos))
         return acc, events

@@ -356,12 +356,13 @@ def test_the_batch_form_of_the_capped_own_window_end_is_the_event_form(max_durat
 
 def test_the_maximum_duration_modules_import_only_the_ones_before_them() -> None:
     """The order :mod:`sessionstore.engine.max_duration` states (state, order, write, held,
-    step, batch, then the façade): a part that imports a later one (the held keys calling back
+    step, undo, batch, then the façade): a part that imports a later one (the held keys calling back
     into the event step, say) fails here before it can form a circle elsewhere."""
     from tests.engine.test_imports import engine_imports
 
     layers = ["max_duration_state", "max_duration_order", "max_duration_write",
-              "max_duration_held", "max_duration_step", "max_duration_batch", "max_duration"]
+              "max_duration_held", "max_duration_step", "max_duration_undo", "max_duration_batch",
+              "max_duration"]
     edges = engine_imports()
     assert {name for name in edges if name.startswith("max_duration")} == set(layers)
     for i, name in enumerate(layers):

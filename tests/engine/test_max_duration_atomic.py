@@ -1,0 +1,231 @@
+"""A ``process_batch`` that fails changes nothing, with ``max_duration_ms`` too (issue 25): a key
+whose events arrive out of order with a built-in aggregation takes the event step one event at a
+time, and a value check failing at one of them (an int64 sum leaving its range, a minimum over
+values that do not compare) must leave the store, the held keys, the counters, the watermark and
+the output as they were before the call. The same batch without the bad value then gives the
+oracle's answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from sessionstore import (
+    EmitStrategy,
+    InMemorySessionStore,
+    SessionAggregator,
+    SessionStore,
+    SessionWindows,
+    aggregations,
+)
+from sessionstore.aggregations import SumOverflowError
+from sessionstore.engine import max_duration_held
+from sessionstore.timeutil import INT64_MAX
+from tests import oracle
+
+CLOSE = EmitStrategy.ON_WINDOW_CLOSE
+UPDATE = EmitStrategy.ON_WINDOW_UPDATE
+HALF = INT64_MAX // 2
+COUNTERS = ("records-in", "dropped-records", "emitted-records", "emit-final-records-total")
+
+# (aggregation, the batch's values, the error): the values at times 300, 100, 200 of one key;
+# the event at 200 joins the other two into one session, whose fold fails
+REPROS = [
+    (aggregations.sum_of, [HALF, HALF, 5], SumOverflowError),
+    (aggregations.min_of, [1, 2, "x"], TypeError),
+    (aggregations.max_of, [1, 2, "x"], TypeError),
+]
+
+
+def counters(engine: SessionAggregator) -> dict[str, float]:
+    metrics = engine.metrics
+    return {name: metrics[name] for name in COUNTERS}
+
+
+def last_values(out: list[Any]) -> list[tuple[Any, ...]]:
+    """Each session's last delivered value, the retracted ones left out."""
+    current: dict[Any, Any] = {}
+    for e in out:
+        if e.retraction:
+            current.pop(e.session, None)
+        else:
+            current[e.session] = e.value
+    return sorted((s.key, s.start, s.end, v) for s, v in current.items())
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("emit", [CLOSE, UPDATE])
+@pytest.mark.parametrize("repro", REPROS, ids=["sum", "min", "max"])
+def test_a_failing_disordered_batch_changes_nothing(tmp_path: Path, backend: str,
+                                                    emit: EmitStrategy, repro: Any) -> None:
+    make_agg, values, error = repro
+    windows = SessionWindows(100, grace_ms=8000, max_duration_ms=1000)
+    store = (InMemorySessionStore(retention_ms=windows.retention_ms) if backend == "memory"
+             else SessionStore(tmp_path / "s", retention_ms=windows.retention_ms))
+    engine = SessionAggregator(store, windows, make_agg(), emit=emit)
+    try:
+        out = engine.process_batch(["j"], [7], np.array([0]))  # another key's session
+        before = (counters(engine), engine.watermark, engine.sessions("j"), engine.recut_counts)
+        with pytest.raises(error):
+            engine.process_batch(["k"] * 3, values, np.array([300, 100, 200]))
+        assert engine.sessions("k") == []  # not the two sessions the loop made before failing
+        assert (counters(engine), engine.watermark, engine.sessions("j"),
+                engine.recut_counts) == before
+        engine.commit()  # what the store holds: the same after a reopen
+        if backend == "rocksdb":
+            store.close()
+            store = SessionStore(tmp_path / "s", retention_ms=windows.retention_ms)
+            engine = SessionAggregator(store, windows, make_agg(), emit=emit)
+        assert engine.sessions("k") == []
+        # the engine goes on as if the call never came (and emits nothing of it)
+        out += engine.process_batch(["k"] * 2, values[:2], np.array([300, 100]))
+        out += engine.advance_watermark(INT64_MAX)
+        assert last_values(out) == [("j", 0, 100, 7), ("k", 100, 200, values[1]),
+                                    ("k", 300, 400, values[0])]
+        assert len(out) == 3  # with either emission: no other update or retraction
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("emit", [CLOSE, UPDATE])
+def test_an_event_added_in_place_is_taken_out_again(emit: EmitStrategy) -> None:
+    # [0, 25) holds 0, 10, 20 (gap 15, maximum duration 25). The batch's event at 5 is inside
+    # it and reaches no further: an int sum adds it in place, into the stored record's events;
+    # the event at 12 then leaves int64. A later event at -10 re-cuts the chain and folds
+    # [-10, 15) from its events: with the event at 5 left in them (an undo that forgets the
+    # in-place insertion), its sum is 2 too large
+    windows = SessionWindows(15, grace_ms=1000, max_duration_ms=25)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                               windows, aggregations.sum_of(), emit=emit)
+    out = engine.process_batch(["k"] * 3, [1, 1, 1], np.array([0, 10, 20]))
+    with pytest.raises(SumOverflowError):
+        engine.process_batch(["k"] * 2, [2, INT64_MAX], np.array([5, 12]))
+    out += engine.process("k", 4, -10)
+    out += engine.advance_watermark(INT64_MAX)
+    assert last_values(out) == [("k", -10, 15, 6), ("k", 20, 35, 1)]
+
+
+def test_held_keys_a_failing_batch_wrote_at_the_limit_are_held_again(monkeypatch) -> None:
+    # a's event at -50 is held (before its session [0, 200)); with a limit of two held
+    # events, b's second early event writes every held key (a's too) before it is re-cut,
+    # and b's event at 30 then leaves int64. The undo holds a's event again, and indexes a
+    # by its bound again (the write emptied that index): without it, closing would emit a's
+    # stored session [0, 200) and never write [-50, 200)
+    monkeypatch.setattr(max_duration_held, "HELD_EVENTS_LIMIT", 2)
+    windows = SessionWindows(100, grace_ms=1000, max_duration_ms=1000)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                               windows, aggregations.sum_of(), emit=CLOSE)
+    engine.process_batch(["a", "a", "a", "b", "b"], [1, 1, 1, 1, 1],
+                         np.array([0, 50, 100, 0, 60]))
+    engine.process("a", 1, -50)
+    core = engine._core
+    assert core.max_duration is not None and core.max_duration.held.events_held == 1
+    with pytest.raises(SumOverflowError):
+        engine.process_batch(["b", "b", "b"], [1, 1, INT64_MAX], np.array([-40, -45, 30]))
+    held = core.max_duration.held
+    assert list(held.by_key) == ["a"] and held.events_held == len(held.by_key["a"].events) == 1
+    out = engine.advance_watermark(INT64_MAX)
+    assert last_values(out) == [("a", -50, 200, 4), ("b", 0, 160, 2)]
+
+
+GOOD_VALUES = st.integers(1, 1000)
+BAD = {"sum": (aggregations.sum_of, INT64_MAX), "min": (aggregations.min_of, "x"),
+       "max": (aggregations.max_of, "x")}
+FOLD = {"sum": sum, "min": min, "max": max}
+
+
+@st.composite
+def disordered_batches(draw: st.DrawFn) -> list[tuple[str, int, int]]:
+    """``(key, value, t)`` of one or two keys, shuffled within a few gaps' worth of time."""
+    n = draw(st.integers(1, 25))
+    keys = draw(st.sampled_from([["a"], ["a", "b"]]))
+    base = sorted(draw(st.lists(st.integers(0, 300), min_size=n, max_size=n)))
+    rows = [(draw(st.sampled_from(keys)), draw(GOOD_VALUES), t) for t in base]
+    return draw(st.permutations(rows))
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict[str, Any]:
+    return {"gap": draw(st.integers(1, 40)), "md": draw(st.integers(1, 80)),
+            "grace": draw(st.sampled_from([0, 5, 50, 1000])),
+            "ooo": draw(st.sampled_from([0, 10, 100])), "inclusive": draw(st.booleans())}
+
+
+def build(cfg: dict[str, Any], agg_name: str, emit: EmitStrategy) -> SessionAggregator:
+    windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"],
+                             max_duration_ms=cfg["md"])
+    store = InMemorySessionStore(retention_ms=windows.retention_ms + cfg["ooo"] + 10_000)
+    return SessionAggregator(store, windows, BAD[agg_name][0](), emit=emit,
+                             max_out_of_orderness_ms=cfg["ooo"])
+
+
+def feed(engine: SessionAggregator, rows: list[tuple[Any, Any, int]]) -> list[Any]:
+    if not rows:
+        return []
+    keys, values, times = zip(*rows, strict=True)
+    return engine.process_batch(list(keys), list(values), np.array(times, dtype=np.int64))
+
+
+def emitted(out: list[Any]) -> list[tuple[Any, ...]]:
+    return [(e.session, e.value, e.retraction) for e in out]
+
+
+@settings(max_examples=60)
+@given(configs(), disordered_batches(), disordered_batches(), st.data(),
+       st.sampled_from(sorted(BAD)), st.sampled_from([CLOSE, UPDATE]))
+@example(  # the repro: the event at 200 joins the sessions at 100 and 300
+    {"gap": 100, "md": 1000, "grace": 1000, "ooo": 0, "inclusive": True}, [],
+    [("k", 2, 300), ("k", 3, 100)], None, "sum", CLOSE)
+def test_an_injected_failure_changes_nothing(cfg: dict[str, Any],
+                                             prior: list[tuple[str, int, int]],
+                                             batch: list[tuple[str, int, int]],
+                                             data: st.DataObject | None, agg_name: str,
+                                             emit: EmitStrategy) -> None:
+    """A bad value, at the time of one of the batch's events (so in its session), put at a
+    random place of a disordered batch: the batch raises iff a loop of ``process`` raises, and
+    when it does, the engine afterwards is indistinguishable from one that never saw the
+    call (every later emit, counter and session), and the same batch without the bad value
+    gives the oracle's sessions."""
+    if data is None:  # the example: the bad value at 200, last
+        at, partner = len(batch), ("k", 0, 200)
+        batch = [*batch, partner]
+    else:
+        at = data.draw(st.integers(0, len(batch)))
+        partner = data.draw(st.sampled_from(batch))
+    bad_value = BAD[agg_name][1]
+    bad_row = (partner[0], bad_value, partner[2])
+    bad_batch = [*batch[:at], bad_row, *batch[at:]]
+    failing, twin, loop = (build(cfg, agg_name, emit) for _ in range(3))
+    out_prior = feed(failing, prior)
+    assert emitted(out_prior) == emitted(feed(twin, prior))
+    for key, value, t in prior:
+        loop.process(key, value, t)
+    loop_error: type[BaseException] | None = None
+    try:
+        for key, value, t in bad_batch:
+            loop.process(key, value, t)
+    except (SumOverflowError, TypeError) as exc:
+        loop_error = type(exc)
+    before = (counters(failing), failing.watermark)
+    event(f"the loop raises: {loop_error is not None}")
+    if loop_error is None:  # the bad event was late (or its partner was): the batch is fine
+        feed(failing, bad_batch)
+        return
+    with pytest.raises(loop_error):
+        feed(failing, bad_batch)
+    assert (counters(failing), failing.watermark) == before
+    out_failing = feed(failing, batch) + failing.advance_watermark(INT64_MAX)
+    out_twin = feed(twin, batch) + twin.advance_watermark(INT64_MAX)
+    assert emitted(out_failing) == emitted(out_twin)
+    assert counters(failing) == counters(twin)
+    steps = [("event", *row) for row in [*prior, *batch]]
+    expected, _ = oracle.sessionize_max_duration(steps, cfg["gap"], cfg["md"], cfg["grace"],
+                                                 cfg["inclusive"], cfg["ooo"])
+    fold = FOLD[agg_name]
+    want = sorted((key, start, end, fold(values)) for key, start, end, values in expected)
+    assert last_values(out_prior + out_failing) == want
