@@ -30,6 +30,18 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def remove_entry(path: Path | str) -> None:
+    """Remove ``path`` whatever its kind: a directory tree, a file, or a symlink (the link
+    itself, never what it points to); nothing if it does not exist. For names the caller owns,
+    where a leftover of the other kind (a file where a directory was expected) must go too
+    rather than fail the caller with a bare ``IsADirectoryError``."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def remove_dead(folder: Path, prefix: str, dead: Callable[[Path], bool]) -> int:
     """Remove each entry of ``folder`` named ``prefix*`` that ``dead`` judges left by a process
     that died (SIGKILL, power loss); returns how many were removed. An entry ``dead`` cannot

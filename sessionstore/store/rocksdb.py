@@ -40,7 +40,7 @@ import rocksdict
 from .. import keyschema
 from ..arrays import sort_order
 from ..errors import StoreCorruptedError, StoreLockedError
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, remove_entry
 from ..locking import FileLock, LockHeldError, holder_description
 from ..serde import MsgpackSerde
 from ..types import ValueSerde
@@ -595,8 +595,8 @@ class SessionStore(SegmentedSessionStore):
         if root.is_dir():
             for entry in os.scandir(root):
                 if LEFTOVER_DIR.match(entry.name):
-                    shutil.rmtree(entry.path)
-        (self._path / POINTER_TEMP).unlink(missing_ok=True)
+                    remove_entry(entry.path)
+        remove_entry(self._path / POINTER_TEMP)
 
     def _open_live(self) -> None:
         live = self._path / _LIVE
@@ -605,8 +605,7 @@ class SessionStore(SegmentedSessionStore):
             # leaves the directory as it was. Opening the checkpoint itself is no option:
             # rocksdict rewrites its config file in any directory it opens, read-only or not.
             fresh = self._path / _NEXT_LIVE
-            if fresh.exists():
-                shutil.rmtree(fresh)
+            remove_entry(fresh)
             source = self._pending or self.checkpoint_path()
             copy_checkpoint(source, fresh)
             try:
@@ -622,11 +621,10 @@ class SessionStore(SegmentedSessionStore):
             except BaseException:
                 shutil.rmtree(fresh, ignore_errors=True)
                 raise
-            if live.exists():
-                shutil.rmtree(live)
+            remove_entry(live)
             os.rename(fresh, live)
-        elif live.exists():
-            shutil.rmtree(live)
+        else:
+            remove_entry(live)
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import msgpack
@@ -388,6 +389,39 @@ def test_an_open_removes_every_leftover_of_its_own_naming(tmp_path):
     assert sorted(p.name for p in path.iterdir()) == ["COMMITTED", "LOCK", "checkpoints", "live"]
     assert [p.name for p in (path / "checkpoints").iterdir()] == [version_dir_name(1)]
     assert not (path / "live" / "000009.sst").exists()
+
+
+@pytest.mark.parametrize("name", ["COMMITTED.tmp", ".live-next", "live",
+                                  "checkpoints/.staging-v000000000002",
+                                  "checkpoints/.staging-v000000000002.tmp",
+                                  "checkpoints/.deleting-v000000000001"])
+@pytest.mark.parametrize("kind", ["other kind", "symlink"])
+def test_an_own_leftover_of_the_other_kind_is_removed_too(tmp_path, name, kind):
+    # A name the store owns holding the other kind of entry (a file where a directory is
+    # written, a directory where a file is): the open used to fail with a bare
+    # IsADirectoryError / NotADirectoryError after it had already rebuilt live/. A symlink is
+    # removed as a link; what it points to is never touched.
+    path = committed_store(tmp_path / "s")
+    entry = path / name
+    if entry.is_dir():
+        shutil.rmtree(entry)
+    target = tmp_path / "outside"
+    target.mkdir()
+    (target / "keep.sst").write_bytes(b"not the store's")
+    if kind == "symlink":
+        entry.symlink_to(target, target_is_directory=True)
+    elif name == "COMMITTED.tmp":
+        entry.mkdir()
+        (entry / "x").write_bytes(b"a directory where a file is written")
+    else:
+        entry.write_bytes(b"a file where a directory is written")
+    with SessionStore(path, retention_ms=10**9) as store:
+        assert store.committed_version == 1
+        assert len(list(store.find_sessions(-(2**63), 2**63 - 1))) == SESSIONS
+    assert sorted(p.name for p in path.iterdir()) == ["COMMITTED", "LOCK", "checkpoints", "live"]
+    assert [p.name for p in (path / "checkpoints").iterdir()] == [version_dir_name(1)]
+    assert (path / "live").is_dir() and not (path / "live").is_symlink()
+    assert (target / "keep.sst").read_bytes() == b"not the store's"
 
 
 def test_a_committed_pointer_that_is_a_directory_is_refused_by_name(tmp_path):
