@@ -78,8 +78,9 @@ _LIVE = "live"
 # there are at least this many of them (fewer go through a WriteBatch, both records each).
 BULK_LAYOUT_MIN_SESSIONS = 1024
 # A bulk write's SST file for a segment carries that segment's deferred removals when there are
-# at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch).
-FOLD_REMOVALS_RATIO = 8
+# at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch);
+# 0: always (a tombstone costs the file writer what a record does, far less than a WriteBatch).
+FOLD_REMOVALS_RATIO = 0
 # sorted runs of a segment (level-0 files and non-empty levels) that start a compaction
 UNIVERSAL_COMPACTION_TRIGGER = 5
 _NUM_LEVELS = 7  # RocksDB's default, which the store keeps
@@ -768,8 +769,11 @@ class SessionStore(SegmentedSessionStore):
         matrix = self._take_matrix(encoded)
         # the values as byte rows (packed values come as rows already); session i's is row
         # value_row[i]
-        value_rows = values.rows() if type(values) is PackedValues \
-            else ByteRows.of_list(list(values))
+        if type(values) is PackedValues:
+            value_rows = values.rows()
+        else:
+            joined, offsets = byte_rows(list(values))
+            value_rows = ByteRows(joined, offsets[:-1], offsets[1:])
         value_row = np.arange(len(index), dtype=np.int64)
         segments = ends // self._interval
         if segments.min() != segments.max():
@@ -781,10 +785,9 @@ class SessionStore(SegmentedSessionStore):
         stops = [b + 1 for b in bounds] + [len(segments)]
         big = [(first, stop) for first, stop in zip(firsts, stops, strict=True)
                if stop - first >= BULK_LAYOUT_MIN_SESSIONS]
-        # A segment's removals travel in its file when they are few beside its sessions: each
-        # costs a cut in the writer's mapped calls (about 1.4 us, against 0.5 us through a
-        # WriteBatch and the memtable flush that it brings), and a batch of long sessions
-        # removes nearly as many as it writes.
+        # A segment's removals travel in its file (see FOLD_REMOVALS_RATIO): the file's writer
+        # merges them in with the records at the cost of a record each, where a WriteBatch
+        # costs about 0.5 us each and the memtable flush that it brings.
         self._apply_removals(keep={
             int(segments[first]) for first, stop in big
             if len(self._removals.get(int(segments[first]), ())) * FOLD_REMOVALS_RATIO
