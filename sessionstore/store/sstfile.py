@@ -177,11 +177,10 @@ def merge_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
     return count
 
 
-def _end_block(out: npt.NDArray[np.uint8], first: int, at: int,
-               restarts: npt.NDArray[np.int64], restart_count: int,
-               tables: npt.NDArray[np.uint32]) -> int:
-    """Append the restart points and their count to the block ``out[first:at]``, then its
-    trailer; returns the position after it. (Compiled.)"""
+def _end_block(out: npt.NDArray[np.uint8], at: int, restarts: npt.NDArray[np.int64],
+               restart_count: int) -> int:
+    """Append the restart points and their count to a block ending at ``at``; returns the
+    position after them. (Compiled.)"""
     for r in range(restart_count):
         value = restarts[r]
         for b in range(4):
@@ -190,6 +189,21 @@ def _end_block(out: npt.NDArray[np.uint8], first: int, at: int,
     for b in range(4):
         out[at + b] = (restart_count >> (8 * b)) & 0xFF
     return at + 4
+
+
+def _close_data_block(out: npt.NDArray[np.uint8], first: int, at: int,
+                      restarts: npt.NDArray[np.int64], restart_count: int,
+                      tables: npt.NDArray[np.uint32], block: int, last: int,
+                      last_entry: npt.NDArray[np.int64], block_first: npt.NDArray[np.int64],
+                      block_length: npt.NDArray[np.int64]) -> int:
+    """End the data block ``block`` (``out[first:at]``, ``last`` its last entry): its restart
+    points and trailer, and its index entry's parts. Returns the position after it.
+    (Compiled.)"""
+    at = _end_block(out, at, restarts, restart_count)
+    last_entry[block] = last
+    block_first[block] = first
+    block_length[block] = at - first
+    return seal_block_kernel(out, first, at, tables)
 
 
 def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_put: int,
@@ -244,12 +258,9 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
             if k < m and keys[p_first + k] > keys[first + k]:
                 return -(n + 1)
             if in_block and (at - block_start) + 4 * restart_count + 4 >= block_size:
-                at = _end_block(out, block_start, at, restarts, restart_count, tables)
-                last_entry[blocks] = prev
-                block_first[blocks] = block_start
-                block_length[blocks] = at - block_start
+                at = _close_data_block(out, block_start, at, restarts, restart_count, tables,
+                                       blocks, prev, last_entry, block_first, block_length)
                 blocks += 1
-                at = seal_block_kernel(out, block_start, at, tables)
                 block_start = at
                 restart_count = 0
                 in_block = 0
@@ -293,12 +304,9 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
         value_bytes += v_length
         prev = e
     if in_block:
-        at = _end_block(out, block_start, at, restarts, restart_count, tables)
-        last_entry[blocks] = prev
-        block_first[blocks] = block_start
-        block_length[blocks] = at - block_start
+        at = _close_data_block(out, block_start, at, restarts, restart_count, tables, blocks,
+                               prev, last_entry, block_first, block_length)
         blocks += 1
-        at = seal_block_kernel(out, block_start, at, tables)
     data_size = at
     # the index block: each block's last internal key -> its handle, a restart point each
     index_start = at
@@ -323,7 +331,7 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
             at += 1
         at = put_varint_kernel(out, at, block_first[b])
         at = put_varint_kernel(out, at, block_length[b])
-    at = _end_block(out, index_start, at, restarts, blocks, tables)
+    at = _end_block(out, at, restarts, blocks)
     index_size = at - index_start
     at = seal_block_kernel(out, index_start, at, tables)
     stats[0] = data_size
@@ -339,7 +347,9 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
 
 register_helpers({
     "seal_block_kernel": (crc32c_kernel,),
-    "table_kernel": (put_varint_kernel, seal_block_kernel, _key_byte, merge_kernel, _end_block),
+    "_close_data_block": (_end_block, seal_block_kernel),
+    "table_kernel": (put_varint_kernel, seal_block_kernel, _key_byte, merge_kernel, _end_block,
+                     _close_data_block),
 })
 
 
