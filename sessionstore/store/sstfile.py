@@ -50,6 +50,7 @@ _TYPE_DELETION = 0
 _TYPE_VALUE = 1
 _CRC_MASK_DELTA = 0xA282EAD8
 _CRC_POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
+_OVERFLOW = -(1 << 62)  # table_kernel: the output buffer is too small
 
 
 def _crc_tables() -> npt.NDArray[np.uint32]:
@@ -221,7 +222,8 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
 
     Returns:
         The size written, or ``-(i + 1)`` when the merged entry ``i`` does not sort after the
-        one before it (nothing usable was written). (Compiled.)
+        one before it, or ``_OVERFLOW`` when ``out`` is too small (nothing usable was written
+        then). (Compiled.)
     """
     total = len(offsets) - 1
     order = np.empty(total, dtype=np.int64)
@@ -280,6 +282,8 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
         internal_length = length + 8
         v_first = value_first[e] if kind else 0
         v_length = value_stop[e] - v_first if kind else 0
+        if at + 15 + internal_length + v_length + 4 * (restart_count + 3) + 5 > len(out):
+            return _OVERFLOW
         at = put_varint_kernel(out, at, shared)
         at = put_varint_kernel(out, at, internal_length - shared)
         at = put_varint_kernel(out, at, v_length)
@@ -311,6 +315,9 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
     # the index block: each block's last internal key -> its handle, a restart point each
     index_start = at
     for b in range(blocks):
+        if at + 15 + (offsets[last_entry[b] + 1] - offsets[last_entry[b]]) + 8 + 20 \
+                + 4 * (blocks + 1) + 5 > len(out):
+            return _OVERFLOW
         restarts[b] = at - index_start
         e = last_entry[b]
         first = offsets[e]
@@ -482,14 +489,18 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
     if len(gone_offsets) > 1:
         keys = np.concatenate([keys[:key_offsets[-1]], gone])
         key_offsets = np.concatenate([key_offsets, gone_offsets[1:] + key_offsets[-1]])
-    # every entry at most: 3 varints (15 bytes), its key, 8 bytes, its value, a restart point;
-    # then once more its key in the index; and a restart and trailer per block
-    bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 80 + 1024
+    # The most an entry takes: 3 varints (15 bytes), its internal key (its key and 8 bytes), its
+    # value and a restart point (4); when it is a block of its own (a long value), the block's
+    # restart count and trailer (9) and an index entry: 3 varints, the internal key again, a
+    # handle (20) and a restart point. The kernel does not check bounds: this must hold.
+    bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 96 + 1024
     out = np.empty(bound, dtype=np.uint8)
     stats = np.zeros(8, dtype=np.int64)
     size = int(compiled(table_kernel)(keys, key_offsets, n_put, values, value_first,
                                       value_stop, out, _TABLES, BLOCK_SIZE, RESTART_INTERVAL,
                                       stats))
+    if size == _OVERFLOW:  # the bound above is wrong
+        raise RuntimeError(f"the SST file {path} outgrew its buffer of {bound} bytes")
     if size < 0:
         raise ValueError(f"the keys of an SST file must be sorted and distinct: entry "
                          f"{-size - 1} does not sort after the one before it")

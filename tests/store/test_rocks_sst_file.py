@@ -200,3 +200,33 @@ def test_a_damaged_ingested_file_is_named_as_corruption(tmp_path: Path) -> None:
         files[0].write_bytes(bytes(data))
         with pytest.raises(StoreCorruptedError):
             list(store.find_sessions(0, n))
+
+
+def test_a_block_per_record_fits_the_buffer_and_reads_back(tmp_path: Path) -> None:
+    # every value longer than a block: each record is a block of its own, with an index entry
+    # each (the most room per record the writer needs; its buffer bound must hold, and two-byte
+    # value lengths and block handles must read back)
+    records = {b"K%05d" % i: bytes([i % 251]) * (sstfile.BLOCK_SIZE + i % 7) for i in range(3000)}
+    write_ours(tmp_path / "x.sst", records, [])
+    db = open_db(tmp_path / "db")
+    try:
+        ingest(db, tmp_path / "x.sst")
+        assert list(db.items()) == sorted(records.items())
+    finally:
+        db.close()
+
+
+def test_a_buffer_too_small_is_refused_not_overrun() -> None:
+    # kills: the kernel writing past its buffer (it has no bounds checks of its own)
+    from sessionstore.jit import compiled
+
+    keys, offsets = rows([b"K%05d" % i for i in range(50)])
+    values, value_offsets = rows([b"v" * 100] * 50)
+    guard = np.full(4096, 0xAB, dtype=np.uint8)
+    out = guard[:1024]  # the rest of guard must stay as it is
+    size = compiled(sstfile.table_kernel)(keys, offsets, 50, values, value_offsets[:-1],
+                                          value_offsets[1:], out, sstfile._TABLES,
+                                          sstfile.BLOCK_SIZE, sstfile.RESTART_INTERVAL,
+                                          np.zeros(8, dtype=np.int64))
+    assert size == sstfile._OVERFLOW
+    assert (guard[1024:] == 0xAB).all()
