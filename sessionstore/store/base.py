@@ -313,6 +313,9 @@ class SegmentedSessionStore(ABC):
     #: values that are not cut into bytes objects (:class:`~.keycodec.EncodedKeys`,
     #: :class:`~sessionstore.packing.PackedValues`); otherwise lists of bytes.
     _KEEPS_BYTE_ROWS = False
+    #: Whether bulk writes may hand the backend :class:`~sessionstore.packing.PackedValues`
+    #: (read as byte rows) while its keys come as lists of bytes.
+    _TAKES_PACKED_VALUES = False
 
     def __init__(
         self,
@@ -560,7 +563,8 @@ class SegmentedSessionStore(ABC):
             boxed = np.empty(n, dtype=object)
             boxed[:] = data
             picked = boxed[rows].tolist()
-        if type(picked) is PackedValues and not self._KEEPS_BYTE_ROWS:
+        if type(picked) is PackedValues and not (self._KEEPS_BYTE_ROWS
+                                                 or self._TAKES_PACKED_VALUES):
             picked = picked.as_list()
         self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
                                       picked))

@@ -20,13 +20,11 @@ database is opened in raw mode and values go through msgpack (or the serde you p
 
 from __future__ import annotations
 
-import bisect
 import collections
 import concurrent.futures
 import contextlib
 import itertools
 import logging
-import operator
 import os
 import shutil
 import threading
@@ -38,10 +36,11 @@ import numpy as np
 import rocksdict
 
 from .. import keyschema
-from ..arrays import sort_order
+from ..arrays import ByteRows, sort_order
 from ..errors import StoreCorruptedError, StoreLockedError
 from ..fsutil import fsync_dir, remove_entry
 from ..locking import FileLock, LockHeldError, holder_description
+from ..packing import PackedValues
 from ..serde import MsgpackSerde
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore, StoredSessions, byte_rows
@@ -68,6 +67,7 @@ from .checkpoint import (
     translate_rocksdb_error,
     version_dir_name,
 )
+from .sstfile import new_session_id, write_sst
 
 __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
 
@@ -78,8 +78,9 @@ _LIVE = "live"
 # there are at least this many of them (fewer go through a WriteBatch, both records each).
 BULK_LAYOUT_MIN_SESSIONS = 1024
 # A bulk write's SST file for a segment carries that segment's deferred removals when there are
-# at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch).
-FOLD_REMOVALS_RATIO = 8
+# at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch);
+# 0: always (a tombstone costs the file writer what a record does, far less than a WriteBatch).
+FOLD_REMOVALS_RATIO = 0
 # sorted runs of a segment (level-0 files and non-empty levels) that start a compaction
 UNIVERSAL_COMPACTION_TRIGGER = 5
 _NUM_LEVELS = 7  # RocksDB's default, which the store keeps
@@ -90,14 +91,6 @@ _LOCK = "LOCK"
 _HIGH_TIMES = b"\xff" * 16
 # just above every key-first record: where a pass over them stops
 _KEY_FIRST_END = bytes([keyschema.KEY_FIRST[0] + 1])
-_SETITEM: Callable[[Any, bytes, bytes], None] = operator.setitem
-
-
-def _put_all(writer: Any, records: Sequence[bytes], values: Sequence[bytes]) -> None:
-    """``writer[record] = value`` for each pair, in order."""
-    # operator.setitem is called without building an argument tuple (a bound __setitem__
-    # builds one per record)
-    collections.deque(map(_SETITEM, itertools.repeat(writer), records, values), maxlen=0)
 
 
 def _housekeep(root: Path, doomed: list[Path] | None, db: Any, expired: dict[int, Any],
@@ -454,6 +447,9 @@ class SessionStore(SegmentedSessionStore):
         ValueError: bad arguments; a manifest of another format version.
     """
 
+    # bulk writes take packed values as byte rows: they go into the SST files as they are
+    _TAKES_PACKED_VALUES = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -489,11 +485,6 @@ class SessionStore(SegmentedSessionStore):
         # held while compact_segments runs (possibly in another thread) and while the database
         # is closed: a compaction never runs on a closed database
         self._compaction_lock = threading.Lock()
-        self._sst_options = rocksdict.Options(raw_mode=True)
-        # LZ4 for the files a bulk write ingests: measured on 100k records, 14 ms and 1.77 MB
-        # against Snappy's (the default) 16.4 ms and 1.99 MB; the writer's per-record cost is
-        # most of a bulk write on RocksDB
-        self._sst_options.set_compression_type(rocksdict.DBCompressionType.lz4())
         self._ingest_options = rocksdict.IngestExternalFileOptions()
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
         # decoded index blocks by segment and block key (blocks never change once written)
@@ -774,21 +765,27 @@ class SessionStore(SegmentedSessionStore):
         # (key-first and time-first records), as single puts do.
         encoded, key_rank, index, starts, ends, values = sessions
         matrix = self._take_matrix(encoded)
+        # the values as byte rows (packed values come as rows already); session i's is row
+        # value_row[i]
+        if type(values) is PackedValues:
+            value_rows = values.rows()
+        else:
+            joined, offsets = byte_rows(list(values))
+            value_rows = ByteRows(joined, offsets[:-1], offsets[1:])
+        value_row = np.arange(len(index), dtype=np.int64)
         segments = ends // self._interval
         if segments.min() != segments.max():
             order = sort_order([segments, key_rank[index], ends, starts], distinct=True)
-            segments, index, starts, ends = (
-                segments[order], index[order], starts[order], ends[order])
-            values = [values[row] for row in order.tolist()]
+            segments, index, starts, ends, value_row = (
+                segments[order], index[order], starts[order], ends[order], order)
         bounds = np.flatnonzero(np.diff(segments)).tolist()
         firsts = [0] + [b + 1 for b in bounds]
         stops = [b + 1 for b in bounds] + [len(segments)]
         big = [(first, stop) for first, stop in zip(firsts, stops, strict=True)
                if stop - first >= BULK_LAYOUT_MIN_SESSIONS]
-        # A segment's removals travel in its file when they are few beside its sessions: each
-        # costs a cut in the writer's mapped calls (about 1.4 us, against 0.5 us through a
-        # WriteBatch and the memtable flush that it brings), and a batch of long sessions
-        # removes nearly as many as it writes.
+        # A segment's removals travel in its file (see FOLD_REMOVALS_RATIO): the file's writer
+        # merges them in with the records at the cost of a record each, where a WriteBatch
+        # costs about 0.5 us each and the memtable flush that it brings.
         self._apply_removals(keep={
             int(segments[first]) for first, stop in big
             if len(self._removals.get(int(segments[first]), ())) * FOLD_REMOVALS_RATIO
@@ -798,15 +795,14 @@ class SessionStore(SegmentedSessionStore):
             for first, stop in big:
                 small[first:stop] = False
             rows = np.flatnonzero(small)
-            picked = values if len(rows) == len(values) else \
-                [values[row] for row in rows.tolist()]
+            picked = value_rows.tolist(value_row[rows])
             self._write_batch(encoded, key_rank, index[rows], starts[rows], ends[rows], picked,
                               matrix)
         if big:
             # every file is built before any is ingested: a full disk fails before any change
             staged = [self._stage_segment(int(segments[first]), encoded, index[first:stop],
                                           starts[first:stop], ends[first:stop],
-                                          values[first:stop], matrix)
+                                          value_rows, value_row[first:stop], matrix)
                       for first, stop in big]
             try:
                 for segment, path, block_key, block in staged:
@@ -822,14 +818,15 @@ class SessionStore(SegmentedSessionStore):
                     path.unlink(missing_ok=True)
 
     def _stage_segment(self, segment: int, encoded: Sequence[bytes], index: Any, starts: Any,
-                       ends: Any, values: Sequence[bytes], matrix: keyschema.KeyMatrix | None
-                       ) -> tuple[int, Path, bytes, Any]:
-        """Write one segment's sessions (in key-first order) as an SST file to ingest: one index
-        block, then the key-first records, with a tombstone for each removal deferred in the
-        segment (a removal of a session written here is dropped: the write comes after it).
-        Returns ``(segment, file, block key, block)``."""
-        records = keyschema.records_many(keyschema.KEY_FIRST, encoded, index, ends, starts,
-                                         matrix)
+                       ends: Any, value_rows: ByteRows, value_row: Any,
+                       matrix: keyschema.KeyMatrix | None) -> tuple[int, Path, bytes, Any]:
+        """Write one segment's sessions (in key-first order; session ``i``'s value is row
+        ``value_row[i]`` of ``value_rows``) as an SST file to ingest: one index block, then
+        the key-first records, with a tombstone for each removal deferred in the segment (a
+        removal of a session written here is dropped: the write comes after it).
+        The file is written from whole buffers in one compiled pass (:mod:`.sstfile`), not a
+        call per record. Returns ``(segment, file, block key, block)``."""
+        records, record_offsets = keyschema.key_first_rows(encoded, index, ends, starts, matrix)
         # (end, key, start): the input is by (key, end, start), so a stable sort on the end
         by_time = sort_order([ends])
         data, block = keyschema.encode_index_block(encoded, index[by_time], ends[by_time],
@@ -838,29 +835,27 @@ class SessionStore(SegmentedSessionStore):
         self._next_block_id += 1
         block_key = keyschema.index_block_key(int(ends[by_time[0]]), int(ends[by_time[-1]]),
                                               block_id)
+        # the block's record first (its tag sorts before the key-first records')
+        head = len(block_key)
+        keys = np.empty(head + len(records), dtype=np.uint8)
+        keys[:head] = np.frombuffer(block_key, dtype=np.uint8)
+        keys[head:] = records
+        key_offsets = np.empty(len(record_offsets) + 1, dtype=np.int64)
+        key_offsets[0] = 0
+        np.add(record_offsets, head, out=key_offsets[1:])
+        value_bytes = np.concatenate([np.frombuffer(data, dtype=np.uint8), value_rows.data])
+        value_first = np.empty(len(value_row) + 1, dtype=np.int64)
+        value_stop = np.empty(len(value_row) + 1, dtype=np.int64)
+        value_first[0], value_stop[0] = 0, len(data)
+        np.add(value_rows.first[value_row], len(data), out=value_first[1:])
+        np.add(value_rows.stop[value_row], len(data), out=value_stop[1:])
+        # tombstones are key-first or time-first records, sorted in with the records
+        removed, removed_offsets = byte_rows(sorted(set(self._removals.get(segment, ()))))
         path = self._live_path / f"{_INGEST_PREFIX}{block_id}.sst"
-        try:
-            writer = rocksdict.SstFileWriter(options=self._sst_options)
-            writer.open(str(path))
-            writer[block_key] = data
-            put = 0  # records[:put] are written
-            # Tombstones are key-first or time-first records: after the block's key, and each
-            # goes between the records around it (the writer takes keys in ascending order).
-            for tombstone in sorted(set(self._removals.get(segment, ()))):
-                at = bisect.bisect_left(records, tombstone)
-                if at < len(records) and records[at] == tombstone:
-                    continue
-                if at > put:
-                    _put_all(writer, records[put:at], values[put:at])
-                    put = at
-                del writer[tombstone]
-            _put_all(writer, records[put:] if put else records, values[put:] if put else values)
-            writer.finish()
-        except BaseException as exc:
-            path.unlink(missing_ok=True)
-            if type(exc) is Exception:
-                _raise_corruption(exc, path)
-            raise
+        # A session id of its own: RocksDB's block cache keys come from a file's unique id (its
+        # session id and number), and an abort reuses block ids. A failure leaves no file.
+        write_sst(path, keys, key_offsets, value_bytes, value_first, value_stop, removed,
+                  removed_offsets, session_id=new_session_id(), file_number=1)
         return segment, path, block_key, block
 
     def _write_batch(self, encoded: Sequence[bytes], key_rank: Any, index: Any, starts: Any,

@@ -1,0 +1,525 @@
+"""Writing RocksDB's block-based table files (SST files) for ingestion, from byte buffers.
+
+rocksdict's ``SstFileWriter`` takes one Python call per record (about 180 ns each, most of a
+large bulk write on RocksDB). This module writes the same kind of file from whole buffers, in
+one compiled pass: the records' keys and values as byte buffers with offsets, and the keys to
+delete as another sorted buffer. The file is what RocksDB's own ``SstFileWriter`` makes, in
+the table format RocksDB documents ("Rocksdb BlockBasedTable Format" in its wiki):
+
+* data blocks of about ``BLOCK_SIZE`` bytes, each entry ``varint32 shared | varint32
+  unshared | varint32 value length | key bytes after the shared prefix | value``, a restart
+  point every ``RESTART_INTERVAL`` entries (the offsets as u32, then their count as u32); an
+  entry's key is the internal key: the user key, then 8 bytes little-endian of
+  ``sequence << 8 | type`` with sequence 0 (ingestion assigns one) and type 1 (a value) or 0
+  (a deletion);
+* each block followed by a 5-byte trailer: the compression type (0, none) and the masked
+  CRC-32C of the block and that byte;
+* an index block (a restart point per entry) mapping each data block's last internal key to
+  its handle (varint64 offset, varint64 size);
+* a properties block, a metaindex block naming it, and the 53-byte footer of format version
+  5: checksum type (1, CRC-32C), the metaindex and index handles padded to 40 bytes, the
+  format version (u32) and the table magic number (u64).
+
+The properties are those RocksDB's ``SstFileWriter`` records (``rocksdb.external_sst_file
+.version`` 2 and a global sequence number 0 among them: ingestion refuses a file without
+them). Blocks are not compressed: compressing took longer than the per-record calls this
+saves (see docs/operations.md), and the files are rewritten compressed by RocksDB's
+compaction. Pinned to rocksdict's writer by ``tests/store/test_rocks_sst_file.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from ..jit import register_helpers
+
+__all__ = ["BLOCK_SIZE", "RESTART_INTERVAL", "crc32c", "write_sst"]
+
+BLOCK_SIZE = 4096  # RocksDB's default data block size
+RESTART_INTERVAL = 16  # RocksDB's default restart interval of data blocks
+FORMAT_VERSION = 5  # the last format version with block handles in the footer
+_MAGIC = 0x88E241B785F4CFF7  # kBlockBasedTableMagicNumber
+_CHECKSUM_CRC32C = 1
+_NO_COMPRESSION = 0
+_TYPE_DELETION = 0
+_TYPE_VALUE = 1
+_CRC_MASK_DELTA = 0xA282EAD8
+_CRC_POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
+_OVERFLOW = -(1 << 62)  # table_kernel: the output buffer is too small
+
+
+def _crc_tables() -> npt.NDArray[np.uint32]:
+    """Slicing-by-8 tables of CRC-32C."""
+    tables = np.zeros((8, 256), dtype=np.uint32)
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (_CRC_POLY if crc & 1 else 0)
+        tables[0, byte] = crc
+    for byte in range(256):
+        crc = int(tables[0, byte])
+        for k in range(1, 8):
+            crc = int(tables[0, crc & 0xFF]) ^ (crc >> 8)
+            tables[k, byte] = crc
+    return tables
+
+
+_TABLES = _crc_tables()
+
+
+def crc32c_kernel(data: npt.NDArray[np.uint8], first: int, stop: int,
+                  tables: npt.NDArray[np.uint32]) -> int:
+    """CRC-32C of ``data[first:stop]`` (slicing by 8). (Compiled.)"""
+    crc = np.uint32(0xFFFFFFFF)
+    at = first
+    while at + 8 <= stop:
+        low = crc ^ (np.uint32(data[at]) | (np.uint32(data[at + 1]) << np.uint32(8))
+                     | (np.uint32(data[at + 2]) << np.uint32(16))
+                     | (np.uint32(data[at + 3]) << np.uint32(24)))
+        crc = (tables[7, low & np.uint32(0xFF)] ^ tables[6, (low >> np.uint32(8)) & np.uint32(0xFF)]
+               ^ tables[5, (low >> np.uint32(16)) & np.uint32(0xFF)]
+               ^ tables[4, low >> np.uint32(24)]
+               ^ tables[3, data[at + 4]] ^ tables[2, data[at + 5]]
+               ^ tables[1, data[at + 6]] ^ tables[0, data[at + 7]])
+        at += 8
+    while at < stop:
+        crc = tables[0, (crc ^ np.uint32(data[at])) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+        at += 1
+    return int(crc ^ np.uint32(0xFFFFFFFF))
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli) of ``data``, as RocksDB's ``crc32c::Value``."""
+    from ..jit import compiled  # numba, on first use only
+
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    return int(compiled(crc32c_kernel)(buffer, 0, len(buffer), _TABLES))
+
+
+def _masked(crc: int) -> int:
+    """RocksDB's ``crc32c::Mask``: what a block trailer stores."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+def put_varint_kernel(out: npt.NDArray[np.uint8], at: int, value: int) -> int:
+    """Write ``value`` (>= 0) as a varint at ``out[at]``; return the position after it.
+    (Compiled.)"""
+    while value >= 0x80:
+        out[at] = (value & 0x7F) | 0x80
+        value >>= 7
+        at += 1
+    out[at] = value
+    return at + 1
+
+
+def seal_block_kernel(out: npt.NDArray[np.uint8], first: int, at: int,
+                      tables: npt.NDArray[np.uint32]) -> int:
+    """Append the trailer of the block ``out[first:at]``: no compression, masked CRC-32C of
+    the block and that byte. Returns the position after the trailer. (Compiled.)"""
+    out[at] = 0  # kNoCompression
+    crc = crc32c_kernel(out, first, at + 1, tables)
+    masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+    for i in range(4):
+        out[at + 1 + i] = (masked >> (8 * i)) & 0xFF
+    return at + 5
+
+
+def _key_byte(data: npt.NDArray[np.uint8], first: int, length: int, kind: int, j: int) -> int:
+    """Byte ``j`` of the internal key of the user key ``data[first:first + length]``."""
+    if j < length:
+        return int(data[first + j])
+    if j == length:
+        return kind
+    return 0
+
+
+def merge_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_put: int,
+                 order: npt.NDArray[np.int64]) -> int:
+    """Merge the sorted records ``0..n_put - 1`` and the sorted deletions ``n_put..`` (key
+    ``e`` is ``keys[offsets[e]:offsets[e + 1]]``) into ``order``, dropping a deletion of a key a
+    record holds. Returns how many entries ``order`` holds. (Compiled.)"""
+    total = len(offsets) - 1
+    i = 0
+    g = n_put
+    count = 0
+    while i < n_put or g < total:
+        if i >= n_put:
+            order[count] = g
+            g += 1
+        elif g >= total:
+            order[count] = i
+            i += 1
+        else:
+            a0, a1 = offsets[i], offsets[i + 1]
+            b0, b1 = offsets[g], offsets[g + 1]
+            m = min(a1 - a0, b1 - b0)
+            k = 0
+            while k < m and keys[a0 + k] == keys[b0 + k]:
+                k += 1
+            if k < m:
+                smaller = keys[a0 + k] < keys[b0 + k]
+            elif a1 - a0 == b1 - b0:
+                g += 1  # deleted, then written again: the write is later
+                continue
+            else:
+                smaller = a1 - a0 < b1 - b0
+            if smaller:
+                order[count] = i
+                i += 1
+            else:
+                order[count] = g
+                g += 1
+        count += 1
+    return count
+
+
+def _end_block(out: npt.NDArray[np.uint8], at: int, restarts: npt.NDArray[np.int64],
+               restart_count: int) -> int:
+    """Append the restart points and their count to a block ending at ``at``; returns the
+    position after them. (Compiled.)"""
+    for r in range(restart_count):
+        value = restarts[r]
+        for b in range(4):
+            out[at + b] = (value >> (8 * b)) & 0xFF
+        at += 4
+    for b in range(4):
+        out[at + b] = (restart_count >> (8 * b)) & 0xFF
+    return at + 4
+
+
+def _close_data_block(out: npt.NDArray[np.uint8], first: int, at: int,
+                      restarts: npt.NDArray[np.int64], restart_count: int,
+                      tables: npt.NDArray[np.uint32], block: int, last: int,
+                      last_entry: npt.NDArray[np.int64], block_first: npt.NDArray[np.int64],
+                      block_length: npt.NDArray[np.int64]) -> int:
+    """End the data block ``block`` (``out[first:at]``, ``last`` its last entry): its restart
+    points and trailer, and its index entry's parts. Returns the position after it.
+    (Compiled.)"""
+    at = _end_block(out, at, restarts, restart_count)
+    last_entry[block] = last
+    block_first[block] = first
+    block_length[block] = at - first
+    return seal_block_kernel(out, first, at, tables)
+
+
+def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_put: int,
+                 values: npt.NDArray[np.uint8], value_first: npt.NDArray[np.int64],
+                 value_stop: npt.NDArray[np.int64], out: npt.NDArray[np.uint8], tables: npt.NDArray[np.uint32],
+                 block_size: int, restart_interval: int,
+                 stats: npt.NDArray[np.int64]) -> int:
+    """Write the data blocks and the index block of a table into ``out``.
+
+    Key ``e`` is ``keys[offsets[e]:offsets[e + 1]]``: the records ``e < n_put`` (with the
+    values ``values[value_first[e]:value_stop[e]]``) and the deletions ``e >= n_put``,
+    each run sorted by key bytes; they are merged, and a deletion of a key that a record holds
+    is dropped (the record wins). ``stats`` receives: data size, index block offset, index
+    block size, data blocks, entries, deletions, internal key bytes, value bytes.
+
+    Returns:
+        The size written, or ``-(i + 1)`` when the merged entry ``i`` does not sort after the
+        one before it, or ``_OVERFLOW`` when ``out`` is too small (nothing usable was written
+        then). (Compiled.)
+    """
+    total = len(offsets) - 1
+    order = np.empty(total, dtype=np.int64)
+    count = merge_kernel(keys, offsets, n_put, order)
+    restarts = np.empty(count + 1, dtype=np.int64)
+    last_entry = np.empty(count + 1, dtype=np.int64)  # each data block's last entry
+    block_first = np.empty(count + 1, dtype=np.int64)
+    block_length = np.empty(count + 1, dtype=np.int64)
+    blocks = 0
+    at = 0
+    block_start = 0
+    restart_count = 0
+    in_block = 0
+    prev = -1
+    deletions = 0
+    key_bytes = 0
+    value_bytes = 0
+    for n in range(count):
+        e = order[n]
+        first = offsets[e]
+        length = offsets[e + 1] - first
+        kind = 1 if e < n_put else 0
+        shared = 0
+        if prev >= 0:
+            p_first = offsets[prev]
+            p_length = offsets[prev + 1] - p_first
+            m = min(p_length, length)
+            k = 0
+            while k < m and keys[p_first + k] == keys[first + k]:
+                k += 1
+            # the user keys must rise strictly
+            if k == m and p_length >= length:
+                return -(n + 1)
+            if k < m and keys[p_first + k] > keys[first + k]:
+                return -(n + 1)
+            if in_block and (at - block_start) + 4 * restart_count + 4 >= block_size:
+                at = _close_data_block(out, block_start, at, restarts, restart_count, tables,
+                                       blocks, prev, last_entry, block_first, block_length)
+                blocks += 1
+                block_start = at
+                restart_count = 0
+                in_block = 0
+            shared = k
+            if k == m:
+                # the earlier user key is a prefix of this one: its internal key's type byte
+                # and zeros may share more
+                p_kind = 1 if prev < n_put else 0
+                while shared < p_length + 8 and _key_byte(
+                        keys, p_first, p_length, p_kind, shared) == _key_byte(
+                        keys, first, length, kind, shared):
+                    shared += 1
+        if in_block % restart_interval == 0:
+            restarts[restart_count] = at - block_start
+            restart_count += 1
+            shared = 0
+        internal_length = length + 8
+        v_first = value_first[e] if kind else 0
+        v_length = value_stop[e] - v_first if kind else 0
+        if at + 15 + internal_length + v_length + 4 * (restart_count + 3) + 5 > len(out):
+            return _OVERFLOW
+        at = put_varint_kernel(out, at, shared)
+        at = put_varint_kernel(out, at, internal_length - shared)
+        at = put_varint_kernel(out, at, v_length)
+        if shared < length:
+            for j in range(shared, length):
+                out[at] = keys[first + j]
+                at += 1
+            out[at] = kind
+            for j in range(1, 8):
+                out[at + j] = 0
+            at += 8
+        else:
+            for j in range(shared, internal_length):
+                out[at] = _key_byte(keys, first, length, kind, j)
+                at += 1
+        for j in range(v_length):
+            out[at + j] = values[v_first + j]
+        at += v_length
+        in_block += 1
+        deletions += 1 - kind
+        key_bytes += internal_length
+        value_bytes += v_length
+        prev = e
+    if in_block:
+        at = _close_data_block(out, block_start, at, restarts, restart_count, tables, blocks,
+                               prev, last_entry, block_first, block_length)
+        blocks += 1
+    data_size = at
+    # the index block: each block's last internal key -> its handle, a restart point each
+    index_start = at
+    for b in range(blocks):
+        if at + 15 + (offsets[last_entry[b] + 1] - offsets[last_entry[b]]) + 8 + 20 \
+                + 4 * (blocks + 1) + 5 > len(out):
+            return _OVERFLOW
+        restarts[b] = at - index_start
+        e = last_entry[b]
+        first = offsets[e]
+        length = offsets[e + 1] - first
+        kind = 1 if e < n_put else 0
+        handle_length = 0
+        for value in (block_first[b], block_length[b]):
+            while True:
+                handle_length += 1
+                if value < 0x80:
+                    break
+                value >>= 7
+        at = put_varint_kernel(out, at, 0)
+        at = put_varint_kernel(out, at, length + 8)
+        at = put_varint_kernel(out, at, handle_length)
+        for j in range(length + 8):
+            out[at] = _key_byte(keys, first, length, kind, j)
+            at += 1
+        at = put_varint_kernel(out, at, block_first[b])
+        at = put_varint_kernel(out, at, block_length[b])
+    at = _end_block(out, at, restarts, blocks)
+    index_size = at - index_start
+    at = seal_block_kernel(out, index_start, at, tables)
+    stats[0] = data_size
+    stats[1] = index_start
+    stats[2] = index_size
+    stats[3] = blocks
+    stats[4] = count
+    stats[5] = deletions
+    stats[6] = key_bytes
+    stats[7] = value_bytes
+    return at
+
+
+register_helpers({
+    "seal_block_kernel": (crc32c_kernel,),
+    "_close_data_block": (_end_block, seal_block_kernel),
+    "table_kernel": (put_varint_kernel, seal_block_kernel, _key_byte, merge_kernel, _end_block,
+                     _close_data_block),
+})
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _small_block(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """A block of sorted ``(key, value)`` entries, a restart point each (the properties and
+    metaindex blocks), without its trailer."""
+    body = bytearray()
+    restarts = []
+    for key, value in entries:
+        restarts.append(len(body))
+        body += _varint(0) + _varint(len(key)) + _varint(len(value)) + key + value
+    for restart in restarts:
+        body += struct.pack("<I", restart)
+    body += struct.pack("<I", len(restarts))
+    return bytes(body)
+
+
+def _trailer(block: bytes) -> bytes:
+    return bytes([_NO_COMPRESSION]) + struct.pack(
+        "<I", _masked(crc32c(block + bytes([_NO_COMPRESSION]))))
+
+
+def _handle(offset: int, size: int) -> bytes:
+    return _varint(offset) + _varint(size)
+
+
+def _properties(stats: npt.NDArray[np.int64], session_id: str, file_number: int) -> bytes:
+    """The properties block of a table with ``stats`` (see :func:`table_kernel`)."""
+    data_size, _index_start, index_size, blocks, entries, deletions, key_bytes, value_bytes = (
+        int(x) for x in stats)
+    numbers = {
+        "rocksdb.column.family.id": 0x7FFFFFFF,  # kUnknownColumnFamily, as SstFileWriter's
+        "rocksdb.creation.time": 0,
+        "rocksdb.data.size": data_size,
+        "rocksdb.deleted.keys": deletions,
+        "rocksdb.filter.size": 0,
+        "rocksdb.fixed.key.length": 0,
+        "rocksdb.format.version": FORMAT_VERSION,
+        "rocksdb.index.key.is.user.key": 0,
+        "rocksdb.index.size": index_size + 5,
+        "rocksdb.index.value.is.delta.encoded": 0,
+        "rocksdb.key.largest.seqno": 0,
+        "rocksdb.merge.operands": 0,
+        "rocksdb.num.data.blocks": blocks,
+        "rocksdb.num.entries": entries,
+        "rocksdb.num.filter_entries": 0,
+        "rocksdb.num.range-deletions": 0,
+        "rocksdb.oldest.key.time": 0,
+        "rocksdb.original.file.number": file_number,
+        "rocksdb.raw.key.size": key_bytes,
+        "rocksdb.raw.value.size": value_bytes,
+        "rocksdb.tail.start.offset": data_size,
+    }
+    texts = {
+        "rocksdb.block.based.table.index.type": struct.pack("<I", 0),  # binary search
+        "rocksdb.block.based.table.prefix.filtering": b"0",
+        "rocksdb.block.based.table.whole.key.filtering": b"1",
+        "rocksdb.comparator": b"leveldb.BytewiseComparator",
+        "rocksdb.compression": b"NoCompression",
+        "rocksdb.creating.db.identity": b"SST Writer",
+        "rocksdb.creating.session.identity": session_id.encode(),
+        # ingestion looks these two up (an SstFileWriter file, version 2, global seqno 0)
+        "rocksdb.external_sst_file.global_seqno": struct.pack("<Q", 0),
+        "rocksdb.external_sst_file.version": struct.pack("<I", 2),
+        "rocksdb.merge.operator": b"nullptr",
+        "rocksdb.prefix.extractor.name": b"nullptr",
+        "rocksdb.property.collectors": b"[]",
+    }
+    entries_list = [(name.encode(), _varint(value)) for name, value in numbers.items()]
+    entries_list += [(name.encode(), value) for name, value in texts.items()]
+    entries_list.sort()
+    return _small_block(entries_list)
+
+
+def new_session_id() -> str:
+    """A RocksDB session id: 20 characters of base 36, as ``rocksdb.creating.session
+    .identity`` holds (it goes into the file's unique id)."""
+    digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    value = int.from_bytes(os.urandom(13), "little")
+    return "".join(digits[(value // 36 ** i) % 36] for i in range(20))
+
+
+def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
+              key_offsets: npt.NDArray[np.int64], values: npt.NDArray[np.uint8],
+              value_first: npt.NDArray[np.int64], value_stop: npt.NDArray[np.int64],
+              gone: npt.NDArray[np.uint8], gone_offsets: npt.NDArray[np.int64], *,
+              session_id: str, file_number: int) -> int:
+    """Write an SST file for ``ingest_external_file``: the records ``keys[key_offsets[i]:
+    key_offsets[i + 1]] -> values[value_first[i]:value_stop[i]]`` and deletions of the keys
+    ``gone[gone_offsets[j]:gone_offsets[j + 1]]``, both sorted by key bytes, each key once (a
+    deletion of a key the records hold is dropped). Offsets start at 0.
+
+    Args:
+        path: the file to create (overwritten).
+        keys, key_offsets: the records' keys, one buffer and ``n + 1`` offsets.
+        values, value_first, value_stop: their values: where each starts and stops.
+        gone, gone_offsets: the keys to delete, one buffer and ``m + 1`` offsets.
+        session_id: a :func:`new_session_id` of this file alone, and ``file_number``: the
+            file's unique id, which RocksDB's block cache keys come from.
+
+    Returns:
+        The number of entries written.
+
+    Raises:
+        ValueError: the keys are not sorted, or repeat, or the offsets do not match (nothing
+            is left at ``path``).
+        OSError: the file cannot be written (nothing is left at ``path``).
+    """
+    from ..jit import compiled  # numba, on first use only
+
+    n_put = len(key_offsets) - 1
+    if n_put < 0 or len(value_first) != n_put or len(value_stop) != n_put \
+            or not len(gone_offsets):
+        raise ValueError(f"key_offsets ({len(key_offsets)}), value_first ({len(value_first)}), "
+                         f"value_stop ({len(value_stop)}) and gone_offsets "
+                         f"({len(gone_offsets)}) do not describe n keys and values (n + 1 "
+                         "offsets) and m deletions (m + 1 offsets)")
+    n = n_put + len(gone_offsets) - 1
+    if n == 0:
+        raise ValueError("an SST file needs at least one record or deletion")
+    if len(gone_offsets) > 1:
+        keys = np.concatenate([keys[:key_offsets[-1]], gone])
+        key_offsets = np.concatenate([key_offsets, gone_offsets[1:] + key_offsets[-1]])
+    # The most an entry takes: 3 varints (15 bytes), its internal key (its key and 8 bytes), its
+    # value and a restart point (4); when it is a block of its own (a long value), the block's
+    # restart count and trailer (9) and an index entry: 3 varints, the internal key again, a
+    # handle (20) and a restart point. The kernel does not check bounds: this must hold.
+    bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 96 + 1024
+    out = np.empty(bound, dtype=np.uint8)
+    stats = np.zeros(8, dtype=np.int64)
+    size = int(compiled(table_kernel)(keys, key_offsets, n_put, values, value_first,
+                                      value_stop, out, _TABLES, BLOCK_SIZE, RESTART_INTERVAL,
+                                      stats))
+    if size == _OVERFLOW:  # the bound above is wrong
+        raise RuntimeError(f"the SST file {path} outgrew its buffer of {bound} bytes")
+    if size < 0:
+        raise ValueError(f"the keys of an SST file must be sorted and distinct: entry "
+                         f"{-size - 1} does not sort after the one before it")
+    properties = _properties(stats, session_id, file_number)
+    properties_at = size
+    tail = bytearray(properties + _trailer(properties))
+    metaindex = _small_block([(b"rocksdb.properties",
+                               _handle(properties_at, len(properties)))])
+    metaindex_at = size + len(tail)
+    tail += metaindex + _trailer(metaindex)
+    handles = _handle(metaindex_at, len(metaindex)) + _handle(int(stats[1]), int(stats[2]))
+    tail += bytes([_CHECKSUM_CRC32C]) + handles + bytes(40 - len(handles))
+    tail += struct.pack("<IQ", FORMAT_VERSION, _MAGIC)
+    target = Path(path)
+    try:
+        with open(target, "wb") as file:
+            file.write(out[:size].data)
+            file.write(tail)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return int(stats[4])

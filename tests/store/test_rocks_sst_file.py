@@ -1,0 +1,232 @@
+"""The SST files the RocksDB store writes itself (``sessionstore.store.sstfile``), pinned to
+rocksdict's ``SstFileWriter``: the same records and deletions, ingested into twin databases
+holding the same older data, read back the same; and the key-first rows the store builds them
+from, pinned to :func:`keyschema.key_first`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rocksdict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore import SessionStore, StoreCorruptedError, keyschema
+from sessionstore.store import rocksdb as rocksdb_module
+from sessionstore.store import sstfile
+
+PROFILE_SCALE = settings.default.max_examples / 100
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def rows(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pieces], out=offsets[1:])
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets
+
+
+def write_ours(path: Path, records: dict[bytes, bytes], gone: list[bytes]) -> None:
+    keys = sorted(records)
+    key_data, key_offsets = rows(keys)
+    value_data, value_offsets = rows([records[k] for k in keys])
+    gone_data, gone_offsets = rows(sorted(gone))
+    sstfile.write_sst(path, key_data, key_offsets, value_data, value_offsets[:-1],
+                      value_offsets[1:], gone_data, gone_offsets,
+                      session_id=sstfile.new_session_id(), file_number=1)
+
+
+def write_rocksdicts(path: Path, records: dict[bytes, bytes], gone: list[bytes]) -> None:
+    writer = rocksdict.SstFileWriter(options=rocksdict.Options(raw_mode=True))
+    writer.open(str(path))
+    for key in sorted(set(records) | set(gone)):
+        if key in records:
+            writer[key] = records[key]
+        else:
+            del writer[key]
+    writer.finish()
+
+
+def open_db(path: Path) -> Any:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    return rocksdict.Rdict(str(path), options=options)
+
+
+def ingest(db: Any, path: Path) -> None:
+    options = rocksdict.IngestExternalFileOptions()
+    options.set_move_files(True)
+    db.ingest_external_file([str(path)], options)
+
+
+# short keys over few bytes, so that keys share prefixes, one is a prefix of another, and
+# records and deletions meet; values up to several blocks long
+KEY = st.binary(min_size=1, max_size=12).map(lambda b: bytes(x % 3 for x in b))
+VALUE = st.one_of(st.binary(max_size=20), st.binary(min_size=4000, max_size=9000))
+
+
+@settings(max_examples=round(40 * PROFILE_SCALE), deadline=None)
+@given(older=st.dictionaries(KEY, st.binary(max_size=5), max_size=30),
+       records=st.dictionaries(KEY, VALUE, max_size=300),
+       gone=st.lists(KEY, max_size=40, unique=True), many=st.integers(0, 3000))
+def test_a_file_reads_as_rocksdicts_writers_file(tmp_path_factory: Any, older: dict[bytes, bytes],
+                                                 records: dict[bytes, bytes], gone: list[bytes],
+                                                 many: int) -> None:
+    # kills: a wrong shared prefix (keys that are prefixes of others), a deletion of a written
+    # key kept, restart points, block boundaries (many records, long values), the index block
+    records = dict(records)
+    records.update({b"\x07%08d" % i: b"v%d" % (i % 7) for i in range(many)})
+    if not records and not gone:
+        gone = [b"\x00"]
+    root = tmp_path_factory.mktemp("sst")
+    contents = []
+    for name, write in (("ours", write_ours), ("theirs", write_rocksdicts)):
+        db = open_db(root / name)
+        for key, value in older.items():
+            db[key] = value
+        db.flush()
+        write(root / f"{name}.sst", records, gone)
+        ingest(db, root / f"{name}.sst")
+        seen = list(db.items())
+        db.close()
+        db = open_db(root / name)  # reopened: the MANIFEST's record of the file holds
+        assert list(db.items()) == seen
+        db.compact_range(None, None)
+        assert list(db.items()) == seen
+        db.close()
+        contents.append(seen)
+    assert contents[0] == contents[1]
+    expected = {key: value for key, value in older.items() if key not in gone}
+    expected.update(records)
+    assert contents[0] == sorted(expected.items())
+    shutil.rmtree(root)
+
+
+def test_crc32c_is_the_castagnoli_checksum() -> None:
+    # kills: another polynomial, a wrong slicing table, a lost tail byte
+    assert sstfile.crc32c(b"") == 0
+    assert sstfile.crc32c(b"123456789") == 0xE3069283
+    assert sstfile.crc32c(bytes(32)) == 0x8A9136AA
+    assert sstfile.crc32c(bytes(range(32))) == 0x46DD794E
+
+
+def test_unsorted_or_repeated_keys_are_refused_and_leave_no_file(tmp_path: Path) -> None:
+    for keys in ([b"b", b"a"], [b"a", b"a"], [b"ab", b"a"]):
+        key_data, key_offsets = rows(keys)
+        value_data, value_offsets = rows([b"1"] * len(keys))
+        gone_data, gone_offsets = rows([])
+        with pytest.raises(ValueError, match="sorted and distinct: entry 1"):
+            sstfile.write_sst(tmp_path / "x.sst", key_data, key_offsets, value_data,
+                              value_offsets[:-1], value_offsets[1:], gone_data, gone_offsets,
+                              session_id=sstfile.new_session_id(), file_number=1)
+        assert not (tmp_path / "x.sst").exists()
+
+
+def test_a_flipped_bit_in_a_written_file_fails_its_block_checksum(tmp_path: Path) -> None:
+    # kills: blocks written without their checksum, or a checksum type RocksDB does not check
+    path = tmp_path / "x.sst"
+    write_ours(path, {b"K%06d" % i: b"value %d" % i for i in range(2000)}, [])
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0x10  # inside the first data block
+    path.write_bytes(bytes(data))
+    db = open_db(tmp_path / "db")
+    try:
+        with pytest.raises(Exception, match="block checksum mismatch"):
+            ingest(db, path)  # it reads the first and last blocks
+            list(db.items())
+    finally:
+        db.close()
+
+
+@settings(max_examples=round(60 * PROFILE_SCALE), deadline=None)
+@given(keys=st.lists(st.one_of(st.text(max_size=300), st.integers(INT64_MIN, INT64_MAX),
+                              st.binary(max_size=8)),
+                     min_size=1, max_size=8, unique_by=keyschema.encode_key),
+       data=st.data())
+def test_key_first_rows_are_the_key_first_records(keys: list[Any], data: st.DataObject) -> None:
+    # kills: a wrong time byte order or sign flip, a key cut at its matrix width, offsets off
+    encoded = [keyschema.encode_key(k) for k in keys]
+    n = data.draw(st.integers(0, 20))
+    index = np.array(data.draw(st.lists(st.integers(0, len(keys) - 1), min_size=n,
+                                        max_size=n)), dtype=np.int64)
+    times = st.integers(INT64_MIN, INT64_MAX)
+    ends = np.array(data.draw(st.lists(times, min_size=n, max_size=n)), dtype=np.int64)
+    starts = np.array(data.draw(st.lists(times, min_size=n, max_size=n)), dtype=np.int64)
+    expected = [keyschema.key_first(encoded[i], int(e), int(s))
+                for i, e, s in zip(index.tolist(), ends.tolist(), starts.tolist(), strict=True)]
+    for matrix in (keyschema.key_matrix(encoded), None):
+        got, offsets = keyschema.key_first_rows(encoded, index, ends, starts, matrix)
+        assert len(offsets) == n + 1
+        assert [bytes(got[offsets[i]:offsets[i + 1]]) for i in range(n)] == expected
+
+
+def test_a_bulk_write_after_an_abort_reads_its_own_values(tmp_path: Path,
+                                                         monkeypatch: Any) -> None:
+    # An abort reuses block ids, so a file written after it could have the unique id of one
+    # written before it (and RocksDB's block cache hand out that file's blocks) unless each
+    # file has a session id of its own. Kills: one session id per store, or per open.
+    def put(store: SessionStore, value: int) -> None:
+        n = 2 * rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+        store.put_many([f"k{i}" for i in range(n)], np.zeros(n, np.int64),
+                       np.arange(n, dtype=np.int64), [value] * n)
+
+    with SessionStore(tmp_path / "s", retention_ms=10**9) as store:
+        put(store, 1)
+        assert [v for _, v in store.fetch("k3")] == [1]
+        store.abort()
+        put(store, 2)
+        assert [v for _, v in store.fetch("k3")] == [2]
+        assert {v for _, v in store.find_sessions(0, 10**6)} == {2}
+        store.commit()
+    with SessionStore(tmp_path / "s", retention_ms=10**9) as store:
+        assert {v for _, v in store.find_sessions(0, 10**6)} == {2}
+
+
+def test_a_damaged_ingested_file_is_named_as_corruption(tmp_path: Path) -> None:
+    # the store's reads translate the checksum failure of a file it wrote itself
+    n = 2 * rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+    with SessionStore(tmp_path / "s", retention_ms=10**9) as store:
+        store.put_many([f"k{i}" for i in range(n)], np.zeros(n, np.int64),
+                       np.arange(n, dtype=np.int64), list(range(n)))
+        live = tmp_path / "s" / "live"
+        files = list(live.glob("*.sst"))
+        assert len(files) == 1
+        data = bytearray(files[0].read_bytes())
+        data[len(data) * 3 // 4] ^= 0x01  # among the key-first records
+        files[0].write_bytes(bytes(data))
+        with pytest.raises(StoreCorruptedError):
+            list(store.find_sessions(0, n))
+
+
+def test_a_block_per_record_fits_the_buffer_and_reads_back(tmp_path: Path) -> None:
+    # every value longer than a block: each record is a block of its own, with an index entry
+    # each (the most room per record the writer needs; its buffer bound must hold, and two-byte
+    # value lengths and block handles must read back)
+    records = {b"K%05d" % i: bytes([i % 251]) * (sstfile.BLOCK_SIZE + i % 7) for i in range(3000)}
+    write_ours(tmp_path / "x.sst", records, [])
+    db = open_db(tmp_path / "db")
+    try:
+        ingest(db, tmp_path / "x.sst")
+        assert list(db.items()) == sorted(records.items())
+    finally:
+        db.close()
+
+
+def test_a_buffer_too_small_is_refused_not_overrun() -> None:
+    # kills: the kernel writing past its buffer (it has no bounds checks of its own)
+    from sessionstore.jit import compiled
+
+    keys, offsets = rows([b"K%05d" % i for i in range(50)])
+    values, value_offsets = rows([b"v" * 100] * 50)
+    guard = np.full(4096, 0xAB, dtype=np.uint8)
+    out = guard[:1024]  # the rest of guard must stay as it is
+    size = compiled(sstfile.table_kernel)(keys, offsets, 50, values, value_offsets[:-1],
+                                          value_offsets[1:], out, sstfile._TABLES,
+                                          sstfile.BLOCK_SIZE, sstfile.RESTART_INTERVAL,
+                                          np.zeros(8, dtype=np.int64))
+    assert size == sstfile._OVERFLOW
+    assert (guard[1024:] == 0xAB).all()
