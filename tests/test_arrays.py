@@ -75,8 +75,9 @@ def test_each_path_is_taken() -> None:
 @given(columns=column_sets())
 def test_last_rows_marks_the_last_occurrence_of_each_row(columns: list[list[int]]) -> None:
     """The compiled hash-table pass against a dict of each row's last occurrence, and so
-    against :func:`arrays.last_of_each` (up to three columns; a missing one is constant).
-    Whole-int64 spans and ties make the hash slots collide and wrap."""
+    against :func:`arrays.last_of_each` (up to three columns; a missing one is constant), in
+    the order drawn and sorted. Whole-int64 spans and ties make the hash slots collide and
+    wrap."""
     n = len(columns[0])
     full = columns + [[0] * n] * (3 - len(columns))
     rows = list(zip(*full, strict=True))
@@ -84,14 +85,22 @@ def test_last_rows_marks_the_last_occurrence_of_each_row(columns: list[list[int]
     got = arrays.last_rows(*[np.array(column, dtype=np.int64) for column in full])
     assert got.dtype == np.bool_
     assert np.flatnonzero(got).tolist() == sorted(last.values())
+    # rows in order (the one-pass path when they strictly increase; ties take the table)
+    ordered = sorted(rows)
+    last_ordered = {row: i for i, row in enumerate(ordered)}
+    got = arrays.last_rows(*[np.array(column, dtype=np.int64)
+                             for column in zip(*ordered, strict=True)])
+    assert np.flatnonzero(got).tolist() == sorted(last_ordered.values())
     assert sorted(arrays.last_of_each(
         [np.array(column, dtype=np.int64) for column in columns]).tolist()) \
         == sorted(last.values())
 
 
 @settings(max_examples=round(300 * PROFILE_SCALE))
-@given(pieces=st.lists(st.one_of(st.binary(max_size=3),
-                                 st.sampled_from([b"", b"\0", b"\0\0", b"a\0", b"a"])),
+@given(pieces=st.lists(st.one_of(st.binary(max_size=3), st.binary(min_size=6, max_size=16),
+                                 st.sampled_from([b"", b"\0", b"\0\0", b"a\0", b"a",
+                                                  b"\0" * 7, b"\0" * 8, b"a" * 7,
+                                                  b"a" * 7 + b"\0", b"a" * 14 + b"b"])),
                        max_size=80),
        gaps=st.lists(st.integers(0, 2), min_size=80, max_size=80))
 def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
@@ -99,7 +108,7 @@ def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
 ) -> None:
     """Rows cut anywhere from one buffer (with bytes between them that belong to no row)
     against a dict of each byte string's first row: rows differing only in a trailing zero
-    byte, or in length, are told apart."""
+    byte, or in length, are told apart, also where the hash's seven-byte words end."""
     buffer = b""
     first, stop = [], []
     for piece, gap in zip(pieces, gaps, strict=False):
@@ -184,7 +193,7 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
             held.add(value)
         assert seen.add(np.array(batch, dtype=np.int64)) == repeats
         assert seen.size == len(held)
-    keys = [bytes([b]) * (b % 4) for b in range(6)]
+    keys = [bytes([b]) * (3 * b % 17) for b in range(6)]  # 0 to 15 bytes: across words
     n = data.draw(st.integers(0, 40))
     rows = [(data.draw(st.integers(0, 5)), data.draw(st.integers(-3, 3)) * 2**40,
              data.draw(st.integers(-3, 3))) for _ in range(n)]
@@ -194,9 +203,11 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
     by_row = {(keys[k], x, y): h for (k, x, y), h in zip(rows, hashes, strict=True)}
     assert len(by_row) == len(set(by_row.values()))  # equal rows, equal hashes; others differ
     rows_of_keys = arrays.ByteRows.of_list(keys)
+    key_hashes = np.empty(len(keys), dtype=np.int64)
+    arrays.byte_row_hashes_kernel(rows_of_keys.data, rows_of_keys.first, rows_of_keys.stop,
+                                  key_hashes)  # as Python, not compiled
     out = np.empty(n, dtype=np.int64)
-    arrays.keyed_row_hashes_kernel(rows_of_keys.data, rows_of_keys.first, rows_of_keys.stop,
-                                   key_index, a, b, out)  # as Python, not compiled
+    arrays.keyed_row_hashes_kernel(key_hashes, key_index, a, b, out)
     assert ((out & arrays._LOW63) ^ ((out & arrays._LOW63) >> 29)).tolist() == hashes
 
 
