@@ -256,50 +256,42 @@ def keyed_row_hashes_kernel(key_hashes: Int64Array, key_index: Int64Array, a: In
         out[i] = ((h + int(b[i])) & _LOW63) * _MIX1 & _LOW63
 
 
-def count_known_kernel(table: Int64Array, values: Int64Array) -> int:
-    """Add the non-negative ``values`` to the hash set ``table`` (-1: an empty slot; at most
-    half full after the adding); return how many were in it already (or earlier in
-    ``values``). (Compiled.)"""
-    mask = len(table) - 1
+def mark_seen_kernel(bits: npt.NDArray[np.uint8], hashes: Int64Array) -> int:
+    """Set the bit of each of ``hashes`` (non-negative; its low bits pick one of the
+    ``8 * len(bits)`` bits, a power of two) in ``bits``; return how many found theirs set
+    already. (Compiled.)"""
+    mask = 8 * len(bits) - 1
     known = 0
-    for i in range(len(values)):
-        v = values[i]
-        at = (v ^ (v >> 31)) & mask
-        while True:
-            w = table[at]
-            if w < 0:
-                table[at] = v
-                break
-            if w == v:
-                known += 1
-                break
-            at = (at + 1) & mask
+    for i in range(len(hashes)):
+        at = hashes[i] & mask
+        flag = 1 << (at & 7)
+        byte = at >> 3
+        if bits[byte] & flag:
+            known += 1
+        else:
+            bits[byte] = bits[byte] | flag
     return known
 
 
-class SeenHashes:
-    """A growing set of 63-bit hashes that counts repeats: :meth:`add` tells how many of the
-    hashes it adds it held already. Distinct values that share a hash count as repeats, so the
-    count is an upper bound of the true repeats, never below it."""
+class SeenBits:
+    """A bitmap that counts repeated hashes: :meth:`add` tells how many of the hashes it adds
+    it had seen already, an upper bound, never below the true repeats. A hash is one of 32
+    bits per ``expected`` hash (at least 4,096), picked by its low bits, so that distinct
+    hashes sharing a bit also count: about one in 64 of ``expected`` distinct hashes, more
+    when more are added. Costs a bit, not a table slot, per hash: a few hundred kilobytes
+    for a log of 100,000 rows, which stay in the processor's cache."""
 
-    __slots__ = ("_table", "size")
+    __slots__ = ("_bits",)
 
-    def __init__(self, expected: int = 512) -> None:
-        self._table = _empty_table(expected)  # room for ``expected`` hashes without growing
-        self.size = 0  # distinct hashes held
+    def __init__(self, expected: int) -> None:
+        self._bits = np.zeros(max(1 << (4 * expected - 1).bit_length(), 512), dtype=np.uint8)
 
     def add(self, hashes: Int64Array) -> int:
-        """Add ``hashes`` (non-negative); return how many were held already (or came earlier
-        in ``hashes``)."""
+        """Add ``hashes`` (non-negative); return how many were seen already (or came earlier
+        in ``hashes``), counting those that share a bit with an earlier one."""
         from .jit import compiled  # numba, on first use only
 
-        if 2 * (self.size + len(hashes)) > len(self._table):
-            held = self._table[self._table >= 0]
-            self._table = _empty_table(2 * (self.size + len(hashes)))
-            compiled(count_known_kernel)(self._table, held)
-        known = int(compiled(count_known_kernel)(self._table, hashes))
-        self.size += len(hashes) - known
-        return known
+        return int(compiled(mark_seen_kernel)(self._bits, hashes))
 
 
 def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,

@@ -176,15 +176,15 @@ def test_byte_rows_hold_their_bytes(parts: list[tuple[arrays.ByteRows, list[byte
 
 
 @settings(max_examples=40, deadline=None)
-@given(batches=st.lists(st.lists(st.integers(0, 3_000), max_size=900), max_size=6),
-       data=st.data())
-def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
-                                                data: st.DataObject) -> None:
-    """``SeenHashes.add`` returns how many values a Python set held already (or that came
-    earlier in the same call), across growths of its table; and keyed row hashes are equal
-    exactly for equal rows here (no collision among these few), non-negative, compiled or
-    not."""
-    seen = arrays.SeenHashes()
+@given(batches=st.lists(st.lists(st.integers(0, 4_095), max_size=900), max_size=6),
+       wide=st.lists(st.integers(0, 2**63 - 1), max_size=300), data=st.data())
+def test_seen_bits_count_the_repeats_of_a_set(batches: list[list[int]], wide: list[int],
+                                              data: st.DataObject) -> None:
+    """``SeenBits.add`` returns how many values a Python set held already (or that came
+    earlier in the same call), exactly while the values are below its 4,096 bits, and never
+    fewer for any values; and keyed row hashes are equal exactly for equal rows here (no
+    collision among these few), non-negative, compiled or not."""
+    seen = arrays.SeenBits(0)
     held: set[int] = set()
     for batch in batches:
         repeats = 0
@@ -192,7 +192,8 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
             repeats += value in held
             held.add(value)
         assert seen.add(np.array(batch, dtype=np.int64)) == repeats
-        assert seen.size == len(held)
+    seen = arrays.SeenBits(len(wide))
+    assert seen.add(np.array(wide, dtype=np.int64)) >= len(wide) - len(set(wide))
     keys = [bytes([b]) * (3 * b % 17) for b in range(6)]  # 0 to 15 bytes: across words
     n = data.draw(st.integers(0, 40))
     rows = [(data.draw(st.integers(0, 5)), data.draw(st.integers(-3, 3)) * 2**40,
@@ -209,15 +210,6 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
     out = np.empty(n, dtype=np.int64)
     arrays.keyed_row_hashes_kernel(key_hashes, key_index, a, b, out)
     assert ((out & arrays._LOW63) ^ ((out & arrays._LOW63) >> 29)).tolist() == hashes
-
-
-def test_seen_hashes_keep_what_they_held_when_they_grow() -> None:
-    """Past its table's first size (512 values), what it held still counts as held."""
-    seen = arrays.SeenHashes()
-    assert seen.add(np.arange(400, dtype=np.int64)) == 0
-    assert seen.add(np.arange(300, 1_000, dtype=np.int64)) == 100  # grows here
-    assert seen.add(np.arange(5_000, dtype=np.int64)) == 1_000  # and here
-    assert seen.size == 5_000
 
 
 @settings(max_examples=60, deadline=None)
