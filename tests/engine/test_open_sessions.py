@@ -85,15 +85,17 @@ step = st.one_of(
 
 @settings(max_examples=150)
 @given(steps=st.lists(step, max_size=25), key_slack=st.sampled_from([0, 2, 65_536]),
-       arena_slack=st.sampled_from([0, 3, 1024]))
+       arena_slack=st.sampled_from([0, 3, 1024]), looks=st.lists(st.booleans(), max_size=25))
 def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
-                                       arena_slack: int) -> None:
+                                       arena_slack: int, looks: list[bool]) -> None:
+    """After the steps where ``looks`` says so (a look puts an insert's sessions in slots;
+    without one, a close or another insert comes first)."""
     table = OpenSessions(KINDS)
     table.KEY_SLACK = key_slack
     for part in table.parts:
         part.ARENA_SLACK = arena_slack
     model: Counter[tuple[Any, ...]] = Counter()
-    for op in steps:
+    for at, op in enumerate(steps):
         if op[0] == "insert":
             sessions = [(k, start, start + length, items)
                         for k, start, length, items in op[1]]
@@ -122,6 +124,8 @@ def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
             assert (Counter() if closed is None else _as_model_rows(closed)) == expected
             model -= expected
         assert len(table) == model.total()
+        if at < len(looks) and not looks[at]:
+            continue
         everything = table.probe(table.index.lookup(KEY_POOL))[0]
         assert _as_model_rows(table.rows(everything)) == model
         assert len(everything) == model.total()
