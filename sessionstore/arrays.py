@@ -54,7 +54,8 @@ def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Arr
     value is distinct and numpy's sort of plain values (several times faster than a stable
     ``argsort``, a merge sort) gives the stable order, read back from the low bits; when they
     do not fit, the packed values are first replaced by their dense ranks (an unstable
-    ``argsort``), which always leave room. ``distinct=True`` promises that no two rows are
+    ``argsort``, which is the answer already when no two rows are equal), which always leave
+    room. ``distinct=True`` promises that no two rows are
     equal in every column: an unstable ``argsort`` of the packed values is then enough.
     """
     if not columns or len(columns[0]) == 0:
@@ -70,7 +71,10 @@ def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Arr
         if distinct:
             return order
         ordered = packed[order]
-        packed[order] = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
+        steps = ordered[1:] != ordered[:-1]
+        if steps.all():  # no two rows equal: any sorting order is the stable one
+            return order
+        packed[order] = np.concatenate(([0], np.cumsum(steps)))
     packed <<= row_bits
     packed |= np.arange(n, dtype=np.int64)
     packed.sort()
