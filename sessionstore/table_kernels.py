@@ -90,21 +90,16 @@ def end_runs_merge(a_ends: Int64Array, a_slots: Int64Array, a_gens: Int64Array, 
     nb = len(b_ends)
     while i < na or j < nb:
         if j >= nb or (i < na and a_ends[i] <= b_ends[j]):
-            slot = a_slots[i]
-            if gen[slot] == a_gens[i]:
-                out_ends[n] = a_ends[i]
-                out_slots[n] = slot
-                out_gens[n] = a_gens[i]
-                n += 1
+            end, slot, made = a_ends[i], a_slots[i], a_gens[i]
             i += 1
         else:
-            slot = b_slots[j]
-            if gen[slot] == b_gens[j]:
-                out_ends[n] = b_ends[j]
-                out_slots[n] = slot
-                out_gens[n] = b_gens[j]
-                n += 1
+            end, slot, made = b_ends[j], b_slots[j], b_gens[j]
             j += 1
+        if gen[slot] == made:
+            out_ends[n] = end
+            out_slots[n] = slot
+            out_gens[n] = made
+            n += 1
     return n
 
 
