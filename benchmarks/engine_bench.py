@@ -142,15 +142,13 @@ SWEEP_PATHS = ("event", "process_batch", "process_table")
 
 
 @contextlib.contextmanager
-def planner_cpu() -> Iterator[list[float]]:
+def cpu_in(owner: Any, name: str) -> Iterator[list[float]]:
     """While the block runs, add to the one-element list it yields the CPU seconds (of this
-    process) spent in :func:`sessionstore.engine.planner.plan`: the compiled plan kernel and
-    its argument checks, the numerator of a row's ``kernel_share``. The planner's ``plan`` is
-    wrapped for the block and restored after it."""
-    from sessionstore.engine import planner
-
+    process) spent in the function ``owner.name`` (of a module or a class), which is wrapped
+    for the block and restored after it. ``cpu_in(planner, "plan")`` times the compiled plan
+    kernel and its argument checks: the numerator of a row's ``kernel_share``."""
     spent = [0.0]
-    original = planner.plan
+    original = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.process_time()
@@ -159,11 +157,11 @@ def planner_cpu() -> Iterator[list[float]]:
         finally:
             spent[0] += time.process_time() - start
 
-    planner.plan = timed
+    setattr(owner, name, timed)
     try:
         yield spent
     finally:
-        planner.plan = original
+        setattr(owner, name, original)
 
 
 def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[dict[str, Any]]:
@@ -173,9 +171,12 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
     on one stream (``benchmarks.batch_paths.run_path``: count per key, emit-on-close, a commit
     per batch). It records the median rate of each and, per path, the median of the per-round
     ratios to the dict sessionizer, in wall-clock time and in CPU time of this process. For
-    ``process_table`` it also records ``kernel_share``: the median over the rounds of the CPU
-    spent in the plan kernel (:func:`planner_cpu`) over the run's whole CPU, the same CPU the
-    ratio takes (every batch, its commit and the final watermark's closes)."""
+    ``process_table`` it also records the median over the rounds of the CPU spent in the plan
+    kernel (:func:`cpu_in`) over the run's whole CPU, the same CPU the ratio takes (every
+    batch, its commit and the final watermark's closes): ``kernel_share``; and over the CPU
+    of the ``process_table`` calls alone: ``kernel_share_of_calls``."""
+    from sessionstore.engine import planner
+
     from .batch_paths import _timed_dict_cpu, _warm_up, run_path  # batch_paths imports us
 
     configs = [(d, SWEEP_EVENTS_PER_SESSION) for d in DISORDER_SWEEP_MS]
@@ -195,6 +196,7 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
         cpu_ratios: dict[str, list[float]] = {}
         emitted: dict[str, set[int]] = {}
         shares: dict[str, list[float]] = {}
+        call_shares: dict[str, list[float]] = {}
         for _ in range(repeat):
             base, base_cpu, count = _timed_dict_cpu(keys, times, gap_ms, disorder_ms)
             walls.setdefault("dict", []).append(base)
@@ -203,11 +205,13 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
             for store_kind in ("rocksdb", "memory"):
                 for path in SWEEP_PATHS:
                     name = f"{path}/{store_kind}"
-                    with planner_cpu() as kernel_cpu:
+                    with cpu_in(planner, "plan") as kernel_cpu, \
+                            cpu_in(SessionAggregator, "process_table") as calls_cpu:
                         wall, count, cpu = run_path(path, key_array, time_array, gap_ms,
                                                     disorder_ms, store_kind, root)
                     if path == "process_table":
                         shares.setdefault(name, []).append(kernel_cpu[0] / cpu)
+                        call_shares.setdefault(name, []).append(kernel_cpu[0] / calls_cpu[0])
                     walls.setdefault(name, []).append(wall)
                     cpus.setdefault(name, []).append(cpu)
                     wall_ratios.setdefault(name, []).append(base / wall)
@@ -228,6 +232,8 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
             "cpu_ratio": {name: statistics.median(r) for name, r in cpu_ratios.items()},
             "emitted": {name: sorted(counts) for name, counts in emitted.items()},
             "kernel_share": {name: statistics.median(r) for name, r in shares.items()},
+            "kernel_share_of_calls": {name: statistics.median(r)
+                                      for name, r in call_shares.items()},
             "load_average": list(os.getloadavg()),
         }
         rows.append(row)
@@ -236,8 +242,10 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
         log.info("disorder %6d ms, %5.1f events/session (gap %d ms): %s", disorder_ms,
                  row["events_per_session"], gap_ms, ", ".join(
                      f"{name} {row['ratio'][name]:.2f}x/{row['cpu_ratio'][name]:.2f}x cpu"
-                     for name in row["ratio"]) + "; plan kernel share " + ", ".join(
-                     f"{name} {share:.0%}" for name, share in row["kernel_share"].items()))
+                     for name in row["ratio"]) + "; plan kernel share (of the run, of the "
+                 "calls) " + ", ".join(
+                     f"{name} {share:.0%}, {row['kernel_share_of_calls'][name]:.0%}"
+                     for name, share in row["kernel_share"].items()))
     return rows
 
 
