@@ -17,6 +17,7 @@ trigger. A state-size sweep measures the CPU of a batch of 10k changed sessions 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import logging
@@ -25,7 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +141,42 @@ def _open_store(store_kind: str, root: Path, name: str, retention_ms: int) -> An
 SWEEP_PATHS = ("event", "process_batch", "process_table")
 
 
+@contextlib.contextmanager
+def cpu_in(owner: Any, name: str) -> Iterator[list[float]]:
+    """While the block runs, add to the one-element list it yields the CPU seconds (of this
+    process) spent in the function ``owner.name`` (of a module or a class), which is wrapped
+    for the block and restored after it. ``cpu_in(planner, "plan")`` times the compiled plan
+    kernel and its argument checks: the numerator of a row's ``kernel_share``."""
+    spent = [0.0]
+    original = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - start
+
+    setattr(owner, name, timed)
+    try:
+        yield spent
+    finally:
+        setattr(owner, name, original)
+
+
 def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[dict[str, Any]]:
     """Both sweeps; the row they share (2 s, 2.5 events per session) is run once.
 
     Each row runs the dict sessionizer and every path on both stores ``repeat`` times, in turn,
     on one stream (``benchmarks.batch_paths.run_path``: count per key, emit-on-close, a commit
     per batch). It records the median rate of each and, per path, the median of the per-round
-    ratios to the dict sessionizer, in wall-clock time and in CPU time of this process."""
+    ratios to the dict sessionizer, in wall-clock time and in CPU time of this process. For
+    ``process_table`` it also records the median over the rounds of the CPU spent in the plan
+    kernel (:func:`cpu_in`) over the run's whole CPU, the same CPU the ratio takes (every
+    batch, its commit and the final watermark's closes): ``kernel_share``; and over the CPU
+    of the ``process_table`` calls alone: ``kernel_share_of_calls``."""
+    from sessionstore.engine import planner
+
     from .batch_paths import _timed_dict_cpu, _warm_up, run_path  # batch_paths imports us
 
     configs = [(d, SWEEP_EVENTS_PER_SESSION) for d in DISORDER_SWEEP_MS]
@@ -165,6 +195,8 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
         wall_ratios: dict[str, list[float]] = {}
         cpu_ratios: dict[str, list[float]] = {}
         emitted: dict[str, set[int]] = {}
+        shares: dict[str, list[float]] = {}
+        call_shares: dict[str, list[float]] = {}
         for _ in range(repeat):
             base, base_cpu, count = _timed_dict_cpu(keys, times, gap_ms, disorder_ms)
             walls.setdefault("dict", []).append(base)
@@ -173,8 +205,13 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
             for store_kind in ("rocksdb", "memory"):
                 for path in SWEEP_PATHS:
                     name = f"{path}/{store_kind}"
-                    wall, count, cpu = run_path(path, key_array, time_array, gap_ms,
-                                                disorder_ms, store_kind, root)
+                    with cpu_in(planner, "plan") as kernel_cpu, \
+                            cpu_in(SessionAggregator, "process_table") as calls_cpu:
+                        wall, count, cpu = run_path(path, key_array, time_array, gap_ms,
+                                                    disorder_ms, store_kind, root)
+                    if path == "process_table":
+                        shares.setdefault(name, []).append(kernel_cpu[0] / cpu)
+                        call_shares.setdefault(name, []).append(kernel_cpu[0] / calls_cpu[0])
                     walls.setdefault(name, []).append(wall)
                     cpus.setdefault(name, []).append(cpu)
                     wall_ratios.setdefault(name, []).append(base / wall)
@@ -194,6 +231,9 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
             "ratio_range": {name: [min(r), max(r)] for name, r in wall_ratios.items()},
             "cpu_ratio": {name: statistics.median(r) for name, r in cpu_ratios.items()},
             "emitted": {name: sorted(counts) for name, counts in emitted.items()},
+            "kernel_share": {name: statistics.median(r) for name, r in shares.items()},
+            "kernel_share_of_calls": {name: statistics.median(r)
+                                      for name, r in call_shares.items()},
             "load_average": list(os.getloadavg()),
         }
         rows.append(row)
@@ -202,7 +242,10 @@ def sweep_rows(n_events: int, n_keys: int, root: Path, repeat: int = 3) -> list[
         log.info("disorder %6d ms, %5.1f events/session (gap %d ms): %s", disorder_ms,
                  row["events_per_session"], gap_ms, ", ".join(
                      f"{name} {row['ratio'][name]:.2f}x/{row['cpu_ratio'][name]:.2f}x cpu"
-                     for name in row["ratio"]))
+                     for name in row["ratio"]) + "; plan kernel share (of the run, of the "
+                 "calls) " + ", ".join(
+                     f"{name} {share:.0%}, {row['kernel_share_of_calls'][name]:.0%}"
+                     for name, share in row["kernel_share"].items()))
     return rows
 
 

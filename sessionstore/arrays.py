@@ -54,7 +54,8 @@ def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Arr
     value is distinct and numpy's sort of plain values (several times faster than a stable
     ``argsort``, a merge sort) gives the stable order, read back from the low bits; when they
     do not fit, the packed values are first replaced by their dense ranks (an unstable
-    ``argsort``), which always leave room. ``distinct=True`` promises that no two rows are
+    ``argsort``, which is the answer already when no two rows are equal), which always leave
+    room. ``distinct=True`` promises that no two rows are
     equal in every column: an unstable ``argsort`` of the packed values is then enough.
     """
     if not columns or len(columns[0]) == 0:
@@ -70,7 +71,10 @@ def sort_order(columns: list[Int64Array], *, distinct: bool = False) -> Int64Arr
         if distinct:
             return order
         ordered = packed[order]
-        packed[order] = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
+        steps = ordered[1:] != ordered[:-1]
+        if steps.all():  # no two rows equal: any sorting order is the stable one
+            return order
+        packed[order] = np.concatenate(([0], np.cumsum(steps)))
     packed <<= row_bits
     packed |= np.arange(n, dtype=np.int64)
     packed.sort()
@@ -90,8 +94,9 @@ def _packed(columns: list[Int64Array]) -> tuple[Int64Array, int] | None:
     for column, low, width in zip(columns, lows, widths, strict=True):
         if width:
             # column - low fits in `width` bits, but may not fit in int64 on the way: subtract
-            # as unsigned (two's complement wraps to the right value).
-            offset = (column.astype(np.uint64) - np.uint64(low % 2**64)).astype(np.int64)
+            # as unsigned (two's complement wraps to the right value). Views, not casts: the
+            # bits are the same, and numpy's uint64 -> int64 cast is ten times slower.
+            offset = (column.view(np.uint64) - np.uint64(low % 2**64)).view(np.int64)
             packed = (packed << width) | offset
     return packed, sum(widths)
 
@@ -152,17 +157,35 @@ def last_rows_kernel(a: Int64Array, b: Int64Array, c: Int64Array, table: Int64Ar
             h = (h + 1) & mask
 
 
+def byte_row_hashes_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
+                           out: Int64Array) -> None:
+    """Set ``out[i]`` to a hash of the bytes ``data[first[i]:stop[i]]`` and their number, in
+    its low 63 bits: equal byte strings hash equal. The bytes are taken seven at a time (one
+    multiply per seven bytes, not per byte). (Compiled.)"""
+    for i in range(len(first)):
+        low = first[i]
+        high = stop[i]
+        h = int(high - low) ^ _MIX1
+        while low < high:
+            top = min(low + 7, high)
+            word = 0
+            for p in range(low, top):
+                word = (word << 8) | int(data[p])  # at most 56 bits: no overflow
+            h = ((h ^ word) * _MIX2) & _LOW63
+            low = top
+        out[i] = h
+
+
 def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
-                       table: Int64Array, out: Int64Array) -> None:
+                       hashes: Int64Array, table: Int64Array, out: Int64Array) -> None:
     """Set ``out[i]`` to the first row ``j`` whose bytes ``data[first[j]:stop[j]]`` equal row
-    ``i``'s (``table`` an :func:`_empty_table` on entry). (Compiled.)"""
+    ``i``'s (``hashes`` the rows' :func:`byte_row_hashes_kernel`, ``table`` an
+    :func:`_empty_table`, on entry). (Compiled.)"""
     mask = len(table) - 1
     for i in range(len(first)):
         low = first[i]
         width = stop[i] - low
-        h = int(width)
-        for p in range(low, low + width):
-            h = ((h ^ int(data[p])) * _MIX2) & _LOW63
+        h = hashes[i]
         h = (h ^ (h >> 29)) & mask
         while True:
             j = table[h]
@@ -171,7 +194,7 @@ def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int
                 out[i] = i
                 break
             other = first[j]
-            if stop[j] - other == width:
+            if stop[j] - other == width and hashes[j] == hashes[i]:
                 same = True
                 for p in range(width):
                     if data[other + p] != data[low + p]:
@@ -183,11 +206,30 @@ def first_equal_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int
             h = (h + 1) & mask
 
 
+def rows_increase_kernel(a: Int64Array, b: Int64Array, c: Int64Array) -> bool:
+    """Whether the rows ``(a[i], b[i], c[i])`` strictly increase (so are all distinct).
+    (Compiled.)"""
+    for i in range(1, len(a)):
+        if a[i] != a[i - 1]:
+            if a[i] < a[i - 1]:
+                return False
+        elif b[i] != b[i - 1]:
+            if b[i] < b[i - 1]:
+                return False
+        elif c[i] <= c[i - 1]:
+            return False
+    return True
+
+
 def last_rows(a: Int64Array, b: Int64Array, c: Int64Array) -> npt.NDArray[np.bool_]:
     """Whether each row is the last of the rows equal to it in all three columns: the rows of
-    :func:`last_of_each` ``([a, b, c])``, as a mask (in row order, with no sort)."""
+    :func:`last_of_each` ``([a, b, c])``, as a mask (in row order, with no sort). Rows that
+    strictly increase (a bulk write built in order, as the engine's are) are all last, found
+    in one pass without the hash table."""
     from .jit import compiled  # numba, on first use only
 
+    if compiled(rows_increase_kernel)(a, b, c):
+        return np.ones(len(a), dtype=np.bool_)
     out = np.zeros(len(a), dtype=np.bool_)
     compiled(last_rows_kernel)(a, b, c, _empty_table(len(a)), out)
     return out
@@ -199,72 +241,61 @@ def first_equal_rows(data: npt.NDArray[np.uint8], first: Int64Array,
     rows get equal numbers; a row new so far gets its own)."""
     from .jit import compiled  # numba, on first use only
 
+    hashes = np.empty(len(first), dtype=np.int64)
+    compiled(byte_row_hashes_kernel)(data, first, stop, hashes)
     out = np.empty(len(first), dtype=np.int64)
-    compiled(first_equal_kernel)(data, first, stop, _empty_table(len(first)), out)
+    compiled(first_equal_kernel)(data, first, stop, hashes, _empty_table(len(first)), out)
     return out
 
 
-def keyed_row_hashes_kernel(data: npt.NDArray[np.uint8], first: Int64Array, stop: Int64Array,
-                            key_index: Int64Array, a: Int64Array, b: Int64Array,
-                            out: Int64Array) -> None:
-    """Set ``out[i]`` to a hash of row ``i`` in its low 63 bits: the bytes of its key
-    ``data[first[k]:stop[k]]`` (``k = key_index[i]``), ``a[i]`` and ``b[i]``. (Compiled; the
-    compiled form may leave the top bit set, which :func:`keyed_row_hashes` clears.)"""
+def keyed_row_hashes_kernel(key_hashes: Int64Array, key_index: Int64Array, a: Int64Array,
+                            b: Int64Array, out: Int64Array) -> None:
+    """Set ``out[i]`` to a hash of row ``i`` in its low 63 bits: its key's hash
+    ``key_hashes[key_index[i]]`` (:func:`byte_row_hashes_kernel`), ``a[i]`` and ``b[i]``.
+    (Compiled; the compiled form may leave the top bit set, which :func:`keyed_row_hashes`
+    clears.)"""
     for i in range(len(a)):
-        k = key_index[i]
-        low = first[k]
-        width = stop[k] - low
-        h = int(width) ^ _MIX1
-        for p in range(low, low + width):
-            h = ((h ^ int(data[p])) * _MIX2) & _LOW63
+        h = key_hashes[key_index[i]]
         h = ((h * _MIX1 + int(a[i])) & _LOW63) * _MIX2 & _LOW63
         out[i] = ((h + int(b[i])) & _LOW63) * _MIX1 & _LOW63
 
 
-def count_known_kernel(table: Int64Array, values: Int64Array) -> int:
-    """Add the non-negative ``values`` to the hash set ``table`` (-1: an empty slot; at most
-    half full after the adding); return how many were in it already (or earlier in
-    ``values``). (Compiled.)"""
-    mask = len(table) - 1
+def mark_seen_kernel(bits: npt.NDArray[np.uint8], hashes: Int64Array) -> int:
+    """Set the bit of each of ``hashes`` (non-negative; its low bits pick one of the
+    ``8 * len(bits)`` bits, a power of two) in ``bits``; return how many found theirs set
+    already. (Compiled.)"""
+    mask = 8 * len(bits) - 1
     known = 0
-    for i in range(len(values)):
-        v = values[i]
-        at = (v ^ (v >> 31)) & mask
-        while True:
-            w = table[at]
-            if w < 0:
-                table[at] = v
-                break
-            if w == v:
-                known += 1
-                break
-            at = (at + 1) & mask
+    for i in range(len(hashes)):
+        at = hashes[i] & mask
+        flag = 1 << (at & 7)
+        byte = at >> 3
+        if bits[byte] & flag:
+            known += 1
+        else:
+            bits[byte] = bits[byte] | flag
     return known
 
 
-class SeenHashes:
-    """A growing set of 63-bit hashes that counts repeats: :meth:`add` tells how many of the
-    hashes it adds it held already. Distinct values that share a hash count as repeats, so the
-    count is an upper bound of the true repeats, never below it."""
+class SeenBits:
+    """A bitmap that counts repeated hashes: :meth:`add` tells how many of the hashes it adds
+    it had seen already, an upper bound, never below the true repeats. A hash is one of 32
+    bits per ``expected`` hash (at least 4,096), picked by its low bits, so that distinct
+    hashes sharing a bit also count: about one in 64 of ``expected`` distinct hashes, more
+    when more are added. Costs a bit, not a table slot, per hash: a few hundred kilobytes
+    for a log of 100,000 rows, which stay in the processor's cache."""
 
-    __slots__ = ("_table", "size")
+    __slots__ = ("_bits",)
 
-    def __init__(self, expected: int = 512) -> None:
-        self._table = _empty_table(expected)  # room for ``expected`` hashes without growing
-        self.size = 0  # distinct hashes held
+    def __init__(self, expected: int) -> None:
+        self._bits = np.zeros(max(1 << (4 * expected - 1).bit_length(), 512), dtype=np.uint8)
 
     def add(self, hashes: Int64Array) -> int:
-        """Add ``hashes`` (non-negative); return how many were held already (or came earlier
-        in ``hashes``)."""
+        """Add ``hashes`` (non-negative); return how many were seen already (or came earlier
+        in ``hashes``), counting those that share a bit with an earlier one."""
         from .jit import compiled  # numba, on first use only
 
-        if 2 * (self.size + len(hashes)) > len(self._table):
-            held = self._table[self._table >= 0]
-            self._table = _empty_table(2 * (self.size + len(hashes)))
-            compiled(count_known_kernel)(self._table, held)
-        known = int(compiled(count_known_kernel)(self._table, hashes))
-        self.size += len(hashes) - known
-        return known
+        return int(compiled(mark_seen_kernel)(self._bits, hashes))
 
 
 def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,
@@ -272,8 +303,10 @@ def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,
     """A 63-bit hash of each row ``(keys[key_index[i]], a[i], b[i])``: equal rows hash equal."""
     from .jit import compiled  # numba, on first use only
 
+    key_hashes = np.empty(len(keys), dtype=np.int64)
+    compiled(byte_row_hashes_kernel)(keys.data, keys.first, keys.stop, key_hashes)
     out = np.empty(len(a), dtype=np.int64)
-    compiled(keyed_row_hashes_kernel)(keys.data, keys.first, keys.stop, key_index, a, b, out)
+    compiled(keyed_row_hashes_kernel)(key_hashes, key_index, a, b, out)
     out &= _LOW63
     out ^= out >> 29
     return out

@@ -76,6 +76,33 @@ def table_link(slots: Int64Array, kids: Int64Array, kid: Int64Array, nxt: Int64A
         count[k] += 1
 
 
+def end_runs_merge(a_ends: Int64Array, a_slots: Int64Array, a_gens: Int64Array, a_pos: int,
+                   b_ends: Int64Array, b_slots: Int64Array, b_gens: Int64Array, b_pos: int,
+                   gen: Int64Array, out_ends: Int64Array, out_slots: Int64Array,
+                   out_gens: Int64Array) -> int:
+    """Merge two end runs (each sorted by end) from ``a_pos`` and ``b_pos`` on into the
+    outputs, keeping only live entries (``gen[slot]`` still the entry's generation), ``a``'s
+    before ``b``'s among equal ends (a stable sort of the two joined); return how many."""
+    n = 0
+    i = a_pos
+    j = b_pos
+    na = len(a_ends)
+    nb = len(b_ends)
+    while i < na or j < nb:
+        if j >= nb or (i < na and a_ends[i] <= b_ends[j]):
+            end, slot, made = a_ends[i], a_slots[i], a_gens[i]
+            i += 1
+        else:
+            end, slot, made = b_ends[j], b_slots[j], b_gens[j]
+            j += 1
+        if gen[slot] == made:
+            out_ends[n] = end
+            out_slots[n] = slot
+            out_gens[n] = made
+            n += 1
+    return n
+
+
 # -- a hash table of int64 keys (open addressing, linear probing): the key index while every
 # key is an int. A Python dict of millions of ints costs a few cache misses per probe (the
 # index, the entry, the int object); this costs one or two.

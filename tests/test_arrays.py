@@ -75,8 +75,9 @@ def test_each_path_is_taken() -> None:
 @given(columns=column_sets())
 def test_last_rows_marks_the_last_occurrence_of_each_row(columns: list[list[int]]) -> None:
     """The compiled hash-table pass against a dict of each row's last occurrence, and so
-    against :func:`arrays.last_of_each` (up to three columns; a missing one is constant).
-    Whole-int64 spans and ties make the hash slots collide and wrap."""
+    against :func:`arrays.last_of_each` (up to three columns; a missing one is constant), in
+    the order drawn and sorted. Whole-int64 spans and ties make the hash slots collide and
+    wrap."""
     n = len(columns[0])
     full = columns + [[0] * n] * (3 - len(columns))
     rows = list(zip(*full, strict=True))
@@ -84,14 +85,22 @@ def test_last_rows_marks_the_last_occurrence_of_each_row(columns: list[list[int]
     got = arrays.last_rows(*[np.array(column, dtype=np.int64) for column in full])
     assert got.dtype == np.bool_
     assert np.flatnonzero(got).tolist() == sorted(last.values())
+    # rows in order (the one-pass path when they strictly increase; ties take the table)
+    ordered = sorted(rows)
+    last_ordered = {row: i for i, row in enumerate(ordered)}
+    got = arrays.last_rows(*[np.array(column, dtype=np.int64)
+                             for column in zip(*ordered, strict=True)])
+    assert np.flatnonzero(got).tolist() == sorted(last_ordered.values())
     assert sorted(arrays.last_of_each(
         [np.array(column, dtype=np.int64) for column in columns]).tolist()) \
         == sorted(last.values())
 
 
 @settings(max_examples=round(300 * PROFILE_SCALE))
-@given(pieces=st.lists(st.one_of(st.binary(max_size=3),
-                                 st.sampled_from([b"", b"\0", b"\0\0", b"a\0", b"a"])),
+@given(pieces=st.lists(st.one_of(st.binary(max_size=3), st.binary(min_size=6, max_size=16),
+                                 st.sampled_from([b"", b"\0", b"\0\0", b"a\0", b"a",
+                                                  b"\0" * 7, b"\0" * 8, b"a" * 7,
+                                                  b"a" * 7 + b"\0", b"a" * 14 + b"b"])),
                        max_size=80),
        gaps=st.lists(st.integers(0, 2), min_size=80, max_size=80))
 def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
@@ -99,7 +108,7 @@ def test_first_equal_rows_is_the_first_row_with_the_same_bytes(
 ) -> None:
     """Rows cut anywhere from one buffer (with bytes between them that belong to no row)
     against a dict of each byte string's first row: rows differing only in a trailing zero
-    byte, or in length, are told apart."""
+    byte, or in length, are told apart, also where the hash's seven-byte words end."""
     buffer = b""
     first, stop = [], []
     for piece, gap in zip(pieces, gaps, strict=False):
@@ -167,15 +176,15 @@ def test_byte_rows_hold_their_bytes(parts: list[tuple[arrays.ByteRows, list[byte
 
 
 @settings(max_examples=40, deadline=None)
-@given(batches=st.lists(st.lists(st.integers(0, 3_000), max_size=900), max_size=6),
-       data=st.data())
-def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
-                                                data: st.DataObject) -> None:
-    """``SeenHashes.add`` returns how many values a Python set held already (or that came
-    earlier in the same call), across growths of its table; and keyed row hashes are equal
-    exactly for equal rows here (no collision among these few), non-negative, compiled or
-    not."""
-    seen = arrays.SeenHashes()
+@given(batches=st.lists(st.lists(st.integers(0, 4_095), max_size=900), max_size=6),
+       wide=st.lists(st.integers(0, 2**63 - 1), max_size=300), data=st.data())
+def test_seen_bits_count_the_repeats_of_a_set(batches: list[list[int]], wide: list[int],
+                                              data: st.DataObject) -> None:
+    """``SeenBits.add`` returns how many values a Python set held already (or that came
+    earlier in the same call), exactly while the values are below its 4,096 bits, and never
+    fewer for any values; and keyed row hashes are equal exactly for equal rows here (no
+    collision among these few), non-negative, compiled or not."""
+    seen = arrays.SeenBits(0)
     held: set[int] = set()
     for batch in batches:
         repeats = 0
@@ -183,8 +192,9 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
             repeats += value in held
             held.add(value)
         assert seen.add(np.array(batch, dtype=np.int64)) == repeats
-        assert seen.size == len(held)
-    keys = [bytes([b]) * (b % 4) for b in range(6)]
+    seen = arrays.SeenBits(len(wide))
+    assert seen.add(np.array(wide, dtype=np.int64)) >= len(wide) - len(set(wide))
+    keys = [bytes([b]) * (3 * b % 17) for b in range(6)]  # 0 to 15 bytes: across words
     n = data.draw(st.integers(0, 40))
     rows = [(data.draw(st.integers(0, 5)), data.draw(st.integers(-3, 3)) * 2**40,
              data.draw(st.integers(-3, 3))) for _ in range(n)]
@@ -194,19 +204,12 @@ def test_seen_hashes_count_the_repeats_of_a_set(batches: list[list[int]],
     by_row = {(keys[k], x, y): h for (k, x, y), h in zip(rows, hashes, strict=True)}
     assert len(by_row) == len(set(by_row.values()))  # equal rows, equal hashes; others differ
     rows_of_keys = arrays.ByteRows.of_list(keys)
+    key_hashes = np.empty(len(keys), dtype=np.int64)
+    arrays.byte_row_hashes_kernel(rows_of_keys.data, rows_of_keys.first, rows_of_keys.stop,
+                                  key_hashes)  # as Python, not compiled
     out = np.empty(n, dtype=np.int64)
-    arrays.keyed_row_hashes_kernel(rows_of_keys.data, rows_of_keys.first, rows_of_keys.stop,
-                                   key_index, a, b, out)  # as Python, not compiled
+    arrays.keyed_row_hashes_kernel(key_hashes, key_index, a, b, out)
     assert ((out & arrays._LOW63) ^ ((out & arrays._LOW63) >> 29)).tolist() == hashes
-
-
-def test_seen_hashes_keep_what_they_held_when_they_grow() -> None:
-    """Past its table's first size (512 values), what it held still counts as held."""
-    seen = arrays.SeenHashes()
-    assert seen.add(np.arange(400, dtype=np.int64)) == 0
-    assert seen.add(np.arange(300, 1_000, dtype=np.int64)) == 100  # grows here
-    assert seen.add(np.arange(5_000, dtype=np.int64)) == 1_000  # and here
-    assert seen.size == 5_000
 
 
 @settings(max_examples=60, deadline=None)

@@ -119,10 +119,14 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     n = len(times)
     late, closed_before, accepted, seqs = clock.arrive_batch(times, ends)
     m = len(accepted)
-    acc_codes = codes[accepted]
-    acc_times = times[accepted]
+    if m == n:  # no late event (the usual case): the batch's columns as they are
+        acc_codes, acc_times, acc_ends, acc_closed = codes, times, ends, closed_before
+        acc_values = list(part_values)
+    else:
+        acc_codes, acc_times = codes[accepted], times[accepted]
+        acc_ends, acc_closed = ends[accepted], closed_before[accepted]
+        acc_values = [None if v is None else v[accepted] for v in part_values]
     table = engine.open_table()
-    acc_values = [None if v is None else v[accepted] for v in part_values]
     table.check(acc_values)
     batch_keys = None if uniques_arrow is None else normal_key_array(uniques_arrow)
     # an int key column's values as they are: the key index takes them without conversion
@@ -135,14 +139,15 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
     # the plan, each session's events and its absorbed open sessions, in one compiled pass
-    dense = planner.plan(acc_codes, acc_times, ends[accepted], closed_before[accepted],
-                         cand_codes, cand_starts, cand_ends, cfg.inclusive_gap,
-                         keys=len(uniques), by_time=needs_time_order(kinds, acc_values))
+    dense = planner.plan(acc_codes, acc_times, acc_ends, acc_closed, cand_codes, cand_starts,
+                         cand_ends, cfg.inclusive_gap, keys=len(uniques),
+                         by_time=needs_time_order(kinds, acc_values))
     plan = dense.plan
     open_parts = [part.gather(cand) for part in table.parts]
     new_parts = aggregate_plan(kinds, plan, open_parts, cand_starts, acc_values, acc_times, seqs,
                                dense.events, dense.absorbed)
-    new_keys = (batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
+    new_keys = (pa.array(key_ints[plan.session_codes]) if key_ints is not None  # no copy
+                else batch_keys.take(pa.array(plan.session_codes)) if batch_keys is not None
                 else object_array(uniques)[plan.session_codes])
     new = SessionRows(new_keys, plan.session_starts_ms, plan.session_ends_ms, new_parts)
     touched = plan.open_session >= 0

@@ -13,7 +13,12 @@ costs what its own keys hold, not what the whole state holds:
   run is at least half the size of the one below it (so there are O(log n) runs and each entry
   is merged O(log n) times); closing up to a time is a binary search per run. Freeing a slot
   bumps its generation, so the entries of sessions that merged away are skipped when the close
-  cursor reaches them, and dropped when their run is merged.
+  cursor reaches them, and dropped when their run is merged;
+* **young sessions**: an insert gives its keys their ids at once but keeps its sessions as
+  rows until the table's next use (:meth:`OpenSessions.settle`). A :meth:`~OpenSessions.close_upto`
+  that comes first returns those it closes straight from the rows and places only the rest: a
+  batch's own watermark closes most of the sessions it makes (78% on a q11-like stream),
+  and those never take a slot, a link or an end-index entry.
 
 Every per-session loop is a compiled kernel of :mod:`sessionstore.table_kernels`; the rest is
 numpy over a batch's rows. Rows leave the table as :class:`~.columnar.SessionRows` (keys,
@@ -159,28 +164,19 @@ class _EndRun:
     def size(self) -> int:
         return len(self.ends) - self.pos
 
-    def live(self, gen: Int64Array) -> _EndRun:
-        """The unconsumed entries whose slot still holds the session they were made for."""
-        slots = self.slots[self.pos:]
-        keep = gen[slots] == self.gens[self.pos:]
-        return _EndRun(self.ends[self.pos:][keep], slots[keep], self.gens[self.pos:][keep])
-
     def merged(self, other: _EndRun, gen: Int64Array) -> _EndRun:
         """One run of both runs' live entries: this run's before the other's among equal
-        ends (a stable sort of the two joined)."""
-        a, b = self.live(gen), other.live(gen)
-        n = len(a.ends) + len(b.ends)
-        # a merge of two sorted runs: where each of b's entries goes, the rest are a's
-        at_b = np.searchsorted(a.ends, b.ends, side="right") + np.arange(len(b.ends))
-        in_a = np.ones(n, dtype=np.bool_)
-        in_a[at_b] = False
-        columns = []
-        for ours, theirs in ((a.ends, b.ends), (a.slots, b.slots), (a.gens, b.gens)):
-            out = np.empty(n, dtype=np.int64)
-            out[at_b] = theirs
-            out[in_a] = ours
-            columns.append(out)
-        return _EndRun(*columns)
+        ends (a stable sort of the two joined), in one compiled pass."""
+        room = self.size() + other.size()
+        ends = np.empty(room, dtype=np.int64)
+        slots = np.empty(room, dtype=np.int64)
+        gens = np.empty(room, dtype=np.int64)
+        n = compiled(tk.end_runs_merge)(self.ends, self.slots, self.gens, self.pos,
+                                        other.ends, other.slots, other.gens, other.pos, gen,
+                                        ends, slots, gens)
+        if n < room:
+            ends, slots, gens = ends[:n].copy(), slots[:n].copy(), gens[:n].copy()
+        return _EndRun(ends, slots, gens)
 
     def pop_upto(self, upto: int, gen: Int64Array) -> Int64Array:
         """Consume the entries ending at or before ``upto``; return their live slots."""
@@ -191,6 +187,13 @@ class _EndRun:
         live: Int64Array = slots[gen[slots] == self.gens[self.pos:stop]]
         self.pos = stop
         return live
+
+
+def _keyless_take(rows: SessionRows, picked: Int64Array, keys: Any) -> SessionRows:
+    """The rows ``picked`` of ``rows`` with the keys ``keys`` (the table places rows by key
+    id, so the rows it is given may have none)."""
+    return SessionRows(keys, rows.starts_ms[picked], rows.ends_ms[picked],
+                       [part.take(picked) for part in rows.parts])
 
 
 class OpenSessions:
@@ -220,20 +223,24 @@ class OpenSessions:
         self.top = 0  # slots ever used
         self.live = 0
         self.runs: list[_EndRun] = []
+        # the last insert's sessions, not in slots yet: their key ids and rows (see insert)
+        self.young: tuple[Int64Array, SessionRows] | None = None
 
     def __len__(self) -> int:
-        return self.live
+        return self.live + (0 if self.young is None else len(self.young[1]))
 
     # -- reading -------------------------------------------------------------------------
 
     def check(self, values: list[npt.NDArray[Any] | None]) -> None:
         """Raise :class:`NotColumnar` for a batch the open accumulators cannot take."""
+        self.settle()
         for part, part_values in zip(self.parts, values, strict=True):
             part.check(part_values, self.live)
 
     def probe(self, kids: Int64Array) -> tuple[Int64Array, Int64Array]:
         """The live slots of the key ids ``kids`` (``-1``: an unknown key), with the position
         in ``kids`` of each slot's key."""
+        self.settle()
         known = kids[kids >= 0]
         total = int(self.count[known].sum()) if len(known) else 0
         slots = np.empty(total, dtype=np.int64)
@@ -245,12 +252,14 @@ class OpenSessions:
     def rows(self, slots: Int64Array, keys: Any = None) -> SessionRows:
         """The sessions in ``slots`` as rows; ``keys``: their keys when the caller has them
         (else they come from the key index)."""
+        self.settle()
         if keys is None:
             keys = self.index.column(self.kid[slots])
         return SessionRows(keys, self.starts_ms[slots], self.ends_ms[slots],
                            [part.gather(slots) for part in self.parts])
 
     def live_slots(self) -> Int64Array:
+        self.settle()
         return np.flatnonzero(self.kid[:self.top] >= 0)
 
     def live_ends(self) -> Int64Array:
@@ -261,6 +270,7 @@ class OpenSessions:
 
     def remove(self, slots: Int64Array) -> None:
         """Forget the live, distinct ``slots``."""
+        self.settle()
         if not len(slots):
             return
         for part in self.parts:
@@ -273,10 +283,15 @@ class OpenSessions:
     def insert(self, keys: list[Any], key_codes: Int64Array, kids: Int64Array,
                rows: SessionRows, key_ints: Int64Array | None = None) -> None:
         """Add the sessions ``rows``; row ``i``'s key is ``keys[key_codes[i]]``, whose id is
-        ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in)."""
+        ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in).
+
+        The keys get their ids at once; the sessions take slots on the table's next use
+        (:meth:`settle`), so that those the next :meth:`close_upto` closes (in a batch, most
+        of the sessions it makes) never take one, nor an end-index entry."""
         n = len(rows)
         if not n:
             return
+        self.settle()
         used = np.zeros(len(kids), dtype=np.bool_)
         used[key_codes] = True
         fresh = np.flatnonzero(used & (kids < 0))  # the codes of keys new to the index
@@ -287,16 +302,30 @@ class OpenSessions:
                           else keys if len(fresh) == len(keys)  # all new (a cold start)
                           else [keys[c] for c in fresh.tolist()])
             kids[fresh] = self.index.add(fresh_keys, fresh_ints)
+        self.young = (kids[key_codes], rows)
+
+    def settle(self) -> None:
+        """Put the last insert's sessions in slots, if they are not yet."""
+        young = self.young
+        if young is not None:
+            self.young = None
+            self._place(*young)
+
+    def _place(self, row_kids: Int64Array, rows: SessionRows) -> None:
+        """Put the sessions ``rows`` in slots, row ``i`` under key id ``row_kids[i]``."""
         size = self.index.size  # (an index built beside the table may hold keys already)
-        self.head = grown(self.head, size, -1)
+        self.head = grown(self.head, size, -1)  # every key id has a list, even an empty one
         self.count = grown(self.count, size)
+        n = len(rows)
+        if not n:
+            return
         slots = self._allocate(n)
         self.starts_ms[slots] = rows.starts_ms
         self.ends_ms[slots] = rows.ends_ms
         live_before = self.live
         for part, columns in zip(self.parts, rows.parts, strict=True):
             part.write(slots, columns, len(self.kid), live_before)
-        compiled(tk.table_link)(slots, kids[key_codes], self.kid, self.nxt, self.prv,
+        compiled(tk.table_link)(slots, row_kids, self.kid, self.nxt, self.prv,
                                 self.head, self.count)
         self.live += n
         self._push_ends(slots)
@@ -305,6 +334,7 @@ class OpenSessions:
     def reserve(self, slots: int) -> None:
         """Make room for ``slots`` slots (and as many key ids) before a large insert, so that
         the inserts after it do not grow every column at once."""
+        self.settle()
         self.kid = grown(self.kid, slots, -1)
         self.starts_ms = grown(self.starts_ms, slots)
         self.ends_ms = grown(self.ends_ms, slots)
@@ -346,16 +376,33 @@ class OpenSessions:
 
     def close_upto(self, upto: int, *, rows: bool) -> SessionRows | None:
         """Forget every session ending at or before ``upto``; return them (``rows``), in no
-        particular order."""
+        particular order. The last insert's sessions that close are taken from its rows
+        (their keys from the key index, as the table's); the others take slots."""
+        young_closed = None
+        young = self.young
+        if young is not None:
+            self.young = None
+            row_kids, new = young
+            closing = new.ends_ms <= upto
+            if closing.any():
+                if rows:
+                    picked = np.flatnonzero(closing)
+                    young_closed = _keyless_take(new, picked,
+                                                 self.index.column(row_kids[picked]))
+                staying = np.flatnonzero(~closing)
+                row_kids, new = row_kids[staying], _keyless_take(new, staying, None)
+            self._place(row_kids, new)
         found = [run.pop_upto(upto, self.gen) for run in self.runs]
         self.runs = [run for run in self.runs if run.size()]
         slots = np.concatenate(found) if found else _EMPTY
-        if not len(slots):
-            return None
-        closed = self.rows(slots) if rows else None
-        self.remove(slots)
-        self._tidy()
-        return closed
+        closed = None
+        if len(slots):
+            closed = self.rows(slots) if rows else None
+            self.remove(slots)
+            self._tidy()
+        if young_closed is None:
+            return closed if len(slots) else None
+        return young_closed if closed is None else closed.concat(young_closed)
 
     def _tidy(self) -> None:
         """Drop key ids without sessions once they outnumber the live ones, and compact

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import ByteRows, SeenHashes, first_equal_rows, keyed_row_hashes, last_rows, sort_order
+from ..arrays import ByteRows, SeenBits, first_equal_rows, keyed_row_hashes, last_rows, sort_order
 from ..packing import PackedValues
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
@@ -163,10 +163,11 @@ class _Segment:
         """At least as many rows as compacting the log would drop (the rows a later row of the
         log overwrites or deletes, and deletes of what is not applied): each logged delete
         counts twice, each logged write of a session that an earlier logged write wrote (by
-        a hash of its key's bytes, end and start: a collision only counts more) once. Costs
-        a compiled hash pass over the written rows, a fraction of a compaction."""
+        a hash of its key's bytes, end and start, marked in a bitmap: a hash sharing a bit
+        only counts more) once. Costs a compiled hash pass over the written rows, a fraction
+        of a compaction."""
         writes = [bulk for bulk in self._pending if bulk.data is not None]
-        seen = SeenHashes(sum(len(bulk.ends) for bulk in writes))
+        seen = SeenBits(sum(len(bulk.ends) for bulk in writes))
         repeats = sum(seen.add(_session_hashes(bulk)) for bulk in writes)
         return repeats + 2 * self._deleted_rows()
 

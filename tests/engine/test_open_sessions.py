@@ -85,15 +85,17 @@ step = st.one_of(
 
 @settings(max_examples=150)
 @given(steps=st.lists(step, max_size=25), key_slack=st.sampled_from([0, 2, 65_536]),
-       arena_slack=st.sampled_from([0, 3, 1024]))
+       arena_slack=st.sampled_from([0, 3, 1024]), looks=st.lists(st.booleans(), max_size=25))
 def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
-                                       arena_slack: int) -> None:
+                                       arena_slack: int, looks: list[bool]) -> None:
+    """After the steps where ``looks`` says so (a look puts an insert's sessions in slots;
+    without one, a close or another insert comes first)."""
     table = OpenSessions(KINDS)
     table.KEY_SLACK = key_slack
     for part in table.parts:
         part.ARENA_SLACK = arena_slack
     model: Counter[tuple[Any, ...]] = Counter()
-    for op in steps:
+    for at, op in enumerate(steps):
         if op[0] == "insert":
             sessions = [(k, start, start + length, items)
                         for k, start, length, items in op[1]]
@@ -122,6 +124,8 @@ def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
             assert (Counter() if closed is None else _as_model_rows(closed)) == expected
             model -= expected
         assert len(table) == model.total()
+        if at < len(looks) and not looks[at]:
+            continue
         everything = table.probe(table.index.lookup(KEY_POOL))[0]
         assert _as_model_rows(table.rows(everything)) == model
         assert len(everything) == model.total()
@@ -194,12 +198,14 @@ def test_the_int_key_index_equals_a_dict(batches: list[list[int]], probes: list[
 
 @settings(max_examples=60, deadline=None)
 @given(a=st.lists(st.tuples(st.integers(-5, 5), st.booleans()), max_size=30),
-       b=st.lists(st.tuples(st.integers(-5, 5), st.booleans()), max_size=30))
+       b=st.lists(st.tuples(st.integers(-5, 5), st.booleans()), max_size=30),
+       consumed=st.tuples(st.integers(0, 30), st.integers(0, 30)))
 def test_end_runs_merge_as_a_stable_sort_of_their_live_entries(
-    a: list[tuple[int, bool]], b: list[tuple[int, bool]]
+    a: list[tuple[int, bool]], b: list[tuple[int, bool]], consumed: tuple[int, int]
 ) -> None:
-    """The merge of two end runs equals the stable sort of their live entries joined (the
-    first run's entries before the second's among equal ends), stale entries dropped."""
+    """The merge of two end runs (the compiled pass) equals the stable sort of their live,
+    unconsumed entries joined (the first run's entries before the second's among equal ends),
+    stale and consumed entries dropped."""
     from sessionstore.engine.table import _EndRun
 
     rows = a + b
@@ -207,14 +213,20 @@ def test_end_runs_merge_as_a_stable_sort_of_their_live_entries(
     for slot, (_, live) in enumerate(rows):
         gen[slot] = 0 if live else 1  # an entry is live while its slot keeps generation 0
 
-    def run(entries: list[tuple[int, bool]], first_slot: int) -> _EndRun:
+    def run(entries: list[tuple[int, bool]], first_slot: int, pos: int
+            ) -> tuple[_EndRun, list[int]]:
         order = sorted(range(len(entries)), key=lambda i: entries[i][0])
-        return _EndRun(np.array([entries[i][0] for i in order], dtype=np.int64),
+        made = _EndRun(np.array([entries[i][0] for i in order], dtype=np.int64),
                        np.array([first_slot + i for i in order], dtype=np.int64),
                        np.zeros(len(entries), dtype=np.int64))
+        made.pos = min(pos, len(entries))
+        return made, [first_slot + i for i in order[made.pos:]]
 
-    merged = run(a, 0).merged(run(b, len(a)), gen)
-    expected = sorted(((end, slot) for slot, (end, live) in enumerate(rows) if live),
+    run_a, left_a = run(a, 0, consumed[0])
+    run_b, left_b = run(b, len(a), consumed[1])
+    merged = run_a.merged(run_b, gen)
+    expected = sorted(((rows[slot][0], slot) for slot in left_a + left_b if rows[slot][1]),
                       key=lambda entry: entry[0])  # stable: a's slots come first
     assert list(zip(merged.ends.tolist(), merged.slots.tolist(), strict=True)) == expected
     assert merged.gens.tolist() == [0] * len(expected)
+    assert merged.pos == 0
