@@ -29,9 +29,9 @@ from sessionstore import (
 from sessionstore.engine import max_duration_write
 from sessionstore.timeutil import INT64_MAX
 from tests import oracle
+from tests.engine.test_max_duration import CLOSE, UPDATE
+from tests.engine.test_max_duration_disorder import left_fold  # the rule's float sum
 
-CLOSE = EmitStrategy.ON_WINDOW_CLOSE
-UPDATE = EmitStrategy.ON_WINDOW_UPDATE
 AGGS = ["float sum", "reduce", "aggregate"]
 
 
@@ -94,15 +94,6 @@ def aggregation_of(kind: str, calls: Calls) -> aggregations.Aggregation:
     if kind == "reduce":
         return aggregations.reduce(calls.reduce)
     return aggregations.aggregate(calls.initializer, calls.aggregator, calls.merger)
-
-
-def left_fold(values: list[Any]) -> Any:
-    """The rule's float sum: ``0``, then ``+`` each value in (time, arrival) order (a
-    ``reduce`` by ``+`` starts from the first value: ``0 + v`` is ``v``, the same bits)."""
-    total: Any = 0
-    for value in values:
-        total = total + value
-    return total
 
 
 def value_at(t: int) -> float:
