@@ -117,9 +117,10 @@ class DurationState:
             accumulator extends a copy of the stored one (merge into ``initial()`` copies it
             exactly), and its keys may be held (their adds cannot fail on ints and floats
             whose sums stay in int64, and their accumulators of encodable values encode);
-            any other aggregation is folded again from the events, so that only its
-            initializer and aggregator are used, on fresh accumulators, and fails at the
-            event that breaks it.
+            any other aggregation is folded again from the events (an event after every
+            event of its session is added to a fresh copy of the stored accumulator:
+            :meth:`.EventStep._grow`), so that only its initializer and aggregator are used,
+            on fresh accumulators, and fails at the event that breaks it.
         fixed_gap: every event has the windows' fixed gap.
         lazy: the event path holds keys (``ON_WINDOW_CLOSE``); a batch holds keys with either
             emission.

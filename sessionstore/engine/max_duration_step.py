@@ -23,7 +23,7 @@ from .max_duration_state import (
     stored_events,
 )
 from .max_duration_write import diff_cut, publish_changes, write_changes
-from .record import acc_of, check_encodable
+from .record import acc_of, as_stored, check_encodable
 
 
 class EventStep:
@@ -107,6 +107,7 @@ class EventStep:
         added: list[Added] = []
         last = len(bounds) - 1
         appended = True  # the cases that need no re-cut
+        grown = False  # a session grew by the event (_grow checked its accumulator)
         if j >= 0:
             b = bounds[j]
             raw = view[b][0]
@@ -119,7 +120,8 @@ class EventStep:
                     cap = start + md  # own_window_end(start, new_max, md), inline: per event
                     end = new_max if new_max < cap else cap
                     acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event,
-                                             len(events))
+                                             len(events), start, end)
+                    grown = True
                     moved = end != b[1]
                     if moved:
                         removed.append((b, acc_of(raw)))
@@ -134,7 +136,9 @@ class EventStep:
                 # it joins that session (the events around it are connected, and stay so) and
                 # no bound or later cut moves, so it is an update in place, not a re-cut
                 pos = bisect.bisect_right(events, t, key=EVENT_TIME)  # after equal times
-                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, pos)
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, pos,
+                                         start, b[1])
+                grown = True
                 added.append((start, b[1], acc, events, max_end, False, acc_of(raw)))
             else:
                 appended = False
@@ -155,10 +159,12 @@ class EventStep:
                 # it becomes the first event of the first session, which keeps every event
                 # (their runs only grow, all are before the new limit) and reaches no further
                 # (the run and the limit only move back): only that session's bounds change
-                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0)
+                end = max_end if max_end < limit else limit
+                acc, events = self._grow(key, value, t, seq, acc_of(raw), events, event, 0, t,
+                                         end)
+                grown = True
                 removed.append((b, acc_of(raw)))
-                added.append((t, max_end if max_end < limit else limit, acc, events, max_end,
-                              True, None))
+                added.append((t, end, acc, events, max_end, True, None))
             else:
                 appended = False
         else:  # no open session
@@ -196,7 +202,7 @@ class EventStep:
             removed, added = diff_cut(self._state, key, sessions, {
                 b: view[b][0] for b in bounds[first:first + 1 + used]})
             recut = (first, first + 1 + used, [(c[0], c[1]) for c in sessions])
-        if engine.check_acc:
+        if engine.check_acc and not grown:
             for start, end, acc, *_ in added:
                 check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         # apply: nothing below fails on the event's content (a store failure while the cache
@@ -228,30 +234,65 @@ class EventStep:
             and self._state.in_place_add(acc_of(raw), value)
 
     def _grow(self, key: Any, value: Any, t: int, seq: int, acc: Any, events: list[Any],
-              event: list[Any], pos: int) -> tuple[Any, list[Any]]:
+              event: list[Any], pos: int, start_ms: int, end_ms: int) -> tuple[Any, list[Any]]:
         """A session's accumulator and events with ``event`` inserted at ``pos`` (its place in
-        (time, arrival) order), changing nothing until the caller applies them.
+        (time, arrival) order); the session's bounds become ``[start_ms, end_ms)``.
 
         The accumulator is the fold of the events in (time, arrival) order: an add extends it
-        at the end, or anywhere for the built-ins whose adds keep that order themselves;
-        otherwise (sums, minima and maxima: a float sum rounds by order) it is folded again,
-        unless their adds are exact (ints; strs for minima and maxima:
-        :meth:`~sessionstore.engine.max_duration_state.DurationState.exact_adds`)."""
+        at the end (for every aggregation: that is the fold, so a float sum keeps the bits of
+        the static path's), or anywhere for the built-ins whose adds keep that order
+        themselves; otherwise (sums, minima and maxima: a float sum rounds by order; user
+        functions) it is folded again, unless their adds are exact (ints; strs for minima and
+        maxima: :meth:`~sessionstore.engine.max_duration_state.DurationState.exact_adds`).
+        A built-in's add extends a copy of the stored accumulator (merged into ``initial()``);
+        a user function's, the accumulator as a store with the default serde returns it
+        (:func:`~sessionstore.engine.record.as_stored`: a fresh copy, so a function that
+        changes its argument changes nothing stored or emitted; tuples become lists), and
+        only its initializer and aggregator are called.
+
+        Appends (or inserts) the event to ``events`` in place, O(1) at the end, and only once
+        the add and the accumulator check passed: the stored record this step replaces is
+        the only holder of the list (the stores copy what they write; an abort forgets the
+        cache's records), and nothing after this fails on the event. A fold again builds a
+        new list.
+
+        Raises:
+            TypeError: the accumulator cannot be stored (``engine.check_acc``), naming the
+                session; whatever the add raises. Nothing has changed then.
+        """
         agg = self._engine.aggregation
-        if not self._incremental or (pos < len(events) and not self._order_free_adds
-                                     and not self._state.exact_adds(acc, value)):
+        state = self._state
+        at_end = pos == len(events)
+        old = acc
+        if at_end and not self._incremental:
+            acc = agg.add(key, value, t, seq, as_stored(acc))
+        elif not self._incremental or (not at_end and not self._order_free_adds
+                                       and not state.exact_adds(acc, value)):
             events = [*events[:pos], event, *events[pos:]]
-            self._state.recut_events += len(events)
-            return fold_events(agg, key, events), events
-        # the accumulator check may still refuse (not for an int sum: in_place_add): copy
-        copy = self._engine.check_acc and not self._state.in_place_add(acc, value)
-        acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
-        if copy:
-            return acc, [*events[:pos], event, *events[pos:]]
-        # in place (O(1) at the end): only the record this step replaces holds the list, and
-        # nothing after this can fail on the event (the store copies what it writes); a
-        # batch's undo keeps that record, and takes the event out again (``inserted``)
-        events.insert(pos, event)
+            state.recut_events += len(events)
+            acc = fold_events(agg, key, events)
+            self._check(key, acc, old, value, start_ms, end_ms)
+            return acc, events
+        else:
+            acc = agg.add(key, value, t, seq, agg.merge(key, agg.initial(), acc))
+        self._check(key, acc, old, value, start_ms, end_ms)
+        # in place (O(1) at the end): a batch's undo keeps the record this step replaces,
+        # and takes the event out again (``inserted``)
+        if at_end:
+            events.append(event)
+        else:
+            events.insert(pos, event)
         if self.inserted is not None:
             self.inserted.append((events, pos))
         return acc, events
+
+    def _check(self, key: Any, acc: Any, old: Any, value: Any, start_ms: int, end_ms: int
+               ) -> None:
+        """Refuse the accumulator ``acc`` of the session ``[start_ms, end_ms)`` (``old``
+        before ``value`` was added) when the engine checks accumulators and the store could
+        not keep it: a built-in's add that needs no check
+        (:meth:`~sessionstore.engine.max_duration_state.DurationState.in_place_add`) is not
+        checked."""
+        if self._engine.check_acc and not (self._incremental
+                                           and self._state.in_place_add(old, value)):
+            check_encodable(acc, f"the accumulator of {Session(key, start_ms, end_ms)}")
