@@ -229,3 +229,41 @@ def test_an_injected_failure_changes_nothing(cfg: dict[str, Any],
     fold = FOLD[agg_name]
     want = sorted((key, start, end, fold(values)) for key, start, end, values in expected)
     assert last_values(out_prior + out_failing) == want
+
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("emit", [CLOSE, UPDATE])
+def test_an_event_appended_in_place_is_taken_out_again(tmp_path: Path, backend: str,
+                                                       emit: EmitStrategy) -> None:
+    # The batch's key is disordered, so it takes the event step: its first event lands at the
+    # end of the stored session [100, 200) and an int sum appends it to the stored record's
+    # event list in place; the second is added inside; the third leaves int64. The undo must
+    # take the appended event out of the record it puts back: left in, the next cut (the
+    # third batch's chain passes the maximum duration, so the session's events are cut
+    # again) would count it (kills logging only the inserts inside a session for the undo).
+    chain = list(range(240, 1300, 90))
+
+    def run(fail: bool) -> tuple[list[tuple[Any, ...]], Any]:
+        windows = SessionWindows(100, grace_ms=8000, max_duration_ms=1000)
+        where = tmp_path / f"{fail}"
+        store = (InMemorySessionStore(retention_ms=windows.retention_ms) if backend == "memory"
+                 else SessionStore(where, retention_ms=windows.retention_ms))
+        engine = SessionAggregator(store, windows, aggregations.sum_of(), emit=emit)
+        try:
+            out = engine.process_batch(["k"], [HALF], np.array([100]))
+            if fail:
+                with pytest.raises(SumOverflowError):
+                    engine.process_batch(["k"] * 3, [HALF, 1, 5], np.array([180, 120, 130]))
+            out += engine.process_batch(["k"] * (2 + len(chain)), [-HALF, 3] + [1] * len(chain),
+                                        np.array([150, 110, *chain]))
+            sessions = engine.sessions("k")
+            out += engine.advance_watermark(10**6)
+            return last_values(out), sessions
+        finally:
+            store.close()
+
+    assert run(fail=True) == run(fail=False)
+    values, _ = run(fail=False)
+    first = [t for t in [100, 110, 150, *chain] if t < 1100]
+    assert values[0] == ("k", 100, min(max(first) + 100, 1100), len(first))
