@@ -36,12 +36,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..aggregations import is_count
+from ..gap_boundary import merge_bounds
 from ..store.caching import CHANGED, CLEAN, NEW
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
 from .event import process_event
-from .merge import join_range
 from .record import acc_of, check_encodable, plain_record
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     max_t = cfg.max_timestamp_ms
     gap = cfg.max_gap_ms  # the fixed gap
     grace = cfg.grace_ms
-    inclusive = cfg.inclusive_gap
+    # merge_bounds(t, own_end) is (t + earliest_offset, own_end + latest_offset)
+    earliest_offset, latest_offset = merge_bounds(0, 0, cfg.inclusive_gap)
     event_time = cfg.watermark == "event_time"
     ooo = cfg.max_out_of_orderness_ms
     updates = engine.updates
@@ -86,7 +87,6 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     result = agg.result
     layout = state.event_layout
     views_get = layout.views.get
-    floors = layout.floors
     changed_keys_add = layout.changed_keys.add
     tracking = layout.tracking
     cached_view = state.cached_view
@@ -119,12 +119,15 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             metrics.records_in += 1
             drop(key, value, t)
             return []
-        closed_before = times.closed_before()
+        # TimeKeeper.closed_before, inlined: W - grace, never below the close cursor
+        closed_before = w - grace
+        if closed_before < times.last_close:
+            closed_before = times.last_close
         # CachingSessionStore.sessions_of without a store read; the held view inline
         if view is None:
             view = cached_view(key, closed_before)
         else:
-            held_floor = floors[key]
+            held_floor = view.floor
             if closed_before != held_floor and (closed_before < held_floor or len(view) > 2):
                 view = cached_view(key, closed_before)  # forgets, or None: a reload
         if view is None:
@@ -133,7 +136,11 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             return out
         joined: Any = None
         if view:
-            floor, latest_start = join_range(t, own_end, closed_before, inclusive)
+            # join_range, inlined: merge_bounds moved to the event, the close-cursor floor
+            floor = t + earliest_offset
+            if floor <= closed_before:
+                floor = closed_before + 1
+            latest_start = own_end + latest_offset
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:
                     if joined is not None:  # a merge of several sessions: the full step
