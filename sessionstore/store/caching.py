@@ -616,6 +616,8 @@ class CachingSessionStore:
         (all, by default), in (end, key bytes, start) order."""
         dirty = self._dirty
         if upto_end_ms is None:
+            if self._bulk and self._flush_all_bulk():
+                return
             held = self._stage_held()
             self._pending.clear()
         else:
@@ -660,6 +662,74 @@ class CachingSessionStore:
             self._dirty_keys.clear()  # every view entry is CLEAN now
         if self._deferred_cap is not _NO_CAP_CHANGE and not self._has_changes():
             self._apply_deferred_cap()
+
+    def _flush_all_bulk(self) -> bool:
+        """:meth:`flush` of every change with the wrapped store's bulk calls (no listener),
+        written straight from the views: the outcome of staging them into ``_dirty`` and
+        writing the batch (:meth:`_flush_bulk`), without a staged copy, a ``(key, start, end)``
+        tuple or a lookup by session per change. False, having changed nothing, when there
+        are too few changes for the bulk calls (the caller writes them one by one).
+
+        The views hold no session ``_dirty`` holds (see ``_dirty``), so the rows are distinct
+        and their order is (end, key bytes, start). Removals go first; on failure every change
+        not written stays where it was, for a retry."""
+        views = self._views
+        dirty = self._dirty
+        key_bytes = self.key_bytes
+        rows: list[tuple[int, bytes, int, Any, Any]] = []
+        append = rows.append
+        changed_views = []
+        for key in self._dirty_keys:
+            view = views.get(key)
+            if not view:
+                continue
+            kb = None
+            for bounds, entry in view.items():
+                if entry[1] != CLEAN:
+                    if kb is None:
+                        kb = view.kb
+                        if kb is None:
+                            kb = view.kb = key_bytes(key)
+                        changed_views.append(view)
+                    append((bounds[1], kb, bounds[0], key, entry[0]))
+        removes = []
+        for sid, value in dirty.items():
+            row = (sid[2], key_bytes(sid[0]), sid[1], sid[0], value)
+            if value is TOMBSTONE:
+                removes.append(row)
+            else:
+                append(row)
+        if len(rows) + len(removes) < _BULK_FLUSH_MIN:
+            return False
+        rows.sort()
+        self._pending.clear()
+        pause = gc.isenabled()  # as in flush: short-lived tuples, no cycles
+        if pause:
+            gc.disable()
+        try:
+            if self._closed_rows:
+                self._write_closed(rows[-1][0] if rows else None)
+            if removes:
+                removes.sort()
+                self.wrapped.remove_many([r[3] for r in removes], [r[2] for r in removes],
+                                         [r[0] for r in removes])
+                for r in removes:
+                    del dirty[(r[3], r[2], r[0])]
+            if rows:
+                ends, _, starts, keys, values = zip(*rows, strict=True)
+                self.wrapped.put_many(list(keys), list(starts), list(ends), list(values))
+        finally:
+            if pause:
+                gc.enable()
+        dirty.clear()  # what is left was written by put_many
+        for view in changed_views:
+            for bounds, entry in view.items():
+                if entry[1] != CLEAN:
+                    view[bounds] = (entry[0], CLEAN)
+        self._dirty_keys.clear()
+        if self._deferred_cap is not _NO_CAP_CHANGE:
+            self._apply_deferred_cap()
+        return True
 
     def _holds_change(self, sid: tuple[Any, int, int]) -> bool:
         """Whether a view holds ``sid`` as a NEW or CHANGED entry."""
