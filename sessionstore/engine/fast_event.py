@@ -96,9 +96,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     track_change = state.track_change
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
-    count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
-    count_new = [(record, NEW) for record in count_records]
-    count_changed = [(record, CHANGED) for record in count_records]
+    count_new = [(plain_record(n), NEW) for n in range(_SHARED_COUNTS)]
+    count_changed = [(entry[0], CHANGED) for entry in count_new]
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)
@@ -172,7 +171,6 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
-        record = count_records[acc] if shared else plain_record(acc)
         # CachingSessionStore.put_merged of one joined session, by the cache's EventLayout:
         # the view holds the change (NEW or CHANGED)
         if entry is not None and joined[0] == start and joined[1] == end:  # the same session
@@ -181,7 +179,7 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             if shared:
                 view[joined] = (count_new if was == NEW else count_changed)[acc]
             else:
-                view[joined] = (record, NEW if was == NEW else CHANGED)
+                view[joined] = (plain_record(acc), NEW if was == NEW else CHANGED)
             if was == CLEAN:
                 changed_keys_add(key)
                 if tracking:
@@ -197,8 +195,9 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             # starts at or before t) and have joined it; the others end before own_end. No
             # removal of these bounds is pending either: the session that replaced it would
             # hold the event's window, and have joined it, or have closed (the event is late)
-            view[(start, end)] = count_new[acc] if shared else (record, NEW)
-            changed_keys_add(key)
+            view[(start, end)] = count_new[acc] if shared else (plain_record(acc), NEW)
+            if entry is None or entry[1] == CLEAN:  # else its key is among them already
+                changed_keys_add(key)
             if tracking:
                 track_change(key, start, end)
             if entry is None:

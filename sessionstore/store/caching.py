@@ -119,9 +119,11 @@ class EventLayout(NamedTuple):
     * add an entry ``(value, NEW)`` for bounds no entry and no pending removal has, then call
       :meth:`~CachingSessionStore.added` (after the two steps below), unless it replaces a
       deleted entry whose bounds it holds (then it counts as that one);
-    * after any change of an entry: add ``key`` to ``changed_keys``, and while ``tracking`` is
-      non-empty call :meth:`~CachingSessionStore.track_change` with the changed session,
-      unless the entry was NEW or CHANGED before (it is tracked already).
+    * after any change of an entry: add ``key`` to ``changed_keys`` (unless the view held a
+      NEW or CHANGED entry before: then the key is there, until a flush has made every entry of
+      the view CLEAN), and while ``tracking`` is non-empty call
+      :meth:`~CachingSessionStore.track_change` with the changed session, unless the entry was
+      NEW or CHANGED before (it is tracked already).
     """
 
     views: Mapping[Any, View]
