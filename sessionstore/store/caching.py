@@ -233,11 +233,11 @@ class CachingSessionStore:
         if bucket is None:
             by_end[end] = (key, start)
             heapq.heappush(self._end_heap, end)
-        elif isinstance(bucket, list):
+        elif type(bucket) is tuple and len(bucket) < _TUPLE_ENTRY:
+            by_end[end] = bucket + (key, start)
+        elif type(bucket) is list:
             bucket.append(key)
             bucket.append(start)
-        elif len(bucket) < _TUPLE_ENTRY:
-            by_end[end] = (*bucket, key, start)
         else:
             by_end[end] = [*bucket, key, start]
 
