@@ -265,7 +265,8 @@ class CachingSessionStore:
     def take_closed_rows(self, low_ms: int, upto_ms: int) -> list[ClosedRow] | None:
         """:meth:`take_closed` as the cache's own rows, ``(end, key bytes, start, key, value,
         changed)``, in the same order (the engine's emit-on-close reads them
-        without a :class:`Session` per row). Read only: the cache may keep the rows."""
+        without a :class:`Session` per row). The cache keeps its own copy of the changed ones,
+        flat, for the next flush."""
         heap = self._end_heap
         if not heap or heap[0] > upto_ms:
             return [] if self._complete_above < low_ms else None
