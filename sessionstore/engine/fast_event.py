@@ -36,12 +36,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..aggregations import is_count
+from ..gap_boundary import merge_bounds
 from ..store.caching import CHANGED, CLEAN, NEW
 from ..timeutil import INT64_MIN
 from ..types import Session
 from .emit import Emit, make_emit
 from .event import process_event
-from .merge import join_range
 from .record import acc_of, check_encodable, plain_record
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     max_t = cfg.max_timestamp_ms
     gap = cfg.max_gap_ms  # the fixed gap
     grace = cfg.grace_ms
-    inclusive = cfg.inclusive_gap
+    # merge_bounds(t, own_end) is (t + earliest_offset, own_end + latest_offset)
+    earliest_offset, latest_offset = merge_bounds(0, 0, cfg.inclusive_gap)
     event_time = cfg.watermark == "event_time"
     ooo = cfg.max_out_of_orderness_ms
     updates = engine.updates
@@ -86,7 +87,6 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     result = agg.result
     layout = state.event_layout
     views_get = layout.views.get
-    floors = layout.floors
     changed_keys_add = layout.changed_keys.add
     tracking = layout.tracking
     cached_view = state.cached_view
@@ -96,9 +96,8 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
     track_change = state.track_change
     # count's records and new view entries, shared: a tuple of scalars made once instead of
     # per event (fewer allocations the collector tracks until its next pass)
-    count_records = [plain_record(n) for n in range(_SHARED_COUNTS)]
-    count_new = [(record, NEW) for record in count_records]
-    count_changed = [(record, CHANGED) for record in count_records]
+    count_new = [(plain_record(n), NEW) for n in range(_SHARED_COUNTS)]
+    count_changed = [(entry[0], CHANGED) for entry in count_new]
 
     def process(key: Any, value: Any, timestamp_ms: Any, gap_ms: Any = None) -> list[Emit]:
         kind = type(key)
@@ -119,12 +118,15 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             metrics.records_in += 1
             drop(key, value, t)
             return []
-        closed_before = times.closed_before()
+        # TimeKeeper.closed_before, inlined: W - grace, never below the close cursor
+        closed_before = w - grace
+        if closed_before < times.last_close:
+            closed_before = times.last_close
         # CachingSessionStore.sessions_of without a store read; the held view inline
         if view is None:
             view = cached_view(key, closed_before)
         else:
-            held_floor = floors[key]
+            held_floor = view.floor
             if closed_before != held_floor and (closed_before < held_floor or len(view) > 2):
                 view = cached_view(key, closed_before)  # forgets, or None: a reload
         if view is None:
@@ -133,7 +135,11 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             return out
         joined: Any = None
         if view:
-            floor, latest_start = join_range(t, own_end, closed_before, inclusive)
+            # join_range, inlined: merge_bounds moved to the event, the close-cursor floor
+            floor = t + earliest_offset
+            if floor <= closed_before:
+                floor = closed_before + 1
+            latest_start = own_end + latest_offset
             for b in view:
                 if b[1] >= floor and b[0] <= latest_start:
                     if joined is not None:  # a merge of several sessions: the full step
@@ -165,7 +171,6 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             check_encodable(acc, f"the accumulator of {Session(key, start, end)}")
         times.seq = seq
         shared = count and type(acc) is int and 0 <= acc < _SHARED_COUNTS
-        record = count_records[acc] if shared else plain_record(acc)
         # CachingSessionStore.put_merged of one joined session, by the cache's EventLayout:
         # the view holds the change (NEW or CHANGED)
         if entry is not None and joined[0] == start and joined[1] == end:  # the same session
@@ -174,7 +179,7 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             if shared:
                 view[joined] = (count_new if was == NEW else count_changed)[acc]
             else:
-                view[joined] = (record, NEW if was == NEW else CHANGED)
+                view[joined] = (plain_record(acc), NEW if was == NEW else CHANGED)
             if was == CLEAN:
                 changed_keys_add(key)
                 if tracking:
@@ -190,8 +195,9 @@ def bind_event_step(engine: EngineHost) -> EventStep | None:
             # starts at or before t) and have joined it; the others end before own_end. No
             # removal of these bounds is pending either: the session that replaced it would
             # hold the event's window, and have joined it, or have closed (the event is late)
-            view[(start, end)] = count_new[acc] if shared else (record, NEW)
-            changed_keys_add(key)
+            view[(start, end)] = count_new[acc] if shared else (plain_record(acc), NEW)
+            if entry is None or entry[1] == CLEAN:  # else its key is among them already
+                changed_keys_add(key)
             if tracking:
                 track_change(key, start, end)
             if entry is None:

@@ -26,7 +26,8 @@ def join_range(t_ms: int, own_end_ms: int, closed_before_ms: int, inclusive: boo
     together: a session ending at or before ``closed_before_ms`` is final
     (:func:`~sessionstore.gap_boundary.is_final`) and joins nothing.
     Every merge of one event (:func:`merge_event`, the event paths' one-session steps) takes
-    its range from here.
+    its range from here; the fused event step (``engine/fast_event.py``) computes it inline,
+    pinned by ``tests/engine/test_fast_event.py``.
     """
     earliest_end, latest_start = merge_bounds(t_ms, own_end_ms, inclusive)
     # max(earliest_end, first_open_end(closed_before_ms)), inline: per event; no event arrives

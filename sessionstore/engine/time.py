@@ -94,7 +94,9 @@ class TimeKeeper:
     def closed_before(self) -> int:
         """Sessions ending at or before this never change again
         (:func:`~sessionstore.gap_boundary.is_final`): ``W - grace``, never below the close
-        cursor. Every path calls this or :meth:`closed_before_in_batch`."""
+        cursor. Every path calls this or :meth:`closed_before_in_batch`; the fused event step
+        (``engine/fast_event.py``) computes it inline, pinned by
+        ``tests/engine/test_fast_event.py``."""
         closed = self.watermark - self.config.grace_ms
         return closed if closed > self.last_close else self.last_close
 

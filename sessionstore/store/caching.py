@@ -36,6 +36,7 @@ import functools
 import gc
 import heapq
 from collections.abc import Callable, Iterator, Mapping, MutableSet, Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
 from .. import keyschema
@@ -72,26 +73,34 @@ _TRACKING: _Pending = (INT64_MAX + 1, 0, None)
 
 ClosedRow = tuple[int, bytes, int, Any, Any, bool]
 """A session :meth:`CachingSessionStore.take_closed_rows` hands out: ``(end, key bytes, start,
-key, value, changed)`` (no ``(key, start, end)`` tuple inside: the rows wait for the next flush,
-and one tracked allocation fewer per closed session means fewer young collections)."""
+key, value, changed)`` (no ``(key, start, end)`` tuple inside: one tracked allocation fewer per
+closed session means fewer young collections)."""
+_ROW = 6  # the items of a ClosedRow
 
 Forward = Callable[[Session, Any, Any], None]
 """``forward(session, new_value_or_None, old_value_or_None)``, called for each flushed change."""
 
-View = dict[tuple[int, int], tuple[Any, int]]
-"""The sessions the cache holds of one key: ``{(start, end): (value, NEW | CHANGED | CLEAN)}``."""
+class View(dict[tuple[int, int], tuple[Any, int]]):
+    """The sessions the cache holds of one key: ``{(start, end): (value, NEW | CHANGED |
+    CLEAN)}``, every session of the key ending after :attr:`floor`.
 
+    A dict subclass, so that the garbage collector never untracks it: the collector untracks
+    an exact dict whose items hold nothing it tracks (a view's, after its tuples age) at each
+    full collection; the next new ``(start, end)`` key tracks it again, as a young object, so
+    every held key's view was promoted anew after each full collection and counted towards the
+    next one (on the event path, 3-4 full collections per 400k events). A subclass stays
+    tracked and old: only new views count.
 
-class _View(dict[tuple[int, int], tuple[Any, int]]):
-    """A view's dict: a plain dict that the garbage collector never untracks.
+    The view carries its key's floor and encoding, so that a step that found the view reads
+    them without another lookup by key (in memory next to the view, where a dict of all keys
+    is not)."""
 
-    The collector untracks an exact dict whose items hold nothing it tracks (a view's, after
-    its tuples age) at each full collection; the next new ``(start, end)`` key tracks it again,
-    as a young object, so every held key's view was promoted anew after each full collection
-    and counted towards the next one (on the event path, 3-4 full collections per 400k
-    events). A subclass stays tracked and old: only new views count."""
+    __slots__ = ("floor", "kb")
 
-    __slots__ = ()
+    def __init__(self, floor_ms: int, items: Any = ()) -> None:
+        super().__init__(items)
+        self.floor: int = floor_ms  # it holds every session of its key ending after this
+        self.kb: bytes | None = None  # keyschema.encode_key of its key, once needed
 
 
 class EventLayout(NamedTuple):
@@ -100,7 +109,7 @@ class EventLayout(NamedTuple):
     costs no call into the cache. Each stays the same object for the cache's life
     (:attr:`CachingSessionStore.event_layout`).
 
-    A caller holding the view of ``key`` (``views[key]``, when ``floors[key]`` allows its close
+    A caller holding the view of ``key`` (``views[key]``, when its ``floor`` allows its close
     cursor, or from :meth:`~CachingSessionStore.cached_view`) may, as
     :meth:`~CachingSessionStore.put_merged` does:
 
@@ -110,16 +119,17 @@ class EventLayout(NamedTuple):
     * add an entry ``(value, NEW)`` for bounds no entry and no pending removal has, then call
       :meth:`~CachingSessionStore.added` (after the two steps below), unless it replaces a
       deleted entry whose bounds it holds (then it counts as that one);
-    * after any change of an entry: add ``key`` to ``changed_keys``, and while ``tracking`` is
-      non-empty call :meth:`~CachingSessionStore.track_change` with the changed session,
-      unless the entry was NEW or CHANGED before (it is tracked already).
+    * after any change of an entry: add ``key`` to ``changed_keys`` (unless the view held a
+      NEW or CHANGED entry before: then the key is there, until a flush has made every entry of
+      the view CLEAN), and while ``tracking`` is non-empty call
+      :meth:`~CachingSessionStore.track_change` with the changed session, unless the entry was
+      NEW or CHANGED before (it is tracked already).
     """
 
     views: Mapping[Any, View]
-    """key -> its view; the view of ``key`` holds every session of the key ending after
-    ``floors[key]`` (read only: views are opened and forgotten by the cache)."""
-    floors: Mapping[Any, int]
-    """key -> the floor of its view (read only)."""
+    """key -> its view; the view of ``key`` holds every session of the key ending after its
+    :attr:`View.floor` (read only: views are opened and forgotten by the cache, which alone
+    moves their floors)."""
     changed_keys: MutableSet[Any]
     """The keys whose views may hold NEW or CHANGED entries."""
     tracking: Sequence[Any]
@@ -144,12 +154,11 @@ class CachingSessionStore:
         self.wrapped = wrapped
         self.max_sessions = max_sessions
         self.forward = forward
-        # key -> {(start, end): (value, NEW | CHANGED | CLEAN)}; complete for ends >
-        # _floors[key]. Entries are tuples, replaced on change: the collector stops tracking
+        # key -> {(start, end): (value, NEW | CHANGED | CLEAN)}; complete for ends > its
+        # floor. Entries are tuples, replaced on change: the collector stops tracking
         # them (lists, one per cached session, would stay tracked and make every collection
         # slower)
-        self._views: dict[Any, dict[tuple[int, int], tuple[Any, int]]] = {}
-        self._floors: dict[Any, int] = {}
+        self._views: dict[Any, View] = {}
         self._size = 0
         # the changes no view holds: (key, start, end) -> value (a change a view forgot, or
         # of a key without a view), or TOMBSTONE for a removal. Never a session a view holds,
@@ -182,8 +191,11 @@ class CachingSessionStore:
         self._complete_above = INT64_MAX
         # the changed sessions take_closed handed out, with their values, in store order: no
         # longer dirty or in a view (still counted in the size), written first by the next
-        # flush, or before any read that could miss them (see _write_closed)
-        self._closed_rows: list[ClosedRow] = []
+        # flush, or before any read that could miss them (see _write_closed). Their rows lie
+        # flat, _ROW items each: a list of scalars makes no object per row for the collector
+        # to count and visit (at about one closed session per 2.5 events on the event path,
+        # a tuple each was a third of the young collections), and its columns are slices
+        self._closed_rows: list[Any] = []
         # key -> its encoding (a pure function of the key), for take_closed's store order;
         # keyed as the views are, bounded by _KEY_BYTES_LIMIT
         self._key_bytes: dict[Any, bytes] = {}
@@ -221,11 +233,11 @@ class CachingSessionStore:
         if bucket is None:
             by_end[end] = (key, start)
             heapq.heappush(self._end_heap, end)
-        elif isinstance(bucket, list):
+        elif type(bucket) is tuple and len(bucket) < _TUPLE_ENTRY:
+            by_end[end] = bucket + (key, start)
+        elif type(bucket) is list:
             bucket.append(key)
             bucket.append(start)
-        elif len(bucket) < _TUPLE_ENTRY:
-            by_end[end] = (*bucket, key, start)
         else:
             by_end[end] = [*bucket, key, start]
 
@@ -253,15 +265,14 @@ class CachingSessionStore:
     def take_closed_rows(self, low_ms: int, upto_ms: int) -> list[ClosedRow] | None:
         """:meth:`take_closed` as the cache's own rows, ``(end, key bytes, start, key, value,
         changed)``, in the same order (the engine's emit-on-close reads them
-        without a :class:`Session` per row). Read only: the cache may keep the rows."""
+        without a :class:`Session` per row). The cache keeps its own copy of the changed ones,
+        flat, for the next flush."""
         heap = self._end_heap
         if not heap or heap[0] > upto_ms:
             return [] if self._complete_above < low_ms else None
         by_end = self._by_end
         complete = self._complete_above < low_ms
         views = self._views
-        floors = self._floors
-        key_bytes = self._key_bytes
         heappop = heapq.heappop
         # sorted once into store order below; (end, key bytes, start) is unique per session,
         # so the tuples compare on those three only
@@ -279,11 +290,11 @@ class CachingSessionStore:
                 if exact:
                     cached = view.pop((start, end), None)
                     if cached is not None:  # the session indexed here: it closes
-                        if floors[key] < upto_ms:
-                            floors[key] = upto_ms
-                        kb = key_bytes.get(key)
+                        if view.floor < upto_ms:
+                            view.floor = upto_ms
+                        kb = view.kb
                         if kb is None:
-                            kb = self._encode_key(key)
+                            kb = view.kb = self.key_bytes(key)
                         if cached[1] == CLEAN:
                             left += 1  # already in the wrapped store: it just leaves the view
                             append((end, kb, start, key, cached[0], False))
@@ -308,22 +319,21 @@ class CachingSessionStore:
         if len(found) > 1:
             found.sort()
         if left == 0:
-            self._closed_rows.extend(found)
+            self._closed_rows.extend(chain.from_iterable(found))
         elif left < len(found):
-            self._closed_rows.extend([row for row in found if row[5]])
+            self._closed_rows.extend(chain.from_iterable([row for row in found if row[5]]))
         return found
 
-    def _take(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
-              due: list[tuple[int, int]], upto_ms: int, append: Callable[[ClosedRow], None]
-              ) -> int:
+    def _take(self, key: Any, view: View, due: list[tuple[int, int]], upto_ms: int,
+              append: Callable[[ClosedRow], None]) -> int:
         """:meth:`take_closed_rows` for sessions ``due`` of ``key`` found through an entry of
         the end index that is not their own: append their rows, taking them from ``view``.
         Returns how many of them were clean (already in the wrapped store)."""
-        if self._floors[key] < upto_ms:
-            self._floors[key] = upto_ms
-        kb = self._key_bytes.get(key)
+        if view.floor < upto_ms:
+            view.floor = upto_ms
+        kb = view.kb
         if kb is None:
-            kb = self._encode_key(key)
+            kb = view.kb = self.key_bytes(key)
         clean = 0
         for start, end in due:
             value, state = view.pop((start, end))
@@ -355,7 +365,7 @@ class CachingSessionStore:
     @property
     def event_layout(self) -> EventLayout:
         """The containers a one-event merge may change in place, and how (:class:`EventLayout`)."""
-        return EventLayout(self._views, self._floors, self._dirty_keys, self._pending)
+        return EventLayout(self._views, self._dirty_keys, self._pending)
 
     def sessions_of(self, key: Any, floor_ms: int) -> Mapping[tuple[int, int], tuple[Any, int]]:
         """Every session of ``key`` ending after ``floor_ms``, as ``{(start, end): (value, _)}``.
@@ -369,10 +379,9 @@ class CachingSessionStore:
         if key in self._views:  # older sessions wanted than held: reload from the store
             self._flush_key(key)
             self._size -= len(self._views.pop(key))
-            del self._floors[key]
         low = first_open_end(floor_ms)
-        view = _View({(s.start, s.end): (value, CLEAN)
-                      for s, value in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)})
+        view = View(floor_ms, {(s.start, s.end): (value, CLEAN) for s, value
+                               in self.wrapped.find_sessions_to_merge(key, low, INT64_MAX)})
         if self.max_sessions == 0:
             return view  # not kept: writes of this key go straight through
         if self._size + len(view) > self.max_sessions:
@@ -381,7 +390,6 @@ class CachingSessionStore:
             for start, end in view:
                 self._index(key, start, end)
         self._views[key] = view
-        self._floors[key] = floor_ms
         self._size += len(view)
         return view
 
@@ -391,7 +399,7 @@ class CachingSessionStore:
         floor); None when only a read can (the caller asks :meth:`sessions_of`)."""
         view = self._views.get(key)
         if view is not None:
-            held_floor = self._floors[key]
+            held_floor = view.floor
             if floor_ms < held_floor:
                 return None  # older sessions wanted than held
             if floor_ms > held_floor and len(view) > 2:
@@ -399,13 +407,12 @@ class CachingSessionStore:
             return view
         if floor_ms < self._complete_above:
             return None
-        view = _View()  # complete: the wrapped store holds nothing of this key above the floor
+        # complete: the wrapped store holds nothing of this key above the floor
+        view = View(floor_ms)
         self._views[key] = view
-        self._floors[key] = floor_ms
         return view
 
-    def _forget_before(self, key: Any, view: dict[tuple[int, int], tuple[Any, int]],
-                       floor_ms: int) -> None:
+    def _forget_before(self, key: Any, view: View, floor_ms: int) -> None:
         """Drop a key's sessions ending at or before the floor from its view.
 
         A change among them stays dirty (and counted in the size) until the next flush writes
@@ -421,14 +428,14 @@ class CachingSessionStore:
                 dirty[(key, bounds[0], bounds[1])] = value
             if self._index_ends:  # the view forgets it: index it at its own end
                 self._index(key, bounds[0], bounds[1])
-        self._floors[key] = floor_ms
+        view.floor = floor_ms
         if floor_ms > self._complete_above:
             self._complete_above = floor_ms  # the cache no longer holds what it forgot
 
     @property
     def dirty_count(self) -> int:
         """Changes not yet written to the wrapped store."""
-        return len(self._dirty) + len(self._closed_rows) + len(self._held_changes())
+        return len(self._dirty) + len(self._closed_rows) // _ROW + len(self._held_changes())
 
     def _held_changes(self, key: Any = None) -> list[tuple[Any, int, int]]:
         """The changes the views hold (NEW or CHANGED entries), as ``(key, start, end)``; only
@@ -612,6 +619,8 @@ class CachingSessionStore:
         (all, by default), in (end, key bytes, start) order."""
         dirty = self._dirty
         if upto_end_ms is None:
+            if self._bulk and self._flush_all_bulk():
+                return
             held = self._stage_held()
             self._pending.clear()
         else:
@@ -637,7 +646,8 @@ class CachingSessionStore:
         # reference cycles; the collector would walk them several times over (about a fifth
         # of a commit's CPU time), so it is paused for the flush and resumed after it, also
         # on failure. Cyclic garbage of other threads waits until then.
-        pause = (len(batch) + len(self._closed_rows) >= _BULK_FLUSH_MIN) and gc.isenabled()
+        pause = (len(batch) + len(self._closed_rows) // _ROW >= _BULK_FLUSH_MIN
+                 and gc.isenabled())
         if pause:
             gc.disable()
         try:
@@ -656,6 +666,74 @@ class CachingSessionStore:
         if self._deferred_cap is not _NO_CAP_CHANGE and not self._has_changes():
             self._apply_deferred_cap()
 
+    def _flush_all_bulk(self) -> bool:
+        """:meth:`flush` of every change with the wrapped store's bulk calls (no listener),
+        written straight from the views: the outcome of staging them into ``_dirty`` and
+        writing the batch (:meth:`_flush_bulk`), without a staged copy, a ``(key, start, end)``
+        tuple or a lookup by session per change. False, having changed nothing, when there
+        are too few changes for the bulk calls (the caller writes them one by one).
+
+        The views hold no session ``_dirty`` holds (see ``_dirty``), so the rows are distinct
+        and their order is (end, key bytes, start). Removals go first; on failure every change
+        not written stays where it was, for a retry."""
+        views = self._views
+        dirty = self._dirty
+        key_bytes = self.key_bytes
+        rows: list[tuple[int, bytes, int, Any, Any]] = []
+        append = rows.append
+        changed_views = []
+        for key in self._dirty_keys:
+            view = views.get(key)
+            if not view:
+                continue
+            kb = None
+            for bounds, entry in view.items():
+                if entry[1] != CLEAN:
+                    if kb is None:
+                        kb = view.kb
+                        if kb is None:
+                            kb = view.kb = key_bytes(key)
+                        changed_views.append(view)
+                    append((bounds[1], kb, bounds[0], key, entry[0]))
+        removes = []
+        for sid, value in dirty.items():
+            row = (sid[2], key_bytes(sid[0]), sid[1], sid[0], value)
+            if value is TOMBSTONE:
+                removes.append(row)
+            else:
+                append(row)
+        if len(rows) + len(removes) < _BULK_FLUSH_MIN:
+            return False
+        rows.sort()
+        self._pending.clear()
+        pause = gc.isenabled()  # as in flush: short-lived tuples, no cycles
+        if pause:
+            gc.disable()
+        try:
+            if self._closed_rows:
+                self._write_closed(rows[-1][0] if rows else None)
+            if removes:
+                removes.sort()
+                self.wrapped.remove_many([r[3] for r in removes], [r[2] for r in removes],
+                                         [r[0] for r in removes])
+                for r in removes:
+                    del dirty[(r[3], r[2], r[0])]
+            if rows:
+                ends, _, starts, keys, values = zip(*rows, strict=True)
+                self.wrapped.put_many(list(keys), list(starts), list(ends), list(values))
+        finally:
+            if pause:
+                gc.enable()
+        dirty.clear()  # what is left was written by put_many
+        for view in changed_views:
+            for bounds, entry in view.items():
+                if entry[1] != CLEAN:
+                    view[bounds] = (entry[0], CLEAN)
+        self._dirty_keys.clear()
+        if self._deferred_cap is not _NO_CAP_CHANGE:
+            self._apply_deferred_cap()
+        return True
+
     def _holds_change(self, sid: tuple[Any, int, int]) -> bool:
         """Whether a view holds ``sid`` as a NEW or CHANGED entry."""
         view = self._views.get(sid[0])
@@ -673,7 +751,7 @@ class CachingSessionStore:
             bounds = (sid[1], sid[2])
             stage(view, bounds, sid, *view[bounds])
 
-    def _stage_entry(self, view: dict[tuple[int, int], tuple[Any, int]], bounds: tuple[int, int],
+    def _stage_entry(self, view: View, bounds: tuple[int, int],
                      sid: tuple[Any, int, int], value: Any, state: int) -> None:
         """:meth:`_stage` one change, ``view[bounds] == (value, state)``."""
         if state == NEW and self._dirty.get(sid) is TOMBSTONE:
@@ -742,27 +820,31 @@ class CachingSessionStore:
         rows = self._closed_rows
         if not rows:
             return
-        top = rows[-1][0]
+        ends = rows[0::_ROW]
+        top = ends[-1]
         boundary = self.wrapped.expiry_boundary_ms(
             top if next_end_ms is None or next_end_ms < top else next_end_ms)
         first = 0
-        if boundary is not None and rows[0][0] < boundary:
-            first = bisect.bisect_left(rows, boundary, key=lambda row: row[0])
-        live = rows[first:] if first else rows
-        if live:
-            if self._bulk and len(live) >= _BULK_FLUSH_MIN:
-                self.wrapped.put_many([r[3] for r in live], [r[2] for r in live],
-                                      [r[0] for r in live], [r[4] for r in live])
+        if boundary is not None and ends[0] < boundary:
+            first = bisect.bisect_left(ends, boundary)
+        n = len(ends)
+        if first < n:
+            at = first * _ROW
+            if self._bulk and n - first >= _BULK_FLUSH_MIN:
+                # the columns of a row (end, key bytes, start, key, value, changed)
+                self.wrapped.put_many(rows[at + 3::_ROW], rows[at + 2::_ROW], ends[first:],
+                                      rows[at + 4::_ROW])
             else:
                 put = self.wrapped.put
-                for index, row in enumerate(live):
+                for index in range(first, n):
+                    at = index * _ROW
                     try:
-                        put(_new_session((row[3], row[2], row[0])), row[4])
+                        put(_new_session((rows[at + 3], rows[at + 2], rows[at])), rows[at + 4])
                     except BaseException:
-                        self._size -= first + index
-                        del rows[:first + index]
+                        self._size -= index
+                        del rows[:at]
                         raise
-        self._size -= len(rows)
+        self._size -= n
         rows.clear()
 
     def _flush_bulk(self, batch: list[tuple[Any, int, int]]) -> None:
@@ -844,7 +926,6 @@ class CachingSessionStore:
                 for start, end in view:
                     index(key, start, end)
         self._views.clear()
-        self._floors.clear()
         self._size = 0
         self._reset_completeness()
 
@@ -858,7 +939,7 @@ class CachingSessionStore:
             value = self._dirty[sid]
             return None if value is TOMBSTONE else value
         view = self._views.get(key)
-        if view is not None and end_ms > self._floors[key]:
+        if view is not None and end_ms > view.floor:
             cached = view.get((start_ms, end_ms))
             return None if cached is None else cached[0]
         return self.wrapped.fetch_session(key, start_ms, end_ms)
@@ -866,7 +947,7 @@ class CachingSessionStore:
     def find_sessions_to_merge(self, key: Any, earliest_end_ms: int,
                                latest_start_ms: int) -> Iterator[tuple[Session, Any]]:
         view = self._views.get(key)
-        if view is not None and earliest_end_ms > self._floors[key]:
+        if view is not None and earliest_end_ms > view.floor:
             rows = sorted(
                 (Session(key, s, e), cached[0]) for (s, e), cached in view.items()
                 if e >= earliest_end_ms and s <= latest_start_ms
@@ -908,7 +989,6 @@ class CachingSessionStore:
     def abort(self) -> None:
         """Forget every cached change and abort the wrapped store."""
         self._views.clear()
-        self._floors.clear()
         self._dirty.clear()
         self._dirty_keys.clear()
         self._pending.clear()

@@ -225,3 +225,27 @@ def test_the_fused_step_tracks_its_changes_for_a_ranged_flush(case: str) -> None
             assert got == full.advance_watermark(step[1])
         emitted += [(e.session.key, e.session.start, e.session.end, e.value) for e in got]
     assert emitted == EMITTED[case]
+
+
+@pytest.mark.parametrize("emit", [EmitStrategy.ON_WINDOW_CLOSE, EmitStrategy.ON_WINDOW_UPDATE])
+@pytest.mark.parametrize("inclusive", [False, True])
+def test_touching_windows_join_only_under_the_inclusive_gap_on_both_steps(
+        emit: EmitStrategy, inclusive: bool) -> None:
+    """The gap convention at its boundary, which the random steps rarely hit: an event at a
+    session's end, and one whose own window ends at a session's start, join it only with
+    ``inclusive_gap`` (the fused step takes the convention from ``merge_bounds``, inline)."""
+    cfg = {"gap": 10, "grace": 0, "inclusive": inclusive, "ooo": 0, "watermark": "external",
+           "cache": 100_000, "segment": None, "extra_retention": 0}
+    fused = _engine(cfg, emit, "count")
+    full = _engine(cfg, emit, "count")
+    assert _fused(fused)
+    for t in (10, 20, 0, 40, 29):  # 20 touches [10, 20); 0's window touches 10; 29 inside
+        assert fused.process("k", 1, t) == SessionAggregator.process(full, "k", 1, t)
+        assert fused.sessions("k") == full.sessions("k")
+    got = [(s.start, s.end, value) for s, value in fused.sessions("k")]
+    if inclusive:
+        assert [(start, end) for start, end, _ in got] == [(0, 39), (40, 50)]
+    else:
+        assert [(start, end) for start, end, _ in got] == [(0, 10), (10, 20), (20, 39),
+                                                           (40, 50)]
+    assert fused.advance_watermark(INT64_MAX) == full.advance_watermark(INT64_MAX)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sessionstore import InMemorySessionStore, SessionStore
+from sessionstore.gap_boundary import first_open_end
 from sessionstore.store.caching import _BULK_FLUSH_MIN, CachingSessionStore
 from sessionstore.timeutil import INT64_MAX, INT64_MIN
 from sessionstore.types import Session
@@ -128,3 +129,63 @@ def test_a_session_removed_put_back_and_removed_again_leaves_the_store(
     cache.put(Session("a", 22, 28), [3])
     cache.flush()
     assert _contents(store) == [(Session("a", 22, 28), [3])]
+
+
+def _round(cache: CachingSessionStore, rng: random.Random, floor: int, held: dict[Any, int],
+           cursor: int) -> int:
+    """One round between flushes, as the engine drives the cache: views loaded at a rising
+    floor (forgetting what ends below it, changes included), puts, one-event merges (a
+    session replaced by one holding it), removals, and closed sessions taken from memory
+    (``cursor``: the close cursor, below ``floor``; returns the new one)."""
+    for i in range(4 * _BULK_FLUSH_MIN):
+        key = rng.randrange(80)
+        if key not in held or held[key] < floor or rng.random() < 0.05:
+            held[key] = floor + rng.randrange(0, 300)  # may forget sessions ending below
+        view = cache.sessions_of(key, held[key])
+        live = sorted(b for b in view if b[1] > held[key])
+        roll = rng.random()
+        if live and roll < 0.3:  # grow one: a merge replacing it
+            start, end = live[rng.randrange(len(live))]
+            cache.put_merged(key, view, [(start, end)], (key, start - rng.randrange(3),
+                                                         end + rng.randrange(1, 50)), [i])
+        elif live and roll < 0.4:
+            cache.remove(Session(key, *live[rng.randrange(len(live))]))
+        elif live and roll < 0.55:  # the same bounds, a new value
+            cache.put(Session(key, *live[rng.randrange(len(live))]), [i, "again"])
+        else:
+            start = held[key] + 1 + rng.randrange(0, 2_000)
+            if not any(s <= start + 40 and e >= start for s, e in live):
+                cache.put(Session(key, start, start + rng.randrange(1, 40)), [i])
+    if rng.random() < 0.3:
+        return cursor
+    upto = floor + rng.randrange(100, 500)  # below the next round's floor
+    cache.take_closed_rows(first_open_end(cursor), upto)
+    return upto
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_bulk_flushes_equal_one_by_one_over_rounds(kind: str, seed: int,
+                                                   tmp_path: Path) -> None:
+    """Full flushes of hundreds of changes, round after round: what the bulk flush writes from
+    the views (and marks clean there) equals the session-by-session flush's writes, so that a
+    later merge, removal or rewrite of a flushed session, or of a forgotten change, reaches
+    the store as it does one by one."""
+    stores = [_open(kind, tmp_path, "bulk"), _open(kind, tmp_path, "single")]
+    caches = [CachingSessionStore(stores[0], 100 * _BULK_FLUSH_MIN, index_ends=True),
+              CachingSessionStore(stores[1], 100 * _BULK_FLUSH_MIN, lambda *_: None,
+                                  index_ends=True)]
+    helds: list[dict[Any, int]] = [{}, {}]
+    cursors = [INT64_MIN, INT64_MIN]
+    for round_ in range(4):
+        for i in (0, 1):
+            cursors[i] = _round(caches[i], random.Random(seed * 100 + round_), 500 * round_,
+                                helds[i], cursors[i])
+        assert caches[0].dirty_count == caches[1].dirty_count >= _BULK_FLUSH_MIN
+        for cache in caches:
+            cache.flush()
+            assert cache.dirty_count == 0
+        assert _contents(stores[0]) == _contents(stores[1])
+        assert stores[0].metrics["dropped-records"] == stores[1].metrics["dropped-records"]
+    for store in stores:
+        store.close()
