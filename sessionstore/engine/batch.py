@@ -208,7 +208,8 @@ def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
 
     Without a write cache, :meth:`MaxDuration.process_many` cuts each key whose events come
     in order in one pass and re-cuts only the others event by event; with a write cache
-    (whose evictions forward changes in the loop's order) the events go one by one.
+    (whose evictions forward changes in the loop's order) it takes every event one by one.
+    Either way a failing step undoes the earlier ones: the batch changes nothing.
     """
     planner = engine.max_duration
     assert planner is not None
@@ -222,13 +223,7 @@ def _max_duration_batch(engine: EngineHost, keys: list[Any], values: list[Any],
         codes = codes[kept]
     log: ChangeLog | None = {} if engine.updates and not engine.write_cache else None
     with collector_paused():
-        if not engine.write_cache:
-            planner.process_many(keys, values, times, ends, codes, out, log)
-        else:
-            step = planner.process
-            for key, value, t, end in zip(keys, values, times.tolist(), ends.tolist(),
-                                          strict=True):
-                step(key, value, t, end, out, log)
+        planner.process_many(keys, values, times, ends, codes, out, log)
     if log is not None:
         planner.emit_log(log, out)
     if engine.write_cache:

@@ -121,8 +121,9 @@ built-in, an int64 sum or a minimum over values that do not compare, an accumula
 cannot encode, the store), :class:`.BatchUndo` puts back what the earlier ones changed (the
 keys' open sessions and held state), and the batch's counters, arrival counter and watermark
 move only after them, so a failing batch changes nothing, as without a maximum duration. With
-``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a write cache every event takes the event step (its evictions forward in the
-loop's order).
+``ON_WINDOW_UPDATE`` every held key is written at the end of the batch. With a write cache every
+event takes the event step, as one change too (the cache's evictions forward in the loop's
+order; what it forwards is held back until the batch ends: :mod:`.max_duration_undo`).
 
 Wire form of a record: ``[acc, n_new, pane_index, phase, pt_target_ms, events, max_end]``; the
 first five are those of :class:`~sessionstore.engine.record.SessionRecord`, so every reader of
@@ -277,8 +278,8 @@ class MaxDuration:
     def process_many(self, keys: list[Any], values: list[Any], times: np.ndarray,
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None) -> None:
-        """Add a batch of validated events (arrival order) as a loop of :meth:`process` would,
-        without a write cache: :meth:`.BatchStep.process_many` (same arguments)."""
+        """Add a batch of validated events (arrival order) as a loop of :meth:`process` would:
+        :meth:`.BatchStep.process_many` (same arguments)."""
         horizon = None
         if self._fallible and len(times):  # first the writes the batch may need
             horizon = self.close_cursor_after(int(times.max()))

@@ -37,8 +37,8 @@ _TIME_ARRIVAL = operator.itemgetter(0, 1)
 
 
 class BatchStep:
-    """The batch step, without a write cache (whose evictions forward changes in the loop's
-    order: with one, every event takes the event step).
+    """The batch step (with a write cache, whose evictions forward changes in the loop's
+    order, every event takes the event step).
 
     Args:
         state: the shared state of the maximum-duration step.
@@ -66,8 +66,7 @@ class BatchStep:
                      ends: np.ndarray, codes: np.ndarray, out: list[Emit],
                      log: ChangeLog | None, horizon: int | None) -> None:
         """Add a batch of validated events (arrival order) as a loop of
-        :meth:`.MaxDuration.process` would, without a write cache (whose evictions forward
-        changes in loop order).
+        :meth:`.MaxDuration.process` would.
 
         Args:
             keys, values, times: the events; ``codes`` numbers their keys (equal keys, equal
@@ -86,9 +85,11 @@ class BatchStep:
         after the other; so is a disordered key of an aggregation with user functions
         (:meth:`_replay`); every other key's events take the event step, in arrival order,
         which holds them (:meth:`.HeldKeys.hold`), as one change (:meth:`_step_all`: a
-        failing step undoes the earlier ones, so the batch changes nothing). With
-        ``ON_WINDOW_UPDATE`` every held key is written at the end. Closing runs once, after every write, as in the columnar batch
-        path.
+        failing step undoes the earlier ones, so the batch changes nothing). With a write
+        cache every event takes the event step, in arrival order (its evictions forward
+        changes in the loop's order), also as one change. With ``ON_WINDOW_UPDATE`` every
+        held key is written at the end. Closing runs once, after every write, as in the
+        columnar batch path.
         """
         engine = self._engine
         clock = engine.times
@@ -128,7 +129,9 @@ class BatchStep:
         lazy = self._lazy or log is not None
         held_keys = lazy and self._incremental
         pending = self._held_keys.by_key
-        for g in range(len(starts)):
+        # with a write cache every event takes the event step, in arrival order: the cache
+        # then reads, evicts and forwards as under a loop of process
+        for g in range(0 if engine.write_cache else len(starts)):
             a, b = bounds_of[g], bounds_of[g + 1]
             row = rows[a]
             mixed = code_list[a] in disordered
@@ -141,6 +144,8 @@ class BatchStep:
                 fallback.extend(positions[a:b])
             else:
                 plans.append((keys[row], plan))
+        if engine.write_cache:
+            fallback = list(range(m))
         # apply: the keys that need re-cutting, one event at a time (a failing step undoes
         # them all: the batch changes nothing), then the late events and the in-order keys
         if fallback:
@@ -168,20 +173,25 @@ class BatchStep:
         raises (a value check of the aggregation, an accumulator the store cannot encode, the
         store), :class:`.BatchUndo` puts back what the earlier ones changed before the error
         goes on, so the batch changes nothing (its watermark, arrival counter and counters
-        move only after this returns)."""
+        move only after this returns; with a write cache, what it forwards is delivered only
+        after this returns)."""
         undo = BatchUndo(self._state, self._orders, self._held_keys, self._event,
                          min(closed_before))
         held = self._held_keys
-        if held.full(len(fallback)):
-            undo.touch_held()  # a step may write every held key
         step = self._event.step
         touch = undo.touch
+        # with a write cache, a key is first read with its first event's "closed before", as
+        # the loop's step reads it: a lower floor would load more sessions, and the cache
+        # would evict (and forward) at other points
+        own_floor = self._engine.write_cache
         try:
+            if held.full(len(fallback)):
+                undo.touch_held()  # a step may write every held key
             for p in fallback:
                 i = rows[p]
                 key = keys[i]
-                touch(key)
                 cb = closed_before[i]
+                touch(key, cb if own_floor else None)
                 step(key, values[i], times[i], ends[i], cb, cb if horizon is None else horizon,
                      out, log, seq0 + p, lazy)
         except BaseException:

@@ -3,7 +3,8 @@ whose events arrive out of order with a built-in aggregation takes the event ste
 time, and a value check failing at one of them (an int64 sum leaving its range, a minimum over
 values that do not compare) must leave the store, the held keys, the counters, the watermark and
 the output as they were before the call. The same batch without the bad value then gives the
-oracle's answer."""
+oracle's answer. With a write cache too, whose evictions write and forward changes inside the
+batch."""
 
 from __future__ import annotations
 
@@ -92,6 +93,69 @@ def test_a_failing_disordered_batch_changes_nothing(tmp_path: Path, backend: str
         store.close()
 
 
+def emits(out: list[Any]) -> list[tuple[Any, ...]]:
+    return [(e.session, e.value, e.retraction) for e in out]
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("cache", [0, 1, 4, 100_000])
+@pytest.mark.parametrize("repro", REPROS, ids=["sum", "min", "max"])
+def test_a_failing_batch_with_the_write_cache_changes_nothing(tmp_path: Path, backend: str,
+                                                              cache: int, repro: Any) -> None:
+    # the write cache takes ON_WINDOW_UPDATE only. Its size decides when it writes and
+    # forwards: 0 at every change, 1 at nearly every step (an eviction inside the batch, before
+    # the failing event), large only at the end; with 4 it holds the changes cached before the
+    # call (from the event path: "p", another key's new session, and of "k", the batch's key,
+    # the removal of its delivered [2000, 2100) and the new [2000, 2150)) until the batch's
+    # second step evicts them with the batch's first. "j" has a delivered session
+    make_agg, values, error = repro
+    windows = SessionWindows(100, grace_ms=8000, max_duration_ms=1000)
+    stores: list[Any] = []
+
+    def build(name: str) -> SessionAggregator:
+        store = (InMemorySessionStore(retention_ms=windows.retention_ms) if backend == "memory"
+                 else SessionStore(tmp_path / name, retention_ms=windows.retention_ms))
+        stores.append(store)
+        return SessionAggregator(store, windows, make_agg(), emit=UPDATE, write_cache=True,
+                                 cache_max_sessions=cache)
+
+    failing, twin = build("failing"), build("twin")
+    try:
+        out = {}
+        for name, engine in (("failing", failing), ("twin", twin)):
+            out[name] = engine.process_batch(["j"], [7], np.array([0]))
+            out[name] += engine.process("p", values[1], 50)
+            out[name] += engine.process_batch(["k"], [1], np.array([2000]))
+            out[name] += engine.process("k", 1, 2050)  # [2000, 2100) becomes [2000, 2150)
+        before = (counters(failing), failing.watermark)
+        with pytest.raises(error):
+            failing.process_batch(["k"] * 3, values, np.array([300, 100, 200]))
+        assert (counters(failing), failing.watermark) == before
+        for name, engine in (("failing", failing), ("twin", twin)):
+            # not the two sessions the loop made first
+            assert [s[:] for s, _ in engine.sessions("k")] == [("k", 2000, 2150)]
+            out[name] += engine.process_batch(["k"] * 2, values[:2], np.array([300, 100]))
+            out[name] += engine.advance_watermark(INT64_MAX) + engine.flush()
+            engine.commit()
+        # what the next calls deliver: the same as from an engine that never saw the call,
+        # with nothing of the failing batch (no update or retraction of its sessions); with
+        # 4, the changes cached before the call that the failing batch's eviction wrote come
+        # with the next call, ahead of that call's own eviction
+        if cache == 4:
+            assert sorted(emits(out["failing"]), key=repr) == sorted(emits(out["twin"]), key=repr)
+        else:
+            assert emits(out["failing"]) == emits(out["twin"])
+        assert last_values(out["failing"]) == [
+            ("j", 0, 100, 7), ("k", 100, 200, values[1]), ("k", 300, 400, values[0]),
+            ("k", 2000, 2150, 2 if make_agg is aggregations.sum_of else 1),
+            ("p", 50, 150, values[1])]
+        assert counters(failing) == counters(twin)
+        assert [failing.sessions(key) for key in "jkp"] == [twin.sessions(key) for key in "jkp"]
+    finally:
+        for store in stores:
+            store.close()
+
+
 @pytest.mark.parametrize("emit", [CLOSE, UPDATE])
 def test_an_event_added_in_place_is_taken_out_again(emit: EmitStrategy) -> None:
     # [0, 25) holds 0, 10, 20 (gap 15, maximum duration 25). The batch's event at 5 is inside
@@ -153,15 +217,22 @@ def disordered_batches(draw: st.DrawFn) -> list[tuple[str, int, int]]:
 def configs(draw: st.DrawFn) -> dict[str, Any]:
     return {"gap": draw(st.integers(1, 40)), "md": draw(st.integers(1, 80)),
             "grace": draw(st.sampled_from([0, 5, 50, 1000])),
-            "ooo": draw(st.sampled_from([0, 10, 100])), "inclusive": draw(st.booleans())}
+            "ooo": draw(st.sampled_from([0, 10, 100])), "inclusive": draw(st.booleans()),
+            "cache": draw(st.sampled_from([None, None, 0, 1, 3, 100_000]))}
 
 
 def build(cfg: dict[str, Any], agg_name: str, emit: EmitStrategy) -> SessionAggregator:
+    """``cfg["cache"]``: None, or with ``ON_WINDOW_UPDATE`` a write cache of that size."""
     windows = SessionWindows(cfg["gap"], cfg["grace"], cfg["inclusive"],
                              max_duration_ms=cfg["md"])
     store = InMemorySessionStore(retention_ms=windows.retention_ms + cfg["ooo"] + 10_000)
+    cache = cfg.get("cache") if emit is UPDATE else None
+    if cache is None:
+        return SessionAggregator(store, windows, BAD[agg_name][0](), emit=emit,
+                                 max_out_of_orderness_ms=cfg["ooo"])
     return SessionAggregator(store, windows, BAD[agg_name][0](), emit=emit,
-                             max_out_of_orderness_ms=cfg["ooo"])
+                             max_out_of_orderness_ms=cfg["ooo"], write_cache=True,
+                             cache_max_sessions=cache)
 
 
 def feed(engine: SessionAggregator, rows: list[tuple[Any, Any, int]]) -> list[Any]:
@@ -181,6 +252,9 @@ def emitted(out: list[Any]) -> list[tuple[Any, ...]]:
 @example(  # the repro: the event at 200 joins the sessions at 100 and 300
     {"gap": 100, "md": 1000, "grace": 1000, "ooo": 0, "inclusive": True}, [],
     [("k", 2, 300), ("k", 3, 100)], None, "sum", CLOSE)
+@example(  # the same with a write cache that evicts at the batch's second step
+    {"gap": 100, "md": 1000, "grace": 1000, "ooo": 0, "inclusive": True, "cache": 1}, [],
+    [("k", 2, 300), ("k", 3, 100)], None, "sum", UPDATE)
 def test_an_injected_failure_changes_nothing(cfg: dict[str, Any],
                                              prior: list[tuple[str, int, int]],
                                              batch: list[tuple[str, int, int]],
@@ -190,7 +264,12 @@ def test_an_injected_failure_changes_nothing(cfg: dict[str, Any],
     random place of a disordered batch: the batch raises iff a loop of ``process`` raises, and
     when it does, the engine afterwards is indistinguishable from one that never saw the
     call (every later emit, counter and session), and the same batch without the bad value
-    gives the oracle's sessions."""
+    gives the oracle's sessions.
+
+    With a write cache that may evict (sizes 1 and 3), the failing batch leaves it holding
+    other keys (an eviction forgets every key, and the batch's keys are read): later
+    evictions may then come at other points, so later calls deliver the same sessions and
+    values, and may deliver intermediate updates at other points."""
     if data is None:  # the example: the bad value at 200, last
         at, partner = len(batch), ("k", 0, 200)
         batch = [*batch, partner]
@@ -221,8 +300,13 @@ def test_an_injected_failure_changes_nothing(cfg: dict[str, Any],
     assert (counters(failing), failing.watermark) == before
     out_failing = feed(failing, batch) + failing.advance_watermark(INT64_MAX)
     out_twin = feed(twin, batch) + twin.advance_watermark(INT64_MAX)
-    assert emitted(out_failing) == emitted(out_twin)
-    assert counters(failing) == counters(twin)
+    if emit is UPDATE and cfg.get("cache") in (1, 3):
+        assert last_values(out_failing) == last_values(out_twin)
+        assert ({**counters(failing), "emitted-records": 0}
+                == {**counters(twin), "emitted-records": 0})
+    else:
+        assert emitted(out_failing) == emitted(out_twin)
+        assert counters(failing) == counters(twin)
     steps = [("event", *row) for row in [*prior, *batch]]
     expected, _ = oracle.sessionize_max_duration(steps, cfg["gap"], cfg["md"], cfg["grace"],
                                                  cfg["inclusive"], cfg["ooo"])
@@ -267,3 +351,35 @@ def test_an_event_appended_in_place_is_taken_out_again(tmp_path: Path, backend: 
     values, _ = run(fail=False)
     first = [t for t in [100, 110, 150, *chain] if t < 1100]
     assert values[0] == ("k", 100, min(max(first) + 100, 1100), len(first))
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 30), st.sampled_from([0, 1, 2, 3, 7]),
+       st.integers(20, 200), st.sampled_from([0, 300, 1000]))
+def test_batches_with_a_small_write_cache_emit_what_the_loop_emits(
+        seed: int, n_keys: int, cache: int, batch_size: int, grace: int) -> None:
+    """With a write cache that evicts (and forwards) inside a batch, ``process_batch`` emits
+    exactly what a loop of ``process`` and a ``flush`` emit, batch after batch, over a dense
+    stream of slightly disordered events: the batch reads each key as the loop's step does (a
+    key first read below its event's "closed before" loads more sessions, and the cache then
+    evicts at other points)."""
+    rng = np.random.default_rng(seed)
+    n = 500
+    keys = [f"k{i}" for i in rng.integers(0, n_keys, n).tolist()]
+    times = np.sort(rng.integers(0, n * 50, n)) + rng.integers(-300, 300, n)
+    values = rng.integers(0, 100, n).tolist()
+    windows = SessionWindows(100, grace_ms=grace, max_duration_ms=1000)
+
+    def build_cached() -> SessionAggregator:
+        return SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms + 1000),
+                                 windows, aggregations.sum_of(), emit=UPDATE, write_cache=True,
+                                 cache_max_sessions=cache)
+
+    batched, looped = build_cached(), build_cached()
+    for a in range(0, n, batch_size):
+        rows = range(a, min(a + batch_size, n))
+        out_batch = batched.process_batch([keys[i] for i in rows], [values[i] for i in rows],
+                                          times[a:a + batch_size])
+        out_loop = [e for i in rows for e in looped.process(keys[i], values[i], int(times[i]))]
+        assert emitted(out_batch) == emitted(out_loop + looped.flush())
+    assert counters(batched) == counters(looped)
