@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from .. import keyschema
-from ..arrays import ByteRows, LazyBytesList
+from ..arrays import ByteRows, LazyBytesList, factorize
 
 __all__ = ["EncodedKeys", "KeyEncodings", "encode_int_keys", "encode_key_column",
            "encode_key_rows", "encode_keys"]
@@ -63,11 +63,15 @@ class EncodedKeys(LazyBytesList):
     """Key encodings held as their :class:`~sessionstore.keyschema.KeyMatrix`, cut into bytes
     objects only when read as a sequence (see :func:`encode_key_rows`)."""
 
-    __slots__ = ("matrix",)
+    __slots__ = ("matrix", "identities")
 
-    def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+    def __init__(self, matrix: keyschema.KeyMatrix,
+                 identities: npt.NDArray[np.int64] | None = None) -> None:
         super().__init__()
         self.matrix = matrix
+        #: when known, a label per row, equal for equal encodings and only for them
+        #: (:meth:`KeyEncodings.identities`); None: compare the bytes
+        self.identities = identities
 
     def rows(self) -> ByteRows:
         """The encodings as byte rows (no bytes object per key)."""
@@ -89,12 +93,25 @@ class KeyEncodings:
         matrix: the encodings (row ``i`` is key ``i``'s).
     """
 
-    __slots__ = ("matrix", "_pieces", "_cut")
+    __slots__ = ("matrix", "_pieces", "_cut", "_values", "_labels")
 
-    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces) -> None:
+    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces,
+                 values: npt.NDArray[np.int64]) -> None:
         self.matrix = matrix
         self._pieces = pieces  # the encoder's rows of each width (see _encode_int64)
         self._cut: npt.NDArray[Any] | None = None  # the encodings as bytes, once needed
+        self._values = values  # the int keys encoded (row i is encode_key(int(values[i])))
+        self._labels: npt.NDArray[np.int64] | None = None
+
+    def identities(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """A label for each of ``rows``, equal for equal encodings and only for them: the
+        position of its int key among the distinct keys (msgpack encodes distinct ints
+        distinctly), from a hash pass over the int64 values, once for the calls that share
+        these encodings, rather than one over the encodings' bytes per call."""
+        if self._labels is None:
+            self._labels = factorize(self._values)[0]
+        labels: npt.NDArray[np.int64] = self._labels[rows]
+        return labels
 
     def __len__(self) -> int:
         return len(self.matrix.lengths)
@@ -130,11 +147,11 @@ def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
     n = len(values)
     if n == 0:
         return KeyEncodings(keyschema.KeyMatrix(np.zeros((0, 0), dtype=np.uint8),
-                                                np.zeros(0, dtype=np.int64)), [])
+                                                np.zeros(0, dtype=np.int64)), [], values)
     pieces = _encode_int64(values)
     _, matrix = _assemble(n, pieces, cut=False)
     assert matrix is not None  # an int encodes to at most 13 bytes
-    return KeyEncodings(matrix, pieces)
+    return KeyEncodings(matrix, pieces, values.copy())
 
 
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
