@@ -210,6 +210,16 @@ def test_encoded_int_keys_identities_match_byte_equality(keys: list[int],
             assert (labels[i] == labels[j]) == (expected[i] == expected[j])
 
 
+def test_encoded_int_keys_at_every_format_boundary() -> None:
+    """Every boundary of msgpack's int formats, and one either side, at once (the compiled
+    encoder picks the format per row): kills a format bound off by one."""
+    encodings = encode_int_keys(np.array(BOUNDARIES, dtype=np.int64))
+    rows = np.arange(len(BOUNDARIES), dtype=np.int64)
+    assert encodings.cut(rows) == [_oracle(key) for key in BOUNDARIES]
+    matrix = encodings.take(rows)
+    assert matrix.lengths.tolist() == [len(_oracle(key)) for key in BOUNDARIES]
+
+
 def test_encoded_int_keys_refuse_other_arrays() -> None:
     with pytest.raises(ValueError, match="values must be a one-dimensional int64 array"):
         encode_int_keys(np.array([1, 2], dtype=np.int32))  # type: ignore[arg-type]
