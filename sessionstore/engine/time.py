@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..jit import compiled
 from ..timeutil import check_int64
 from .config import NO_WATERMARK, EngineConfig
 
@@ -45,6 +46,37 @@ def final_latencies_ms(watermark_ms: Any, ends_ms: np.ndarray, grace_ms: Any) ->
     sessions (their ``end + grace <= W`` fits); float64 never wraps at extreme times, which a
     histogram bucket can take (it needs no more precision)."""
     return np.asarray(np.maximum(watermark_ms - close_time_ms(ends_ms, grace_ms), 0))
+
+
+def arrival_kernel(times: np.ndarray, own_ends: np.ndarray, w0: int, out_of_orderness: int,
+                   grace: int, floor: int, last_close: int, external: bool, late: np.ndarray,
+                   closed_before: np.ndarray, accepted: np.ndarray) -> int:
+    """:meth:`TimeKeeper.arrive_batch_reference` in one pass: each event's watermark on
+    arrival (``w0``, then the running maximum of the times minus ``out_of_orderness``, never
+    below ``w0``; ``w0`` throughout when ``external``), its late flag (``W >= own_end +
+    grace``) and its close cursor (``max(max(W, floor) - grace, last_close)``, ``floor`` being
+    ``NO_WATERMARK + grace``), in int64 arithmetic as numpy's. Fills ``late`` and
+    ``closed_before``, puts the indexes of the events that are not late first in ``accepted``
+    and returns their number. (Compiled.)"""
+    w = w0
+    top = times[0] if len(times) else 0
+    m = 0
+    for i in range(len(times)):
+        if not external and i:
+            t = times[i - 1]
+            if t > top:
+                top = t
+            moved = top - out_of_orderness
+            w = moved if moved > w0 else w0
+        is_late = w >= own_ends[i] + grace
+        late[i] = is_late
+        raised = w if w > floor else floor
+        cursor = raised - grace
+        closed_before[i] = cursor if cursor > last_close else last_close
+        if not is_late:
+            accepted[m] = i
+            m += 1
+    return m
 
 
 class BatchArrival(NamedTuple):
@@ -110,7 +142,32 @@ class TimeKeeper:
     def arrive_batch(self, times_ms: np.ndarray, own_ends_ms: np.ndarray) -> BatchArrival:
         """The late rule and the close cursor for a batch (``own_ends_ms``: each event's own
         window end, see :meth:`is_late`), against the watermark each event meets on arrival.
-        Every batch path starts here."""
+        Every batch path starts here.
+
+        One compiled pass (:func:`arrival_kernel`) over int64 columns; the same outcome as
+        :meth:`arrive_batch_reference` (the rules' own composition), which
+        ``tests/engine/test_late_rule.py`` pins it to."""
+        n = len(times_ms)
+        if (type(times_ms) is not np.ndarray or type(own_ends_ms) is not np.ndarray
+                or times_ms.dtype != np.int64 or own_ends_ms.dtype != np.int64
+                or len(own_ends_ms) != n):
+            return self.arrive_batch_reference(times_ms, own_ends_ms)
+        grace = self.config.grace_ms
+        late = np.empty(n, dtype=np.bool_)
+        closed_before = np.empty(n, dtype=np.int64)
+        accepted = np.empty(n, dtype=np.int64)
+        m = compiled(arrival_kernel)(
+            times_ms, own_ends_ms, self.watermark, self.config.max_out_of_orderness_ms, grace,
+            NO_WATERMARK + grace, self.last_close, self.config.watermark == "external",
+            late, closed_before, accepted)
+        return BatchArrival(late, closed_before, accepted[:m],
+                            np.arange(self.seq + 1, self.seq + 1 + m, dtype=np.int64))
+
+    def arrive_batch_reference(self, times_ms: np.ndarray, own_ends_ms: np.ndarray
+                               ) -> BatchArrival:
+        """:meth:`arrive_batch` composed from the rules themselves (:meth:`watermarks_before`,
+        :meth:`late_in_batch`, :meth:`closed_before_in_batch`): the reference the compiled
+        pass is pinned to, and the path for columns that are not int64 arrays."""
         before = self.watermarks_before(times_ms)
         late = self.late_in_batch(before, own_ends_ms)
         accepted = np.flatnonzero(~late)

@@ -273,7 +273,8 @@ def _check_encoded_many(
         index, present, used = _referenced_keys(key_index, n_keys)
         index = (np.cumsum(present) - 1)[index]
     matrix = keys.take(used)
-    encoded: Sequence[bytes] = keys.cut(used) if cut else EncodedKeys(matrix)
+    encoded: Sequence[bytes] = (keys.cut(used) if cut
+                                else EncodedKeys(matrix, keys.identities(used)))
     starts, ends = _check_bounds(starts_ms, ends_ms, len(index))
     return encoded, index, starts, ends, matrix
 

@@ -19,28 +19,14 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from .. import keyschema
-from ..arrays import ByteRows, LazyBytesList
+from ..arrays import ByteRows, LazyBytesList, factorize
+from ..jit import compiled
 
 __all__ = ["EncodedKeys", "KeyEncodings", "encode_int_keys", "encode_key_column",
            "encode_key_rows", "encode_keys"]
 
 # Below this many keys the per-key encoder (with its cache) is as fast.
 _VECTOR_MIN = 64
-
-# msgpack's int formats, as msgpack-python chooses them: (low, high, header byte or None for a
-# fixint, payload bytes, signed)
-_INT_CLASSES: tuple[tuple[int, int, int | None, int, bool], ...] = (
-    (0, 0x7F, None, 0, False),
-    (-32, -1, None, 0, True),
-    (0x80, 0xFF, 0xCC, 1, False),
-    (0x100, 0xFFFF, 0xCD, 2, False),
-    (-0x80, -33, 0xD0, 1, True),
-    (0x1_0000, 0xFFFF_FFFF, 0xCE, 4, False),
-    (-0x8000, -0x81, 0xD1, 2, True),
-    (-0x8000_0000, -0x8001, 0xD2, 4, True),
-    (0x1_0000_0000, 2**63 - 1, 0xCF, 8, False),
-    (-(2**63), -0x8000_0001, 0xD3, 8, True),
-)
 
 
 def encode_keys(keys: Sequence[Any], rows: Sequence[int] | None = None) -> list[bytes]:
@@ -63,11 +49,15 @@ class EncodedKeys(LazyBytesList):
     """Key encodings held as their :class:`~sessionstore.keyschema.KeyMatrix`, cut into bytes
     objects only when read as a sequence (see :func:`encode_key_rows`)."""
 
-    __slots__ = ("matrix",)
+    __slots__ = ("matrix", "identities")
 
-    def __init__(self, matrix: keyschema.KeyMatrix) -> None:
+    def __init__(self, matrix: keyschema.KeyMatrix,
+                 identities: npt.NDArray[np.int64] | None = None) -> None:
         super().__init__()
         self.matrix = matrix
+        #: when known, a label per row, equal for equal encodings and only for them
+        #: (:meth:`KeyEncodings.identities`); None: compare the bytes
+        self.identities = identities
 
     def rows(self) -> ByteRows:
         """The encodings as byte rows (no bytes object per key)."""
@@ -89,12 +79,25 @@ class KeyEncodings:
         matrix: the encodings (row ``i`` is key ``i``'s).
     """
 
-    __slots__ = ("matrix", "_pieces", "_cut")
+    __slots__ = ("matrix", "_pieces", "_cut", "_values", "_labels")
 
-    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces) -> None:
+    def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces | None,
+                 values: npt.NDArray[np.int64]) -> None:
         self.matrix = matrix
-        self._pieces = pieces  # the encoder's rows of each width (see _encode_int64)
+        self._pieces = pieces  # the rows of each width (see _encode_int64), once needed
         self._cut: npt.NDArray[Any] | None = None  # the encodings as bytes, once needed
+        self._values = values  # the int keys encoded (row i is encode_key(int(values[i])))
+        self._labels: npt.NDArray[np.int64] | None = None
+
+    def identities(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """A label for each of ``rows``, equal for equal encodings and only for them: the
+        position of its int key among the distinct keys (msgpack encodes distinct ints
+        distinctly), from a hash pass over the int64 values, once for the calls that share
+        these encodings, rather than one over the encodings' bytes per call."""
+        if self._labels is None:
+            self._labels = factorize(self._values)[0]
+        labels: npt.NDArray[np.int64] = self._labels[rows]
+        return labels
 
     def __len__(self) -> int:
         return len(self.matrix.lengths)
@@ -103,6 +106,8 @@ class KeyEncodings:
         """The encodings of ``rows`` (in that order) as bytes objects (every key is cut once,
         on the first call, for the calls that share these encodings)."""
         if self._cut is None:
+            if self._pieces is None:
+                self._pieces = _pieces_of(self.matrix)
             self._cut = np.empty(len(self), dtype=object)
             self._cut[:] = _cut(len(self), self._pieces)
         picked: list[bytes] = self._cut[rows].tolist()
@@ -127,14 +132,68 @@ def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
     if not isinstance(values, np.ndarray) or values.dtype != np.int64 or values.ndim != 1:
         raise ValueError(f"values must be a one-dimensional int64 array, got "
                          f"{getattr(values, 'dtype', type(values).__name__)}")
-    n = len(values)
-    if n == 0:
-        return KeyEncodings(keyschema.KeyMatrix(np.zeros((0, 0), dtype=np.uint8),
-                                                np.zeros(0, dtype=np.int64)), [])
-    pieces = _encode_int64(values)
-    _, matrix = _assemble(n, pieces, cut=False)
-    assert matrix is not None  # an int encodes to at most 13 bytes
-    return KeyEncodings(matrix, pieces)
+    return KeyEncodings(_int64_matrix(values), None, values.copy())
+
+
+def _int64_matrix(values: npt.NDArray[np.int64]) -> keyschema.KeyMatrix:
+    """The key encodings of int64 values as a matrix, in two compiled passes."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    lengths = np.empty(len(values), dtype=np.int64)
+    width = compiled(int_key_lengths_kernel)(values, lengths)
+    rows = np.zeros((len(values), width), dtype=np.uint8)
+    compiled(int_key_rows_kernel)(values, lengths, rows)
+    return keyschema.KeyMatrix(rows, lengths)
+
+
+def int_key_lengths_kernel(values: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+                           ) -> int:
+    """Set ``lengths[i]`` to the length of ``values[i]``'s key encoding; return the largest
+    (0 for none). (Compiled.)
+
+    The encoding is a 4-byte big-endian length, then the int in the msgpack format that
+    msgpack-python chooses: a fixint (one byte) from -32 to 127; else a header byte and a
+    big-endian payload, of 1 byte for uint8 (to 255) and int8 (from -128), 2 for uint16 and
+    int16, 4 for uint32 and int32, 8 for uint64 and int64 beyond."""
+    widest = 0
+    for i in range(len(values)):
+        v = values[i]
+        if -32 <= v <= 0x7F:
+            size = 1  # a fixint: the whole encoding is one byte
+        elif 0 <= v <= 0xFF or -0x80 <= v < 0:
+            size = 2
+        elif 0 <= v <= 0xFFFF or -0x8000 <= v < 0:
+            size = 3
+        elif 0 <= v <= 0xFFFF_FFFF or -0x8000_0000 <= v < 0:
+            size = 5
+        else:
+            size = 9
+        lengths[i] = 4 + size
+        if 4 + size > widest:
+            widest = 4 + size
+    return widest
+
+
+def int_key_rows_kernel(values: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+                        rows: npt.NDArray[np.uint8]) -> None:
+    """Write each of ``values``' key encoding, ``lengths[i]`` bytes long
+    (:func:`int_key_lengths_kernel`), into its row of ``rows`` (zeroed on entry, as wide as
+    the widest): the 4-byte big-endian length, then msgpack's encoding of the int, the payload
+    big-endian. (Compiled.)"""
+    for i in range(len(values)):
+        v = values[i]
+        packed = lengths[i] - 4
+        rows[i, 3] = packed
+        if packed == 1:  # a fixint
+            rows[i, 4] = v & 0xFF
+            continue
+        size = packed - 1
+        if v >= 0:
+            header = 0xCC if size == 1 else 0xCD if size == 2 else 0xCE if size == 4 else 0xCF
+        else:
+            header = 0xD0 if size == 1 else 0xD1 if size == 2 else 0xD2 if size == 4 else 0xD3
+        rows[i, 4] = header
+        for b in range(size):
+            rows[i, 4 + size - b] = (v >> (8 * b)) & 0xFF
 
 
 def encode_key_column(keys: Sequence[Any], rows: Sequence[int] | None = None
@@ -225,6 +284,17 @@ def _assemble(n: int, pieces: _Pieces, cut: bool = True
     return encoded, keyschema.KeyMatrix(padded, lengths)
 
 
+def _pieces_of(matrix: keyschema.KeyMatrix) -> _Pieces:
+    """A key matrix's rows grouped by their width, each group cut to it (what
+    :func:`_encode_int64` gives)."""
+    lengths = matrix.lengths
+    pieces: _Pieces = []
+    for width in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == width)
+        pieces.append((rows, np.ascontiguousarray(matrix.rows[rows, :width])))
+    return pieces
+
+
 def _cut(n: int, pieces: _Pieces) -> list[bytes]:
     """The encodings of ``n`` keys as bytes, each piece's rows cut at its width."""
     # a void view cuts rows into bytes without dropping trailing zero bytes
@@ -239,26 +309,9 @@ def _cut(n: int, pieces: _Pieces) -> list[bytes]:
 
 
 def _encode_int64(values: npt.NDArray[np.int64]) -> _Pieces:
-    """The length-prefixed msgpack encodings of int64 values (see :data:`_INT_CLASSES`), as
-    byte matrices of the rows of each width."""
-    n = len(values)
-    pieces: _Pieces = []
-    big_endian = values.astype(">i8").view(np.uint8).reshape(n, 8)
-    for low, high, header, size, _signed in _INT_CLASSES:
-        rows = np.flatnonzero((values >= low) & (values <= high))
-        if not len(rows):
-            continue
-        packed_len = (0 if header is None else 1) + max(size, 1 if header is None else 0)
-        width = 4 + packed_len
-        matrix = np.zeros((len(rows), width), dtype=np.uint8)
-        matrix[:, 3] = packed_len  # the 4-byte big-endian length prefix; packed_len < 256
-        if header is None:  # fixint: the value's low byte is the whole encoding
-            matrix[:, 4] = big_endian[rows, 7]
-        else:
-            matrix[:, 4] = header
-            matrix[:, 5:] = big_endian[rows, 8 - size:]
-        pieces.append((rows, matrix))
-    return pieces
+    """The length-prefixed msgpack encodings of int64 values, as byte matrices of the rows of
+    each width."""
+    return _pieces_of(_int64_matrix(values))
 
 
 def _encode_str(keys: Sequence[str] | Sequence[bytes], binary: bool = False

@@ -358,7 +358,10 @@ class InMemorySessionStore(SegmentedSessionStore):
         """Identity, not byte order: nothing here is written in order. Each encoding ranks as
         the position of its first occurrence, found with a hash table over the encodings'
         bytes (the key matrix's rows when the encoder built one): no sort, and no Python
-        hash per key."""
+        hash per key. Encodings that come with labels of their identity
+        (:attr:`~.keycodec.EncodedKeys.identities`: the engine's int keys) rank by those."""
+        if isinstance(encoded, EncodedKeys) and encoded.identities is not None:
+            return encoded.identities
         if matrix is not None:
             rows = np.ascontiguousarray(matrix.rows)
             n, width = rows.shape

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessionstore import (
     EmitStrategy,
@@ -20,8 +22,9 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
+from sessionstore.engine.config import EngineConfig
 from sessionstore.engine.time import TimeKeeper
-from sessionstore.timeutil import INT64_MAX
+from sessionstore.timeutil import INT64_MAX, INT64_MIN
 from sessionstore.triggers import AfterWatermark
 
 GAP, GRACE, FIRST = 10, 5, 100
@@ -97,3 +100,36 @@ def test_time_keeper_rule():
     assert keeper.is_late(LATE + GAP) and not keeper.is_late(ON_TIME + GAP)
     mask = keeper.late_in_batch(np.array([FIRST, FIRST]), np.array([LATE + GAP, ON_TIME + GAP]))
     assert mask.tolist() == [True, False]
+
+
+EXTREMES = st.sampled_from([INT64_MIN, INT64_MIN + 1, -1, 0, 1, INT64_MAX - 1, INT64_MAX])
+TIMES = st.one_of(st.integers(-50, 400), EXTREMES)
+
+
+@given(st.lists(st.tuples(TIMES, st.integers(0, 60) | EXTREMES), max_size=30),
+       st.integers(0, 40), st.integers(0, 40), st.sampled_from(["event_time", "external"]),
+       st.one_of(st.none(), st.integers(-100, 300), EXTREMES),
+       st.one_of(st.none(), st.integers(-100, 300)), st.integers(0, 5))
+def test_arrive_batch_is_its_reference(events, grace, out_of_orderness, watermark, w0,
+                                       last_close, seq):
+    """The compiled arrival pass against the rules' own composition, at int64's ends too
+    (wrapping as numpy's int64 does): kills a watermark taken after the event instead of
+    before it, a cursor or late flag off by the grace, and a lost ``external`` mode."""
+    config = EngineConfig(gap_ms=10, grace_ms=grace, inclusive_gap=False,
+                          max_out_of_orderness_ms=out_of_orderness, watermark=watermark,
+                          cache_max_sessions=0)
+    keeper = TimeKeeper(config)
+    if w0 is not None:
+        keeper.watermark = w0
+    if last_close is not None:
+        keeper.last_close = last_close
+    keeper.seq = seq
+    times = np.array([t for t, _ in events], dtype=np.int64)
+    with np.errstate(over="ignore"):
+        ends = times + np.array([g for _, g in events], dtype=np.int64)
+    fast = keeper.arrive_batch(times, ends)
+    with np.errstate(over="ignore"):
+        slow = keeper.arrive_batch_reference(times, ends)
+    for got, want in zip(fast, slow, strict=True):
+        assert got.dtype == want.dtype
+        assert got.tolist() == want.tolist()

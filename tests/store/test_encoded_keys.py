@@ -29,9 +29,10 @@ INTS = st.sampled_from([0, 1, 300, -7, 2**40, 127, 128, -32, -33, 65_536, INT64_
 @st.composite
 def calls(draw: st.DrawFn) -> tuple[str, list[int], list[int], list[int], list[Any],
                                     list[int] | None]:
-    """A put_many or remove_many over distinct int keys, with a key index or without (then
-    one session per key); sessions may repeat (the later wins), keys may go unused."""
-    keys = draw(st.lists(INTS, min_size=1, max_size=10, unique=True))
+    """A put_many or remove_many over int keys (distinct, as the engine's, or repeating),
+    with a key index or without (then one session per key); sessions may repeat (the later
+    wins), keys may go unused."""
+    keys = draw(st.lists(INTS, min_size=1, max_size=10, unique=draw(st.booleans())))
     indexed = draw(st.booleans())
     n = draw(st.integers(0, 15)) if indexed else len(keys)
     key_index = (draw(st.lists(st.integers(0, len(keys) - 1), min_size=n, max_size=n))
