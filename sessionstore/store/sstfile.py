@@ -166,14 +166,19 @@ _SEALER: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.
 
 
 def _has_sse42() -> bool:
-    """Whether the compiled kernels run on an x86 CPU with SSE 4.2 (numba compiles for the
-    host CPU) and numba compiles at all (``NUMBA_DISABLE_JIT=1`` runs plain Python, where the
-    instruction does not exist)."""
+    """Whether the compiled kernels run on an x86 CPU with SSE 4.2: numba compiles at all
+    (``NUMBA_DISABLE_JIT=1`` runs plain Python, where the instruction does not exist), and for
+    the host CPU when it has the instruction, or for a CPU named by ``NUMBA_CPU_NAME`` only
+    when ``NUMBA_CPU_FEATURES`` grants it (a generic target cannot build it)."""
     import numba
     from llvmlite import binding  # type: ignore[import-untyped]
 
-    if getattr(numba.config, "DISABLE_JIT", False) or platform.machine().lower() not in ("x86_64", "amd64"):
+    config = numba.config
+    if getattr(config, "DISABLE_JIT", False) \
+            or platform.machine().lower() not in ("x86_64", "amd64"):
         return False
+    if getattr(config, "CPU_NAME", None) not in (None, "host"):
+        return "+sse4.2" in str(getattr(config, "CPU_FEATURES", None) or "")
     return bool(binding.get_host_cpu_features().get("sse4.2", False))
 
 
