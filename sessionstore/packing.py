@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .arrays import ByteRows, LazyBytesList
+from .jit import register_helpers
 
 __all__ = ["PackedValues", "pack_session_records"]
 
@@ -41,13 +42,9 @@ _INT_FORMATS: tuple[tuple[int, int, int | None, int], ...] = (
     (-(2**63), -0x8000_0001, 0xD3, 8),
 )
 _RECORD_HEAD = 0x95  # fixarray of 5: [acc, 0, 0, 0, None]
-_RECORD_TAIL = np.array([0x00, 0x00, 0x00, 0xC0], dtype=np.uint8)  # 0, 0, 0, nil
+_RECORD_NIL = 0xC0  # the record's tail: 0, 0, 0, nil
 _FLOAT64 = 0xCB
 _FLOAT = len(_INT_FORMATS)  # the format code of a float64
-# the formats by their lowest value, for a search
-_BY_LOW = sorted(range(len(_INT_FORMATS)), key=lambda f: _INT_FORMATS[f][0])
-_LOWS = np.array([_INT_FORMATS[f][0] for f in _BY_LOW], dtype=np.int64)
-_FORMAT_BY_LOW = np.array(_BY_LOW, dtype=np.int64)
 
 
 class PackedValues(LazyBytesList):
@@ -149,87 +146,102 @@ def pack_session_records(columns: list[npt.NDArray[Any]], *, combined: bool
 
 
 def _pack_rows(columns: list[npt.NDArray[Any]], combined: bool) -> ByteRows:
-    """The records of :func:`pack_session_records` (columns it takes, at least one row)."""
+    """The records of :func:`pack_session_records` (columns it takes, at least one row): a
+    zero-padded byte matrix as wide as the longest record, a record per row, in one compiled
+    pass (:func:`pack_records_kernel`)."""
+    from .jit import compiled  # numba, on first use only
+
     n = len(columns[0])
-    # per part, its format per row, or one format for every row: an index into _INT_FORMATS,
-    # or _FLOAT for a float64
-    formats = []
-    payloads = []
-    for column in columns:
-        if column.dtype == np.float64:
-            formats.append(np.full(1, _FLOAT, dtype=np.int64))
-            payloads.append(column.astype(">f8").view(np.uint8).reshape(n, 8))
-            continue
-        low, high = _FORMAT_BY_LOW[np.searchsorted(_LOWS, [column.min(), column.max()],
-                                                   side="right") - 1].tolist()
-        if low == high:  # the usual case (counts): every row has the format of both ends
-            formats.append(np.full(1, low, dtype=np.int64))
-        else:
-            formats.append(_FORMAT_BY_LOW[np.searchsorted(_LOWS, column, side="right") - 1])
-        payloads.append(column.astype(">i8").view(np.uint8).reshape(n, 8))
-    # rows whose parts have the same formats have the same layout: one byte matrix each
-    layout = formats[0]
-    for code in formats[1:]:
-        layout = layout * (_FLOAT + 1) + code
-    if all(len(code) == 1 for code in formats):  # one format per part: one layout
-        distinct = layout
-    else:  # at most 12**3 layouts are counted rather than sorted
-        distinct = (np.flatnonzero(np.bincount(layout)) if len(columns) <= 3
-                    else np.unique(layout))
-    kinds = distinct.tolist()
-    if len(kinds) == 1:
-        return ByteRows.of_matrix(_records(formats, payloads, combined, None, 0))
-    # one zero-padded matrix: every row in the commonest layout first (one matrix operation),
-    # then the rows of the other layouts written over theirs at their own width
-    rows_of = [np.flatnonzero(layout == kind) for kind in kinds]
-    major = max(range(len(kinds)), key=lambda k: len(rows_of[k]))
-    common = _records(formats, payloads, combined, None, int(rows_of[major][0]))
-    others = [(rows, _records(formats, payloads, combined, rows, 0))
-              for k, rows in enumerate(rows_of) if k != major]
-    width = max([common.shape[1]] + [matrix.shape[1] for _, matrix in others])
-    padded = common if width == common.shape[1] else np.zeros((n, width), dtype=np.uint8)
-    if padded is not common:
-        padded[:, :common.shape[1]] = common
-    lengths = np.full(n, common.shape[1], dtype=np.int64)
-    for rows, matrix in others:
-        padded[rows, :matrix.shape[1]] = matrix
-        padded[rows, matrix.shape[1]:] = 0
-        lengths[rows] = matrix.shape[1]
-    return ByteRows.of_matrix_rows(padded, lengths)
+    values = np.empty((n, len(columns)), dtype=np.int64)
+    floats = np.zeros(len(columns), dtype=np.bool_)
+    for part, column in enumerate(columns):
+        floats[part] = column.dtype == np.float64
+        values[:, part] = column.view(np.int64) if floats[part] else column
+    lengths = np.empty(n, dtype=np.int64)
+    width = int(compiled(record_lengths_kernel)(values, floats, combined, lengths))
+    matrix = np.zeros((n, width), dtype=np.uint8)
+    compiled(pack_records_kernel)(values, floats, combined, matrix)
+    return ByteRows.of_matrix_rows(matrix, lengths)
 
 
-def _records(formats: list[npt.NDArray[np.int64]], payloads: list[npt.NDArray[np.uint8]],
-             combined: bool, rows: npt.NDArray[np.int64] | None, first: int
-             ) -> npt.NDArray[np.uint8]:
-    """The records of ``rows`` (None: every row) as a byte matrix, one record per row, all in
-    the layout of the parts' formats at row ``first`` of ``rows`` (a row of that layout: a row
-    of another comes out wrong)."""
-    pieces: list[tuple[int | None, int, npt.NDArray[np.uint8]]] = []  # header, size, payload
-    at_row = first if rows is None else int(rows[first])
-    for part_formats, payload in zip(formats, payloads, strict=True):
-        picked = payload if rows is None else payload[rows]
-        part_format = int(part_formats[at_row if len(part_formats) > 1 else 0])
-        if part_format == _FLOAT:
-            pieces.append((_FLOAT64, 8, picked))
-        else:
-            _low, _high, header, size = _INT_FORMATS[part_format]
-            pieces.append((header, size, picked[:, 8 - size:]))
-    width = 1 + (1 if combined else 0) + sum(
-        size + (0 if header is None else 1) for header, size, _ in pieces) + len(_RECORD_TAIL)
-    matrix = np.empty((len(pieces[0][2]), width), dtype=np.uint8)
-    matrix[:, 0] = _RECORD_HEAD
-    at = 1
-    if combined:
-        matrix[:, 1] = 0x90 | len(formats)  # fixarray of the parts
-        at = 2
-    for header, size, picked in pieces:
-        if header is not None:
-            matrix[:, at] = header
+def _int_size(value: int) -> int:
+    """The bytes msgpack writes for the int ``value`` (its header and payload), as the first
+    matching format of ``_INT_FORMATS``. (Compiled.)"""
+    if -32 <= value <= 0x7F:
+        return 1
+    if value > 0:
+        if value <= 0xFF:
+            return 2
+        if value <= 0xFFFF:
+            return 3
+        if value <= 0xFFFF_FFFF:
+            return 5
+        return 9
+    if value >= -0x80:
+        return 2
+    if value >= -0x8000:
+        return 3
+    if value >= -0x8000_0000:
+        return 5
+    return 9
+
+
+def record_lengths_kernel(values: npt.NDArray[np.int64], floats: npt.NDArray[np.bool_],
+                          combined: bool, lengths: npt.NDArray[np.int64]) -> int:
+    """Write the length of each row's record to ``lengths``; return the longest (0 for no
+    rows). ``values[i, part]`` is the part's value, a float64's bits where ``floats[part]``.
+    (Compiled.)"""
+    n, parts = values.shape
+    longest = 0
+    for i in range(n):
+        size = 1 + (1 if combined else 0) + 4  # head, the parts' fixarray, tail
+        for part in range(parts):
+            size += 9 if floats[part] else _int_size(values[i, part])
+        lengths[i] = size
+        longest = max(longest, size)
+    return longest
+
+
+def pack_records_kernel(values: npt.NDArray[np.int64], floats: npt.NDArray[np.bool_],
+                        combined: bool, out: npt.NDArray[np.uint8]) -> None:
+    """Write each row's record ``[acc, 0, 0, 0, None]`` (see :func:`record_lengths_kernel`
+    for ``values``) at the start of its row of ``out`` (zeros, as wide as the longest): an int
+    in the format msgpack-python picks for it (``_INT_FORMATS``), a float64 as ``0xcb`` and 8
+    big-endian bytes. (Compiled.)"""
+    n, parts = values.shape
+    for i in range(n):
+        out[i, 0] = _RECORD_HEAD
+        at = 1
+        if combined:
+            out[i, 1] = 0x90 | parts
+            at = 2
+        for part in range(parts):
+            value = values[i, part]
+            if floats[part]:
+                header = _FLOAT64
+                size = 8
+            else:
+                size = _int_size(value) - 1
+                if size == 0:  # a fixint: its low byte
+                    header = value & 0xFF
+                elif value > 0:
+                    header = 0xCC if size == 1 else 0xCD if size == 2 else 0xCE if size == 4 \
+                        else 0xCF
+                else:
+                    header = 0xD0 if size == 1 else 0xD1 if size == 2 else 0xD2 if size == 4 \
+                        else 0xD3
+            out[i, at] = header
             at += 1
-        matrix[:, at:at + size] = picked
-        at += size
-    matrix[:, at:] = _RECORD_TAIL
-    return matrix
+            for b in range(size):  # big-endian
+                out[i, at + b] = (value >> (8 * (size - 1 - b))) & 0xFF
+            at += size
+        out[i, at + 3] = _RECORD_NIL  # after 0, 0, 0: out holds zeros
+
+
+register_helpers({
+    "record_lengths_kernel": (_int_size,),
+    "pack_records_kernel": (_int_size,),
+})
 
 
 # -- unpacking: the inverse of pack_session_records, for a cold start ------------------------

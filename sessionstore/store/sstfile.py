@@ -30,7 +30,9 @@ compaction. Pinned to rocksdict's writer by ``tests/store/test_rocks_sst_file.py
 from __future__ import annotations
 
 import os
+import platform
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -117,16 +119,67 @@ def put_varint_kernel(out: npt.NDArray[np.uint8], at: int, value: int) -> int:
     return at + 1
 
 
-def seal_block_kernel(out: npt.NDArray[np.uint8], first: int, at: int,
-                      tables: npt.NDArray[np.uint32]) -> int:
-    """Append the trailer of the block ``out[first:at]``: no compression, masked CRC-32C of
-    the block and that byte. Returns the position after the trailer. (Compiled.)"""
-    out[at] = 0  # kNoCompression
-    crc = crc32c_kernel(out, first, at + 1, tables)
-    masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-    for i in range(4):
-        out[at + 1 + i] = (masked >> (8 * i)) & 0xFF
-    return at + 5
+def seal_blocks_kernel(out: npt.NDArray[np.uint8], block_first: npt.NDArray[np.int64],
+                       block_length: npt.NDArray[np.int64], blocks: int,
+                       tables: npt.NDArray[np.uint32]) -> None:
+    """Write the checksum of each block's trailer: block ``b`` is ``out[block_first[b]:
+    block_first[b] + block_length[b]]``, followed by its compression type byte; the masked
+    CRC-32C of both goes into the 4 bytes after that byte. (Compiled.)"""
+    for b in range(blocks):
+        first = block_first[b]
+        at = first + block_length[b]
+        crc = crc32c_kernel(out, first, at + 1, tables)
+        masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+        for i in range(4):
+            out[at + 1 + i] = (masked >> (8 * i)) & 0xFF
+
+
+def block_sealer() -> Callable[[npt.NDArray[np.uint8], npt.NDArray[np.int64],
+                                npt.NDArray[np.int64], int], None]:
+    """The fastest :func:`seal_blocks_kernel` this host runs: the SSE 4.2 ``crc32``
+    instruction where the CPU has it and numba compiles (:mod:`.crc32c_sse42`), else the
+    table-driven kernel. The checksums are the same (pinned by a test)."""
+    global _SEALER
+    if _SEALER is None:
+        from ..jit import compiled  # numba, on first use only
+
+        if _has_sse42():
+            from .crc32c_sse42 import seal_blocks_sse42_kernel
+
+            def seal(out: npt.NDArray[np.uint8], block_first: npt.NDArray[np.int64],
+                     block_length: npt.NDArray[np.int64], blocks: int) -> None:
+                # a u64 view of out from its (aligned) start: the kernel reads whole words
+                words = out[:len(out) // 8 * 8].view(np.uint64)
+                seal_blocks_sse42_kernel(out, words, block_first, block_length, blocks)
+        else:
+            kernel = compiled(seal_blocks_kernel)
+
+            def seal(out: npt.NDArray[np.uint8], block_first: npt.NDArray[np.int64],
+                     block_length: npt.NDArray[np.int64], blocks: int) -> None:
+                kernel(out, block_first, block_length, blocks, _TABLES)
+        _SEALER = seal
+    return _SEALER
+
+
+_SEALER: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64], int],
+                  None] | None = None
+
+
+def _has_sse42() -> bool:
+    """Whether the compiled kernels run on an x86 CPU with SSE 4.2: numba compiles at all
+    (``NUMBA_DISABLE_JIT=1`` runs plain Python, where the instruction does not exist), and for
+    the host CPU when it has the instruction, or for a CPU named by ``NUMBA_CPU_NAME`` only
+    when ``NUMBA_CPU_FEATURES`` grants it (a generic target cannot build it)."""
+    import numba
+    from llvmlite import binding  # type: ignore[import-untyped]
+
+    config = numba.config
+    if getattr(config, "DISABLE_JIT", False) \
+            or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if getattr(config, "CPU_NAME", None) not in (None, "host"):
+        return "+sse4.2" in str(getattr(config, "CPU_FEATURES", None) or "")
+    return bool(binding.get_host_cpu_features().get("sse4.2", False))
 
 
 def _key_byte(data: npt.NDArray[np.uint8], first: int, length: int, kind: int, j: int) -> int:
@@ -193,32 +246,37 @@ def _end_block(out: npt.NDArray[np.uint8], at: int, restarts: npt.NDArray[np.int
 
 
 def _close_data_block(out: npt.NDArray[np.uint8], first: int, at: int,
-                      restarts: npt.NDArray[np.int64], restart_count: int,
-                      tables: npt.NDArray[np.uint32], block: int, last: int,
-                      last_entry: npt.NDArray[np.int64], block_first: npt.NDArray[np.int64],
+                      restarts: npt.NDArray[np.int64], restart_count: int, block: int,
+                      last: int, last_entry: npt.NDArray[np.int64],
+                      block_first: npt.NDArray[np.int64],
                       block_length: npt.NDArray[np.int64]) -> int:
     """End the data block ``block`` (``out[first:at]``, ``last`` its last entry): its restart
-    points and trailer, and its index entry's parts. Returns the position after it.
-    (Compiled.)"""
+    points and trailer (its checksum left to :func:`seal_blocks_kernel`), and its index
+    entry's parts. Returns the position after it. (Compiled.)"""
     at = _end_block(out, at, restarts, restart_count)
     last_entry[block] = last
     block_first[block] = first
     block_length[block] = at - first
-    return seal_block_kernel(out, first, at, tables)
+    out[at] = 0  # kNoCompression
+    return at + 5
 
 
 def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_put: int,
                  values: npt.NDArray[np.uint8], value_first: npt.NDArray[np.int64],
-                 value_stop: npt.NDArray[np.int64], out: npt.NDArray[np.uint8], tables: npt.NDArray[np.uint32],
-                 block_size: int, restart_interval: int,
-                 stats: npt.NDArray[np.int64]) -> int:
-    """Write the data blocks and the index block of a table into ``out``.
+                 value_stop: npt.NDArray[np.int64], out: npt.NDArray[np.uint8],
+                 block_size: int, restart_interval: int, stats: npt.NDArray[np.int64],
+                 block_first: npt.NDArray[np.int64], block_length: npt.NDArray[np.int64]
+                 ) -> int:
+    """Write the data blocks and the index block of a table into ``out``, each block followed
+    by its trailer without the checksum: :func:`seal_blocks_kernel` writes those.
 
     Key ``e`` is ``keys[offsets[e]:offsets[e + 1]]``: the records ``e < n_put`` (with the
     values ``values[value_first[e]:value_stop[e]]``) and the deletions ``e >= n_put``,
     each run sorted by key bytes; they are merged, and a deletion of a key that a record holds
     is dropped (the record wins). ``stats`` receives: data size, index block offset, index
     block size, data blocks, entries, deletions, internal key bytes, value bytes.
+    ``block_first`` and ``block_length`` (at least one more than the keys) receive where each
+    block starts and its length without trailer: the data blocks, then the index block.
 
     Returns:
         The size written, or ``-(i + 1)`` when the merged entry ``i`` does not sort after the
@@ -230,8 +288,6 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
     count = merge_kernel(keys, offsets, n_put, order)
     restarts = np.empty(count + 1, dtype=np.int64)
     last_entry = np.empty(count + 1, dtype=np.int64)  # each data block's last entry
-    block_first = np.empty(count + 1, dtype=np.int64)
-    block_length = np.empty(count + 1, dtype=np.int64)
     blocks = 0
     at = 0
     block_start = 0
@@ -260,8 +316,8 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
             if k < m and keys[p_first + k] > keys[first + k]:
                 return -(n + 1)
             if in_block and (at - block_start) + 4 * restart_count + 4 >= block_size:
-                at = _close_data_block(out, block_start, at, restarts, restart_count, tables,
-                                       blocks, prev, last_entry, block_first, block_length)
+                at = _close_data_block(out, block_start, at, restarts, restart_count, blocks,
+                                       prev, last_entry, block_first, block_length)
                 blocks += 1
                 block_start = at
                 restart_count = 0
@@ -308,8 +364,8 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
         value_bytes += v_length
         prev = e
     if in_block:
-        at = _close_data_block(out, block_start, at, restarts, restart_count, tables, blocks,
-                               prev, last_entry, block_first, block_length)
+        at = _close_data_block(out, block_start, at, restarts, restart_count, blocks, prev,
+                               last_entry, block_first, block_length)
         blocks += 1
     data_size = at
     # the index block: each block's last internal key -> its handle, a restart point each
@@ -340,7 +396,10 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
         at = put_varint_kernel(out, at, block_length[b])
     at = _end_block(out, at, restarts, blocks)
     index_size = at - index_start
-    at = seal_block_kernel(out, index_start, at, tables)
+    block_first[blocks] = index_start
+    block_length[blocks] = index_size
+    out[at] = 0  # kNoCompression
+    at += 5
     stats[0] = data_size
     stats[1] = index_start
     stats[2] = index_size
@@ -353,10 +412,9 @@ def table_kernel(keys: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], n_
 
 
 register_helpers({
-    "seal_block_kernel": (crc32c_kernel,),
-    "_close_data_block": (_end_block, seal_block_kernel),
-    "table_kernel": (put_varint_kernel, seal_block_kernel, _key_byte, merge_kernel, _end_block,
-                     _close_data_block),
+    "seal_blocks_kernel": (crc32c_kernel,),
+    "_close_data_block": (_end_block,),
+    "table_kernel": (put_varint_kernel, _key_byte, merge_kernel, _end_block, _close_data_block),
 })
 
 
@@ -496,14 +554,17 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
     bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 96 + 1024
     out = np.empty(bound, dtype=np.uint8)
     stats = np.zeros(8, dtype=np.int64)
+    block_first = np.empty(n + 1, dtype=np.int64)
+    block_length = np.empty(n + 1, dtype=np.int64)
     size = int(compiled(table_kernel)(keys, key_offsets, n_put, values, value_first,
-                                      value_stop, out, _TABLES, BLOCK_SIZE, RESTART_INTERVAL,
-                                      stats))
+                                      value_stop, out, BLOCK_SIZE, RESTART_INTERVAL, stats,
+                                      block_first, block_length))
     if size == _OVERFLOW:  # the bound above is wrong
         raise RuntimeError(f"the SST file {path} outgrew its buffer of {bound} bytes")
     if size < 0:
         raise ValueError(f"the keys of an SST file must be sorted and distinct: entry "
                          f"{-size - 1} does not sort after the one before it")
+    block_sealer()(out, block_first, block_length, int(stats[3]) + 1)
     properties = _properties(stats, session_id, file_number)
     properties_at = size
     tail = bytearray(properties + _trailer(properties))
