@@ -49,7 +49,8 @@ def final_latencies_ms(watermark_ms: Any, ends_ms: np.ndarray, grace_ms: Any) ->
     # in place where the dtypes allow: each step of a batch's closes would take a fresh array
     in_place = close is not ends_ms and np.result_type(watermark_ms, close) == close.dtype
     latency = np.subtract(watermark_ms, close, out=close if in_place else None)
-    return np.maximum(latency, 0, out=latency)
+    clamped: np.ndarray = np.maximum(latency, 0, out=latency)
+    return clamped
 
 
 def arrival_kernel(times: np.ndarray, own_ends: np.ndarray, w0: int, out_of_orderness: int,
