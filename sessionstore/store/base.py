@@ -271,7 +271,8 @@ def _check_encoded_many(
         used = index = np.arange(n_keys, dtype=np.int64)
     else:
         index, present, used = _referenced_keys(key_index, n_keys)
-        index = (np.cumsum(present) - 1)[index]
+        if len(used) < n_keys:  # else every key is referred to: renumbering changes nothing
+            index = (np.cumsum(present) - 1)[index]
     matrix = keys.take(used)
     encoded: Sequence[bytes] = (keys.cut(used) if cut
                                 else EncodedKeys(matrix, keys.identities(used)))
