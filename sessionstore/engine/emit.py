@@ -84,8 +84,10 @@ class EngineMetrics:
         if count == 0:
             return
         self.final.record(count)  # only its rate is reported; the latencies are kept here
-        self.final_latency.observe_ms(np.maximum(np.asarray(latencies_ms, dtype=np.float64),
-                                                 0.0))
+        values = np.asarray(latencies_ms, dtype=np.float64)
+        # a conversion is the caller's no longer: clamp it in place
+        self.final_latency.observe_ms(np.maximum(
+            values, 0.0, out=None if values is latencies_ms else values))
         if isinstance(latencies_ms, list):  # Python ints: no int64 range to leave
             self.final_latency_sum += sum(latencies_ms)
             self.final_latency_max = max(self.final_latency_max, max(latencies_ms))

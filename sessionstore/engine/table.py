@@ -329,7 +329,9 @@ class OpenSessions:
                                 self.head, self.count)
         self.live += n
         self._push_ends(slots)
-        self._tidy()
+        # no key renumbering here: placing runs inside reads (settle), and a caller's key ids
+        # looked up before the read must stay valid through it
+        self._tidy(keys=False)
 
     def reserve(self, slots: int) -> None:
         """Make room for ``slots`` slots (and as many key ids) before a large insert, so that
@@ -404,14 +406,16 @@ class OpenSessions:
             return closed if len(slots) else None
         return young_closed if closed is None else closed.concat(young_closed)
 
-    def _tidy(self) -> None:
-        """Drop key ids without sessions once they outnumber the live ones, and compact
-        collect arenas: each costs what the live state holds, after at least as much churn."""
+    def _tidy(self, *, keys: bool = True) -> None:
+        """Drop key ids without sessions once they outnumber the live ones (``keys``: only
+        :meth:`close_upto` does, the one step whose removals leave keys without sessions), and
+        compact collect arenas: each costs what the live state holds, after at least as much
+        churn."""
         for part in self.parts:
             if part.kind == "collect" and part.used > 2 * part.live_items + part.ARENA_SLACK:
                 part.compact(self.live_slots())
         size = self.index.size
-        if size > self.KEY_SLACK and size > 2 * self.live:
+        if keys and size > self.KEY_SLACK and size > 2 * self.live:
             kept = np.flatnonzero(self.count[:size] > 0)
             renumber = np.full(size, -1, dtype=np.int64)
             renumber[kept] = np.arange(len(kept), dtype=np.int64)

@@ -45,7 +45,12 @@ def final_latencies_ms(watermark_ms: Any, ends_ms: np.ndarray, grace_ms: Any) ->
     """:func:`final_latency_ms` elementwise, in the arrays' dtype: int64 is exact for closed
     sessions (their ``end + grace <= W`` fits); float64 never wraps at extreme times, which a
     histogram bucket can take (it needs no more precision)."""
-    return np.asarray(np.maximum(watermark_ms - close_time_ms(ends_ms, grace_ms), 0))
+    close = np.asarray(close_time_ms(ends_ms, grace_ms))
+    # in place where the dtypes allow: each step of a batch's closes would take a fresh array
+    in_place = close is not ends_ms and np.result_type(watermark_ms, close) == close.dtype
+    latency = np.subtract(watermark_ms, close, out=close if in_place else None)
+    clamped: np.ndarray = np.maximum(latency, 0, out=latency)
+    return clamped
 
 
 def arrival_kernel(times: np.ndarray, own_ends: np.ndarray, w0: int, out_of_orderness: int,

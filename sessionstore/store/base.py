@@ -271,7 +271,8 @@ def _check_encoded_many(
         used = index = np.arange(n_keys, dtype=np.int64)
     else:
         index, present, used = _referenced_keys(key_index, n_keys)
-        index = (np.cumsum(present) - 1)[index]
+        if len(used) < n_keys:  # else every key is referred to: renumbering changes nothing
+            index = (np.cumsum(present) - 1)[index]
     matrix = keys.take(used)
     encoded: Sequence[bytes] = (keys.cut(used) if cut
                                 else EncodedKeys(matrix, keys.identities(used)))
@@ -553,10 +554,15 @@ class SegmentedSessionStore(ABC):
         # would, in the backend's write order (_last_writes: on-disk order by default, as
         # RocksDB inserts sorted keys several times faster).
         key_rank = self._key_ranks(encoded, matrix)
-        rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
-                                          starts[accepted])]
+        if len(accepted) == n:  # none dropped (the usual case): accepted is every row
+            rows = self._last_writes(key_rank[index], ends, starts)
+        else:
+            rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
+                                              starts[accepted])]
         picked: Sequence[bytes]
-        if len(rows) == n and (rows == np.arange(n)).all():
+        # every row, in order (the usual case): the columns go on as they are, not gathered
+        every = len(rows) == n and bool((rows == np.arange(n)).all())
+        if every:
             picked = data
         elif type(data) is PackedValues:
             picked = data.take(rows)
@@ -567,8 +573,9 @@ class SegmentedSessionStore(ABC):
         if type(picked) is PackedValues and not (self._KEEPS_BYTE_ROWS
                                                  or self._TAKES_PACKED_VALUES):
             picked = picked.as_list()
-        self._write_many(BulkSessions(encoded, key_rank, index[rows], starts[rows], ends[rows],
-                                      picked))
+        self._write_many(BulkSessions(encoded, key_rank, index if every else index[rows],
+                                      starts if every else starts[rows],
+                                      ends if every else ends[rows], picked))
         self._expire_after_bulk(int(min_live[accepted[-1]]))
         return written
 

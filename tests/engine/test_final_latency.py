@@ -44,6 +44,28 @@ def test_the_rule_at_its_boundary() -> None:
     assert extreme.tolist() == [float(2**64)]
 
 
+def test_the_bulk_rule_and_record_finals_leave_their_inputs_alone() -> None:
+    """The bulk rule and ``record_finals`` compute in place only in arrays they made: the
+    caller's ends, watermarks and latencies (int64 or float64, negatives clamped in the
+    histogram only) are as they were, and the histogram and sums see the clamped values."""
+    from sessionstore.engine.emit import EngineMetrics
+
+    ends = np.array([100, 101, 99], dtype=np.int64)
+    float_ends = ends.astype(np.float64)
+    watermarks = np.array([108.0, 200.0, 90.0])
+    assert final_latencies_ms(108, ends, 0).tolist() == [8, 7, 9]
+    assert final_latencies_ms(watermarks, float_ends, 0.0).tolist() == [8.0, 99.0, 0.0]
+    assert ends.tolist() == [100, 101, 99] and float_ends.tolist() == [100.0, 101.0, 99.0]
+    assert watermarks.tolist() == [108.0, 200.0, 90.0]
+    for latencies in (np.array([-5.0, 3.0, 2_500.0]), np.array([-5, 3, 2_500], dtype=np.int64)):
+        before = latencies.tolist()
+        metrics = EngineMetrics()
+        metrics.record_finals(latencies)
+        assert latencies.tolist() == before
+        reading = metrics.histograms()["emit-final-latency"]
+        assert sum(reading.counts) == 3 and reading.sum_s == pytest.approx(2.503)
+
+
 def _build(**options: Any) -> SessionAggregator:
     grace = options.pop("grace_ms")
     windows = SessionWindows(10, grace_ms=grace)

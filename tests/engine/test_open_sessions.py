@@ -131,6 +131,28 @@ def test_the_table_equals_a_dict_model(steps: list[Any], key_slack: int,
         assert len(everything) == model.total()
 
 
+def test_key_ids_looked_up_before_a_read_stay_valid_through_it() -> None:
+    """A read (``probe``) first puts the last insert's sessions in slots; that must not
+    renumber the key ids the caller looked up for it. Here a close leaves two key ids without
+    sessions, and placing one new key's session made them outnumber the live ones."""
+    table = OpenSessions(KINDS)
+    table.KEY_SLACK = 2
+
+    def insert(sessions: list[tuple[int, int, int, list[Any]]]) -> None:
+        used = sorted({k for k, *_ in sessions})
+        batch_keys = [KEY_POOL[k] for k in used]
+        codes = np.array([used.index(k) for k, *_ in sessions], dtype=np.int64)
+        table.insert(batch_keys, codes, table.index.lookup(batch_keys), _rows(KEY_POOL, sessions))
+
+    insert([(0, 0, 1, [0]), (2, 0, 1, [0])])
+    closed = table.close_upto(1, rows=True)
+    assert closed is not None and sorted(closed.key_list()) == [0, 2]
+    insert([(1, 5, 9, [7])])
+    slots, codes = table.probe(table.index.lookup(KEY_POOL))
+    assert codes.tolist() == [KEY_POOL.index(1)]
+    assert _as_model_rows(table.rows(slots)) == Counter([_model_row(1, 5, 9, [7])])
+
+
 def test_keys_equal_in_python_stay_apart() -> None:
     index = KeyIndex()
     kids = index.add([1, True, "1", b"1", (1, "a"), 2**70])
