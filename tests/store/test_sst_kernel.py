@@ -299,3 +299,24 @@ def test_keys_that_extend_the_key_before_them_at_every_length() -> None:
                 with python_source(python):
                     assert run_kernel(inputs, 64, 2) == (len(expected), expected, stats,
                                                          handles), (python, base, byte)
+
+
+def test_an_output_buffer_is_reused_by_its_thread_alone(monkeypatch: Any) -> None:
+    # kills: one buffer shared by threads (two files written at once into the same memory),
+    # a buffer shorter than asked for, a buffer over the limit kept for ever
+    import threading
+
+    monkeypatch.setattr(sstfile, "OUTPUT_BUFFER_REUSE_BYTES", 4096)
+    first = sstfile.output_buffer(1000)
+    again = sstfile.output_buffer(3000)
+    assert len(first) == 1000 and len(again) == 3000
+    smaller = sstfile.output_buffer(10)
+    assert len(smaller) == 10 and np.shares_memory(smaller, again)
+    huge = sstfile.output_buffer(5000)
+    assert len(huge) == 5000 and not np.shares_memory(huge, again)
+    assert np.shares_memory(sstfile.output_buffer(100), again)  # the huge one was not kept
+    other: list[np.ndarray] = []
+    thread = threading.Thread(target=lambda: other.append(sstfile.output_buffer(100)))
+    thread.start()
+    thread.join()
+    assert len(other[0]) == 100 and not np.shares_memory(other[0], again)
