@@ -61,6 +61,16 @@ KEYS = st.lists(st.one_of(st.text(max_size=300), st.integers(INT64_MIN, INT64_MA
                 min_size=1, max_size=12, unique_by=keyschema.encode_key)
 
 
+@st.composite
+def sessions(draw: st.DrawFn, keys: int, most: int) -> tuple[list[int], list[int], list[int]]:
+    """Up to ``most`` sessions' key indexes (of ``keys`` keys), ends and starts."""
+    n = draw(st.integers(0, most))
+    times = st.integers(INT64_MIN, INT64_MAX)
+    return (draw(st.lists(st.integers(0, keys - 1), min_size=n, max_size=n)),
+            draw(st.lists(times, min_size=n, max_size=n)),
+            draw(st.lists(times, min_size=n, max_size=n)))
+
+
 @settings(max_examples=round(100 * PROFILE_SCALE), deadline=None)
 @given(keys=KEYS, data=st.data(), python=st.booleans())
 def test_an_index_block_is_its_documented_layout(keys: list[Any], data: st.DataObject,
@@ -69,11 +79,7 @@ def test_an_index_block_is_its_documented_layout(keys: list[Any], data: st.DataO
     # in row order instead of key order, an offset or row place off by one, a key cut at its
     # matrix width or read from another row, the ends and starts swapped
     encoded = [keyschema.encode_key(k) for k in keys]
-    n = data.draw(st.integers(0, 30))
-    index = data.draw(st.lists(st.integers(0, len(keys) - 1), min_size=n, max_size=n))
-    times = st.integers(INT64_MIN, INT64_MAX)
-    ends = data.draw(st.lists(times, min_size=n, max_size=n))
-    starts = data.draw(st.lists(times, min_size=n, max_size=n))
+    index, ends, starts = data.draw(sessions(len(keys), 30))
     expected, rows, blob, offsets = reference_block(encoded, index, ends, starts)
     matrices = [keyschema.key_matrix(encoded), None]
     for matrix in matrices:
@@ -103,11 +109,8 @@ def test_the_key_first_rows_python_source_writes_the_records(keys: list[Any],
                                                              data: st.DataObject) -> None:
     # the kernel's source under NUMBA_DISABLE_JIT (unsigned positions index numpy arrays)
     encoded = [keyschema.encode_key(k) for k in keys]
-    n = data.draw(st.integers(0, 10))
-    index = data.draw(st.lists(st.integers(0, len(keys) - 1), min_size=n, max_size=n))
-    times = st.integers(INT64_MIN, INT64_MAX)
-    ends = data.draw(st.lists(times, min_size=n, max_size=n))
-    starts = data.draw(st.lists(times, min_size=n, max_size=n))
+    index, ends, starts = data.draw(sessions(len(keys), 10))
+    n = len(index)
     with python_source(True):
         got, offsets = keyschema.key_first_rows(
             encoded, np.array(index, dtype=np.int64), np.array(ends, dtype=np.int64),
