@@ -396,8 +396,13 @@ def static_summary(runs: dict[str, list[dict[str, Any]]], base: str) -> dict[str
     """Per engine, over its timed static runs (rounds in order, one run per engine a round): the
     medians of rows/s, wall seconds and CPU seconds (JVM, Python workers), the spread (lowest
     and highest) of rows/s and wall, the load averages seen, and against ``base``: the ratio
-    of the median rows/s and each round's ratio (``base``'s wall over the engine's), with
-    their median and spread."""
+    of the median rows/s, of the median CPU seconds (``base``'s over the engine's), and each
+    round's ratio (``base``'s wall over the engine's), with their median and spread.
+
+    Raises:
+        ValueError: an engine has a different number of runs than ``base`` (a round lacks
+            one), or none.
+    """
     summary: dict[str, Any] = {}
     for name, engine_runs in runs.items():
         rates = [r["rows_per_s"] for r in engine_runs]
@@ -416,6 +421,9 @@ def static_summary(runs: dict[str, list[dict[str, Any]]], base: str) -> dict[str
                            max(r["load_average"] for r in engine_runs)],
             "ratio_of_medians": statistics.median(rates)
             / statistics.median(r["rows_per_s"] for r in runs[base]),
+            # CPU seconds are what a load moves least (it moves wall time most)
+            "cpu_ratio_of_medians": statistics.median(r["cpu_s"] for r in runs[base])
+            / statistics.median(r["cpu_s"] for r in engine_runs),
             "median_round_ratio": statistics.median(round_ratios),
             "round_ratio_range": [min(round_ratios), max(round_ratios)],
             "runs": [{k: r[k] for k in ("rows_per_s", "seconds", "cpu_s", "jvm_cpu_s",
@@ -542,12 +550,14 @@ def main(argv: list[str] | None = None) -> None:
             for name, figures in results["static"].items():
                 log.info("static %-24s median %9.0f rows/s (%.0f-%.0f), wall %.3f s "
                          "(%.3f-%.3f), CPU JVM %.2f + Python %.2f s; x %s: %.2f of medians, "
-                         "round ratios median %.2f (%.2f-%.2f); load %.1f-%.1f", name,
+                         "round ratios median %.2f (%.2f-%.2f), %.2f of median CPU; load "
+                         "%.1f-%.1f", name,
                          figures["median_rows_per_s"], *figures["rows_per_s_range"],
                          figures["median_seconds"], *figures["seconds_range"],
                          figures["median_jvm_cpu_s"], figures["median_python_cpu_s"], base,
                          figures["ratio_of_medians"], figures["median_round_ratio"],
-                         *figures["round_ratio_range"], *figures["load_range"])
+                         *figures["round_ratio_range"], figures["cpu_ratio_of_medians"],
+                         *figures["load_range"])
         # every run of every engine, not only the medians, must give the same sessions
         results["equal_results"] = {
             mode: len({(r["sessions"], r["checksum"]) for rs in runs.values() for r in rs}) == 1

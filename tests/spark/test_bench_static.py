@@ -33,6 +33,7 @@ def test_round_ratios_pair_the_runs_of_one_round() -> None:
     assert figures["median_jvm_cpu_s"] == 0.5
     assert figures["median_python_cpu_s"] == 0.2
     assert figures["median_cpu_s"] == pytest.approx(0.7)
+    assert figures["cpu_ratio_of_medians"] == pytest.approx(1.0 / 0.7)  # native's 1.0 s
     assert figures["load_range"] == [1.5, 5.5]
     assert [r["seconds"] for r in figures["runs"]] == [0.5, 1.0, 2.0]  # in round order
     assert summary["native"]["median_round_ratio"] == pytest.approx(1.0)
