@@ -374,31 +374,32 @@ def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
     """
     from pyspark.sql import functions as F
 
-    def column(name: str) -> Any:
-        return F.col("`" + name.replace("`", "``") + "`")
+    def quoted(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
 
-    time = column(config.time_column)
-    micros = F.unix_micros(time)
+    # SQL functions as expressions: pyspark < 3.5 lacks some of them as Python functions
+    time = F.col(quoted(config.time_column))
+    micros = f"unix_micros({quoted(config.time_column)})"
     assert config.gap_us is not None  # bucketed_parts
-    bucket = (micros - F.pmod(micros, F.lit(config.gap_us))).alias(_BUCKET)
+    bucket = F.expr(f"{micros} - pmod({micros}, {config.gap_us})").alias(_BUCKET)
     results = [F.min(time).alias(_FIRST), F.max(time).alias(_LAST)]
     for i, part in enumerate(parts):
         if part.kind == "count":
             results.append(F.count(F.lit(1)).alias(f"{_PREFIX}v{i}"))
             continue
         assert part.column is not None
-        values = column(part.column)
+        values = F.col(quoted(part.column))
         if part.kind == "sum":
-            whole = values.cast("long")
+            whole = f"cast({quoted(part.column)} as bigint)"
             # try_sum: a half's sum leaving int64 (2**31 rows in a bucket) is null, not wrapped
-            results += [F.try_sum(F.shiftright(whole, _HALF_BITS)).alias(f"{_PREFIX}v{i}"),
-                        F.try_sum(whole.bitwiseAND(F.lit((1 << _HALF_BITS) - 1)))
-                        .alias(f"{_PREFIX}l{i}")]
+            results += [
+                F.expr(f"try_sum(shiftright({whole}, {_HALF_BITS}))").alias(f"{_PREFIX}v{i}"),
+                F.expr(f"try_sum({whole} & {(1 << _HALF_BITS) - 1})").alias(f"{_PREFIX}l{i}")]
         else:
             partial = F.min(values) if part.kind == "min" else F.max(values)
             results.append(partial.alias(f"{_PREFIX}v{i}"))
         results.append(F.count(values).alias(f"{_PREFIX}n{i}"))
-    keys = [column(name) for name in config.key_columns]
+    keys = [F.col(quoted(name)) for name in config.key_columns]
     return (selected.where(time.isNotNull()).groupBy(*keys, bucket).agg(*results)
             .drop(_BUCKET))
 
