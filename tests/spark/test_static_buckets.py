@@ -122,3 +122,21 @@ def test_configurations_the_buckets_cannot_serve_take_the_row_path(spark, change
     else:
         config.time_type = T.TimestampNTZType()
     assert static_columnar.bucketed_parts(config) is None
+
+
+@pytest.mark.parametrize("inclusive_gap", [True, False])
+def test_either_gap_rule_equals_the_row_path(spark, monkeypatch, inclusive_gap):
+    gap_us = 10_000_000
+    # steps of exactly a gap: one session under Spark's rule, separate under the other
+    rows = [("a", t, i) for i, t in enumerate([-gap_us, 0, gap_us, 2 * gap_us + 1,
+                                               3 * gap_us + 1, 3 * gap_us + 2])]
+    rows += [("b", -1, 2**40), ("b", gap_us - 1, -(2**41)), ("b", 2 * gap_us - 1, None)]
+    df = _frame(spark, rows)
+    ours = _ours(df, "10 seconds", inclusive_gap=inclusive_gap)
+    with monkeypatch.context() as patched:  # the row path, on the same input
+        patched.setattr(static_columnar, "bucketed_parts", lambda config: None)
+        rows_path = sorted(tuple(r) for r in sessionize(
+            df, key="user", timestamp="ts", gap="10 seconds", aggregations=AGGS,
+            inclusive_gap=inclusive_gap).collect())
+    assert ours == rows_path
+    assert len(ours) == (3 if inclusive_gap else 8)
