@@ -7,12 +7,19 @@ Spark session on the same data, streaming and static.
   no-data batches included (they are where sessions close). Spark's own ``numInputRows`` is
   kept as ``spark_reported_rows``: it counts a source once per scan in the plan.
 * Static: the same files read as one DataFrame; rows/s divide the input rows by the wall time of
-  one job that computes every output row.
+  one job that computes every output row. A static job takes well under a second once warm, and
+  the JVM's JIT keeps speeding native's up for its first ten or so runs, so static has its own
+  warm-up (``--static-warmups`` runs of every engine, each one logged, not counted) and its own
+  count of timed rounds (``--static-repeats``), the engines in alternating order in each. Each
+  engine's figures are the medians with the spread (lowest and highest); the ratio is reported
+  both of the medians and as the median of each round's ratio, which a load that drifts during
+  the run moves less.
 * CPU: each run reports the CPU seconds used by the JVM and by the Python workers (every process
   this driver started, read from ``/proc``), besides the wall time.
-* Every engine is warmed up first (one streaming file and one static run each, not counted), then
-  the engines run ``--repeats`` times, in alternating order (forward, then reversed), so neither
+* Streaming: every engine is warmed up first (one streaming file each, not counted), then the
+  engines run ``--repeats`` times, in alternating order (forward, then reversed), so neither
   always goes first. Each figure is the median over the repeats; every run is kept in the JSON.
+* ``--modes``: ``streaming``, ``static`` or both (the default).
 * ``--breakdown``: where a streaming micro-batch's time goes. Each micro-batch keeps every part of
   Spark's ``durationMs`` and its stateful operators' commit times (from the progress), and the
   stages of its jobs with their tasks (from the driver's UI REST API, which the option turns
@@ -25,6 +32,7 @@ aggregates), so equal counts and checksums mean equal results. It reports number
 none; ratios against native are the figures to quote on a shared machine::
 
     python -m benchmarks.spark_bench [--rows N] [--batches B] [--repeats R]
+        [--modes streaming,static] [--static-warmups W] [--static-repeats S]
         [--engines native,arrow,processor] [--conf NAME=VALUE] [--breakdown] [--no-write]
 """
 
@@ -384,6 +392,54 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
+def static_summary(runs: dict[str, list[dict[str, Any]]], base: str) -> dict[str, Any]:
+    """Per engine, over its timed static runs (rounds in order, one run per engine a round): the
+    medians of rows/s, wall seconds and CPU seconds (JVM, Python workers), the spread (lowest
+    and highest) of rows/s and wall, the load averages seen, and against ``base``: the ratio
+    of the median rows/s, of the median CPU seconds (``base``'s over the engine's), and each
+    round's ratio (``base``'s wall over the engine's), with their median and spread.
+
+    Raises:
+        ValueError: an engine has a different number of runs than ``base`` (a round lacks
+            one), or none.
+    """
+    summary: dict[str, Any] = {}
+    for name, engine_runs in runs.items():
+        rates = [r["rows_per_s"] for r in engine_runs]
+        walls = [r["seconds"] for r in engine_runs]
+        round_ratios = [b["seconds"] / r["seconds"]
+                        for b, r in zip(runs[base], engine_runs, strict=True)]
+        summary[name] = {
+            "median_rows_per_s": statistics.median(rates),
+            "rows_per_s_range": [min(rates), max(rates)],
+            "median_seconds": statistics.median(walls),
+            "seconds_range": [min(walls), max(walls)],
+            "median_jvm_cpu_s": statistics.median(r["jvm_cpu_s"] for r in engine_runs),
+            "median_python_cpu_s": statistics.median(r["python_cpu_s"] for r in engine_runs),
+            "median_cpu_s": statistics.median(r["cpu_s"] for r in engine_runs),
+            "load_range": [min(r["load_average"] for r in engine_runs),
+                           max(r["load_average"] for r in engine_runs)],
+            "ratio_of_medians": statistics.median(rates)
+            / statistics.median(r["rows_per_s"] for r in runs[base]),
+            # CPU seconds are what a load moves least (it moves wall time most)
+            "cpu_ratio_of_medians": statistics.median(r["cpu_s"] for r in runs[base])
+            / statistics.median(r["cpu_s"] for r in engine_runs),
+            "median_round_ratio": statistics.median(round_ratios),
+            "round_ratio_range": [min(round_ratios), max(round_ratios)],
+            "runs": [{k: r[k] for k in ("rows_per_s", "seconds", "cpu_s", "jvm_cpu_s",
+                                         "python_cpu_s", "load_average")}
+                     for r in engine_runs],
+        }
+    return summary
+
+
+def _log_static(label: str, name: str, run: dict[str, Any]) -> None:
+    log.info("%-9s %-24s %9.0f rows/s  %5.2f s wall  CPU %.2f s (JVM %.2f, Python %.2f)  %d "
+             "sessions  load %.1f", label, name, run["rows_per_s"], run["seconds"],
+             run["cpu_s"], run["jvm_cpu_s"], run["python_cpu_s"], run["sessions"],
+             run["load_average"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000,
@@ -392,6 +448,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=2, help="shuffle partitions")
     parser.add_argument("--repeats", type=int, default=2,
                         help="timed runs of each engine, in alternating order; default 2")
+    parser.add_argument("--modes", default="streaming,static",
+                        help="which of streaming and static to run (comma-separated)")
+    parser.add_argument("--static-warmups", type=int, default=12,
+                        help="untimed static runs of each engine before the timed ones, in "
+                             "alternating order (native's JIT needs about ten); default 12")
+    parser.add_argument("--static-repeats", type=int, default=7,
+                        help="timed static rounds (one run of each engine, in alternating "
+                             "order); default 7")
     parser.add_argument("--engines", default="native,arrow,processor",
                         help="which of native, arrow and processor to run (comma-separated)")
     parser.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE",
@@ -405,6 +469,12 @@ def main(argv: list[str] | None = None) -> None:
     if not chosen or set(chosen) - {"native", "arrow", "processor"} or args.repeats < 1:
         parser.error(f"--engines must name native, arrow or processor, got {args.engines!r}; "
                      f"--repeats must be >= 1, got {args.repeats}")
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"streaming", "static"}:
+        parser.error(f"--modes must name streaming or static, got {args.modes!r}")
+    if args.static_warmups < 0 or args.static_repeats < 1:
+        parser.error(f"--static-warmups must be >= 0 and --static-repeats >= 1, got "
+                     f"{args.static_warmups} and {args.static_repeats}")
     confs = dict(item.split("=", 1) for item in args.conf if "=" in item)
     if len(confs) != len(args.conf):
         parser.error(f"--conf takes NAME=VALUE, got {args.conf!r}")
@@ -414,7 +484,9 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     results: dict[str, Any] = {"rows": 0, "gap": GAP, "watermark_delay": DELAY,
                                "batches": args.batches, "partitions": args.partitions,
-                               "repeats": args.repeats, "master": "local[2]",
+                               "repeats": args.repeats, "modes": modes,
+                               "static_warmups": args.static_warmups,
+                               "static_repeats": args.static_repeats, "master": "local[2]",
                                "spark": spark.version, "confs": confs}
     try:
         files, flush, n_rows = write_batches(root / "files", args.rows, args.batches)
@@ -423,14 +495,15 @@ def main(argv: list[str] | None = None) -> None:
             ("native", NATIVE, lambda _: native), ("arrow", ARROW, partial(ours, "arrow")),
             ("processor", PROCESSOR, partial(ours, "processor"))]
         peers = [(name, make) for short, name, make in every if short in chosen]
-        # warm up the JVM and the Python workers, streaming and static, so no peer pays for it
-        for name, make in peers:
-            warm = root / "warm" / name.replace(" ", "_")
-            run_streaming(spark, files[:1], warm, make(warm))
-            run_static(spark, files[:1], make(warm), 0)
         streaming_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
         static_runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
-        for repeat in range(args.repeats):
+        base = NATIVE if NATIVE in dict(peers) else peers[0][0]
+        if "streaming" in modes:
+            # warm up the JVM and the Python workers so no peer pays for it
+            for name, make in peers:
+                warm = root / "warm" / name.replace(" ", "_")
+                run_streaming(spark, files[:1], warm, make(warm))
+        for repeat in range(args.repeats if "streaming" in modes else 0):
             order = peers if repeat % 2 == 0 else peers[::-1]
             for name, make in order:
                 run_root = root / f"stream-{repeat}" / name.replace(" ", "_")
@@ -445,28 +518,50 @@ def main(argv: list[str] | None = None) -> None:
                          run["data_batches"], run["no_data_batches"], run["load_average"])
                 if args.breakdown:
                     log.info("  breakdown (medians, ms): %s", run["breakdown"])
-            for name, make in order:
-                run = run_static(spark, files, make(root / "static"), n_rows)
-                run["load_average"] = os.getloadavg()[0]
-                static_runs[name].append(run)
-                log.info("static    %-24s %9.0f rows/s  %5.1f s wall  CPU %.1f s (JVM %.1f, "
-                         "Python %.1f)  %d sessions  load %.1f", name, run["rows_per_s"],
-                         run["seconds"], run["cpu_s"], run["jvm_cpu_s"], run["python_cpu_s"],
-                         run["sessions"], run["load_average"])
-        streaming = {name: median_run(runs) for name, runs in streaming_runs.items()}
-        static = {name: median_run(runs) for name, runs in static_runs.items()}
-        results["streaming"] = streaming
-        results["static"] = static
-        base = NATIVE if NATIVE in streaming else next(iter(streaming))
-        results["ratios_vs_native"] = {
-            mode: {name: runs[name]["median_rows_per_s"] / runs[base]["median_rows_per_s"]
-                   for name in runs}
-            for mode, runs in (("streaming", streaming), ("static", static))
-        }
+        if "static" in modes:
+            # the whole input each time: native's JIT warms on the job it is timed on
+            warmups: dict[str, list[float]] = {name: [] for name, _ in peers}
+            for repeat in range(args.static_warmups):
+                for name, make in peers if repeat % 2 == 0 else peers[::-1]:
+                    run = run_static(spark, files, make(root / "static"), n_rows)
+                    run["load_average"] = os.getloadavg()[0]
+                    warmups[name].append(run["rows_per_s"])
+                    _log_static(f"warm-up {repeat}", name, run)
+            results["static_warmup_rows_per_s"] = warmups
+            for repeat in range(args.static_repeats):
+                for name, make in peers if repeat % 2 == 0 else peers[::-1]:
+                    run = run_static(spark, files, make(root / "static"), n_rows)
+                    run["load_average"] = os.getloadavg()[0]
+                    static_runs[name].append(run)
+                    _log_static("static", name, run)
+        runs_by_mode = {mode: runs for mode, runs in (("streaming", streaming_runs),
+                                                       ("static", static_runs))
+                        if mode in modes}
+        if "streaming" in modes:
+            streaming = {name: median_run(runs) for name, runs in streaming_runs.items()}
+            results["streaming"] = streaming
+            results["ratios_vs_native"] = {"streaming": {
+                name: streaming[name]["median_rows_per_s"] / streaming[base]["median_rows_per_s"]
+                for name in streaming}}
+        if "static" in modes:
+            results["static"] = static_summary(static_runs, base)
+            results.setdefault("ratios_vs_native", {})["static"] = {
+                name: figures["ratio_of_medians"] for name, figures in results["static"].items()}
+            for name, figures in results["static"].items():
+                log.info("static %-24s median %9.0f rows/s (%.0f-%.0f), wall %.3f s "
+                         "(%.3f-%.3f), CPU JVM %.2f + Python %.2f s; x %s: %.2f of medians, "
+                         "round ratios median %.2f (%.2f-%.2f), %.2f of median CPU; load "
+                         "%.1f-%.1f", name,
+                         figures["median_rows_per_s"], *figures["rows_per_s_range"],
+                         figures["median_seconds"], *figures["seconds_range"],
+                         figures["median_jvm_cpu_s"], figures["median_python_cpu_s"], base,
+                         figures["ratio_of_medians"], figures["median_round_ratio"],
+                         *figures["round_ratio_range"], figures["cpu_ratio_of_medians"],
+                         *figures["load_range"])
         # every run of every engine, not only the medians, must give the same sessions
         results["equal_results"] = {
             mode: len({(r["sessions"], r["checksum"]) for rs in runs.values() for r in rs}) == 1
-            for mode, runs in (("streaming", streaming_runs), ("static", static_runs))
+            for mode, runs in runs_by_mode.items()
         }
         log.info("median ratios vs native: %s; equal results: %s", results["ratios_vs_native"],
                  results["equal_results"])
@@ -476,7 +571,9 @@ def main(argv: list[str] | None = None) -> None:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
     if not args.no_write:
-        log.info("wrote %s", write_results("spark", results))
+        # a run of one mode leaves the other's figures in place
+        name = "spark" if len(modes) == 2 else f"spark_{modes[0]}"
+        log.info("wrote %s", write_results(name, results))
 
 
 if __name__ == "__main__":

@@ -439,6 +439,11 @@ def sessionize(
                 static_frames(config), config.output_schema())
         # the Arrow engine's tasks refuse a null key themselves (arrow.static_partition):
         # checking here would read the whole input once more, which native does not
+        parts = static_columnar.bucketed_parts(config)
+        if parts is not None:  # Spark reduces the rows to one per key and gap bucket first
+            buckets = static_columnar.bucketed_frame(selected, config, parts)
+            return buckets.repartition(partitions, *key_columns).mapInArrow(
+                partial(static_columnar.bucketed_partition, config), config.output_schema())
         return selected.repartition(partitions, *key_columns).mapInArrow(
             partial(arrow.static_partition, config), config.output_schema())
 

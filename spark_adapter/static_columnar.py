@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from sessionstore import InMemorySessionStore, SessionAggregator, aggregations
-from sessionstore.aggregations import Aggregation
+from sessionstore.aggregations import Aggregation, SumOverflowError
 from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
@@ -39,6 +39,7 @@ from .config import (
     SESSION_END,
     SESSION_START,
     STATIC_RETENTION_US,
+    US_PER_MS,
     SessionizeConfig,
     check_gap_bound,
     engine_arguments,
@@ -56,6 +57,13 @@ _PREFIX = "__sessionstore_"  # internal column names: the user's names never rea
 _KEY = _PREFIX + "key"
 _TIME = _PREFIX + "time"
 _GAP = _PREFIX + "gap"
+_FIRST = _PREFIX + "first"  # a bucket's first and last event times
+_LAST = _PREFIX + "last"
+_BUCKET = _PREFIX + "bucket"
+_HALF_BITS = 32  # an integer sum is split in a high and a low half (see bucketed_frame)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 @dataclass(frozen=True)
@@ -302,6 +310,15 @@ def _bounded_rows(config: SessionizeConfig, parts: list[_Part], key_names: list[
         gap=config.gap_us if config.gap_column is None else _GAP,
         aggregations=specs, max_duration=config.max_duration_us,
         inclusive_gap=config.inclusive_gap)
+    return _output_rows(config, parts, key_names, sessions)
+
+
+def _output_rows(config: SessionizeConfig, parts: list[_Part], key_names: list[str],
+                 sessions: pa.Table) -> pa.RecordBatch:
+    """The output rows of the bounded path's ``sessions`` over the engine columns of
+    :meth:`ColumnarRunner.engine_input` (per part its value and, but for ``count``, how many
+    values were present). Raises ValueError (pyarrow's) when a value does not fit its output
+    type."""
     schema = config.arrow_output_schema()
     arrays: list[pa.Array | pa.ChunkedArray] = [
         sessions.column(name) for name in [*key_names, SESSION_START, SESSION_END]]
@@ -315,3 +332,171 @@ def _bounded_rows(config: SessionizeConfig, parts: list[_Part], key_names: list[
         [column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
          for column in (a.cast(f.type) for a, f in zip(arrays, schema, strict=True))],
         schema=schema)
+
+
+def bucketed_parts(config: SessionizeConfig) -> list[_Part] | None:
+    """The aggregations, if Spark may first reduce a static input to one row per key and
+    gap-wide time bucket (:func:`bucketed_frame`); else None.
+
+    That needs a fixed gap, no ``max_duration`` (it may split a bucket's events), a timestamp
+    time column (a timestamp_ntz one keeps the row path's wall-clock arithmetic), and every
+    aggregation a ``count`` or an integer ``sum``, ``min`` or ``max``, whose partial results
+    combine exactly (a float sum's would round in another order than the row path's).
+    """
+    parts = columnar_parts(config)
+    if (parts is None or config.gap_column is not None or config.gap_us is None
+            or config.max_duration_us is not None
+            or not isinstance(config.time_type, T.TimestampType)):
+        return None
+    if not all(p.kind == "count" or isinstance(p.data_type, columns.INTEGRAL) for p in parts):
+        return None
+    return parts
+
+
+def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
+                   parts: list[_Part]) -> DataFrame:
+    """``selected`` (the keys, the time and the value columns) reduced by Spark to one row per
+    key and time bucket holding an event, for :func:`bucketed_partition`.
+
+    A bucket is ``[b, b + gap)`` with ``b`` a multiple of the gap in microseconds since the
+    epoch. Two events of a key less than a gap apart are in one session under either gap rule,
+    so all the events of a bucket are: a session is a union of whole buckets, and the
+    sessions of the buckets, each taken as one event at its first time with its own gap
+    (``last - first + gap``, so that it reaches as far as its last event's would), are the
+    sessions of the events. A row is the keys, the first and last event times, and per part
+    its partial result (``count``: the rows; ``min``/``max``: of the present values; ``sum``:
+    the sums of the present values' high halves ``v >> 32`` and low halves ``v & (2**32 - 1)``,
+    which fit int64 for any bucket of under 2**31 rows, where a sum of the values could leave
+    it, and which :func:`bucketed_partition` joins back exactly) with, but for ``count``, how
+    many values were present. Rows without a time are dropped, as every static path drops
+    them. Spark reduces each input partition before the shuffle, so far fewer rows cross it
+    and reach Python than events.
+    """
+    from pyspark.sql import functions as F
+
+    def quoted(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    # SQL functions as expressions: pyspark < 3.5 lacks some of them as Python functions
+    time = F.col(quoted(config.time_column))
+    micros = f"unix_micros({quoted(config.time_column)})"
+    assert config.gap_us is not None  # bucketed_parts
+    bucket = F.expr(f"{micros} - pmod({micros}, {config.gap_us})").alias(_BUCKET)
+    results = [F.min(time).alias(_FIRST), F.max(time).alias(_LAST)]
+    for i, part in enumerate(parts):
+        if part.kind == "count":
+            results.append(F.count(F.lit(1)).alias(f"{_PREFIX}v{i}"))
+            continue
+        assert part.column is not None
+        values = F.col(quoted(part.column))
+        if part.kind == "sum":
+            whole = f"cast({quoted(part.column)} as bigint)"
+            # try_sum: a half's sum leaving int64 (2**31 rows in a bucket) is null, not wrapped
+            results += [
+                F.expr(f"try_sum(shiftright({whole}, {_HALF_BITS}))").alias(f"{_PREFIX}v{i}"),
+                F.expr(f"try_sum({whole} & {(1 << _HALF_BITS) - 1})").alias(f"{_PREFIX}l{i}")]
+        else:
+            partial = F.min(values) if part.kind == "min" else F.max(values)
+            results.append(partial.alias(f"{_PREFIX}v{i}"))
+        results.append(F.count(values).alias(f"{_PREFIX}n{i}"))
+    keys = [F.col(quoted(name)) for name in config.key_columns]
+    return (selected.where(time.isNotNull()).groupBy(*keys, bucket).agg(*results)
+            .drop(_BUCKET))
+
+
+def bucketed_partition(config: SessionizeConfig,
+                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function over :func:`bucketed_frame`'s rows, partitioned by key: the
+    sessions of the buckets, by the engine's bounded path, as :func:`static_partition` gives
+    them for the events.
+
+    Raises:
+        ValueError: a key column holds a null (naming the key columns), as
+            :func:`static_partition`.
+        SumOverflowError: a session's integer sum leaves int64 (naming the output), as the
+            row path's engine raises it.
+    """
+    parts = bucketed_parts(config)
+    if parts is None:
+        raise RuntimeError("sessionize: bucketed_partition called for a configuration that "
+                           "bucketed_parts refuses")
+    received = list(batches)
+    if not received:
+        return
+    table = pa.Table.from_batches(received)
+    if not table.num_rows:
+        return
+    for name in config.key_columns:
+        if table.column(name).null_count:
+            raise ValueError(null_keys_message(config.key_columns))
+    key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
+    arrays: dict[str, pa.ChunkedArray] = {
+        name: _engine_key(table.column(column), data_type)
+        for name, column, data_type in zip(key_names, config.key_columns, config.key_types,
+                                           strict=True)}
+    first = table.column(_FIRST).cast(pa.int64())
+    arrays[_TIME] = first
+    arrays[_GAP] = pc.add(pc.subtract(table.column(_LAST).cast(pa.int64()), first),
+                          pa.scalar(config.gap_us, pa.int64()))
+    specs: dict[str, Any] = {}
+    for i, part in enumerate(parts):
+        value, present = f"{_PREFIX}v{i}", f"{_PREFIX}n{i}"
+        if part.kind == "count":
+            arrays[value] = table.column(value).cast(pa.int64())
+            specs[value] = ("sum", value)
+            continue
+        arrays[present] = table.column(present).cast(pa.int64())
+        specs[present] = ("sum", present)
+        if part.kind != "sum":
+            arrays[value] = pc.fill_null(table.column(value).cast(pa.int64()),
+                                         pa.scalar(_identity(part.kind, False), pa.int64()))
+            specs[value] = (part.kind, value)
+            continue
+        low = f"{_PREFIX}l{i}"
+        for half in (value, low):
+            sums = table.column(half)
+            if int(pc.sum(pc.and_(pc.is_null(sums), pc.greater(arrays[present], 0)))
+                   .as_py() or 0):
+                raise ValueError(f"sessionize: the sum {part.name!r} cannot be computed "
+                                 f"exactly: a key's events in one gap of time hold 2**31 "
+                                 f"values or more")
+            arrays[half] = pc.fill_null(sums, 0)
+            specs[half] = ("sum", half)
+    from sessionstore.bounded import sessionize as bounded_sessionize
+
+    sessions = bounded_sessionize(pa.table(arrays), key=key_names, time=_TIME, gap=_GAP,
+                                  aggregations=specs, inclusive_gap=config.inclusive_gap)
+    for i, part in enumerate(parts):
+        if part.kind == "sum":
+            total = _join_halves(config, part, key_names, sessions, i)
+            sessions = sessions.set_column(sessions.schema.get_field_index(f"{_PREFIX}v{i}"),
+                                           f"{_PREFIX}v{i}", total)
+    out = _output_rows(config, parts, key_names, sessions)
+    if out.num_rows:
+        yield out
+
+
+def _join_halves(config: SessionizeConfig, part: _Part, key_names: list[str],
+                 sessions: pa.Table, i: int) -> pa.Array:
+    """Each session's sum of part ``i`` from the sums of its high and low halves (see
+    :func:`bucketed_frame`): ``high * 2**32 + low``, exact, as int64.
+
+    With ``low = carry * 2**32 + rest`` (``0 <= rest < 2**32``) the sum is
+    ``(high + carry) * 2**32 + rest``, which fits int64 exactly when ``high + carry`` fits 32
+    bits; a session where it does not is :class:`SumOverflowError`, as the row path raises.
+    """
+    high = sessions.column(f"{_PREFIX}v{i}").combine_chunks().cast(pa.int64())
+    low = sessions.column(f"{_PREFIX}l{i}").combine_chunks().cast(pa.int64())
+    upper = pc.add_checked(high, pc.shift_right(low, _HALF_BITS))
+    rest = pc.bit_wise_and(low, (1 << _HALF_BITS) - 1)
+    bound = 1 << (_HALF_BITS - 1)
+    outside = pc.or_(pc.less(upper, -bound), pc.greater_equal(upper, bound))
+    if pc.any(outside).as_py():
+        assert config.gap_us is not None  # bucketed_parts
+        row = int(pc.index(outside, True).as_py())
+        keys = tuple(sessions.column(name)[row].as_py() for name in key_names)
+        last_us = int(sessions.column(SESSION_END)[row].as_py()) - config.gap_us
+        total = (int(upper[row].as_py()) << _HALF_BITS) + int(rest[row].as_py())
+        raise SumOverflowError(keys[0] if len(keys) == 1 else keys, total,
+                               last_us // US_PER_MS, aggregation=part.name)
+    return pc.add(pc.multiply(upper, 1 << _HALF_BITS), rest)  # fits: upper has 32 bits

@@ -58,3 +58,23 @@ def engine_steps(draw: st.DrawFn, max_events: int = 40) -> list[tuple[object, ..
         elif extra is not None:
             steps.append((extra,))
     return steps
+
+
+@st.composite
+def bucket_events(draw: st.DrawFn, max_events: int = 60) -> tuple[int, list[tuple[object, ...]]]:
+    """(gap in seconds, rows ``(key, time_us, value)``) for a static input that Spark reduces by
+    gap-wide time bucket: times on both sides of the epoch and of bucket edges, steps of just
+    under, exactly and just over a gap, and int64 values of either sign past 2**32 (so that
+    their high and low halves both matter), some null."""
+    gap_s = draw(st.sampled_from([1, 7, 60]))
+    gap_us = gap_s * 1_000_000
+    n = draw(st.integers(1, max_events))
+    clocks = {key: draw(st.integers(-3, 3)) * gap_us for key in ("a", "b", "c")}
+    rows: list[tuple[object, ...]] = []
+    for _ in range(n):
+        key = draw(st.sampled_from(sorted(clocks)))
+        clocks[key] += draw(st.sampled_from([0, 1, gap_us - 1, gap_us, gap_us + 1, gap_us // 3,
+                                             2 * gap_us + 5, 5 * gap_us]))
+        value = draw(st.one_of(st.none(), st.integers(-(2**40), 2**40)))
+        rows.append((key, clocks[key], value))
+    return gap_s, draw(st.permutations(rows))
