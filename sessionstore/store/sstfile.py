@@ -29,18 +29,21 @@ compaction. Pinned to rocksdict's writer by ``tests/store/test_rocks_sst_file.py
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ..jit import register_helpers
 
-__all__ = ["BLOCK_SIZE", "RESTART_INTERVAL", "crc32c", "write_sst"]
+__all__ = ["BLOCK_SIZE", "RESTART_INTERVAL", "TableScratch", "WrittenTable", "crc32c",
+           "write_sst", "write_table"]
 
 BLOCK_SIZE = 4096  # RocksDB's default data block size
 RESTART_INTERVAL = 16  # RocksDB's default restart interval of data blocks
@@ -532,30 +535,108 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
             is left at ``path``).
         OSError: the file cannot be written (nothing is left at ``path``).
     """
-    from ..jit import compiled  # numba, on first use only
-
+    if not len(gone_offsets) or not len(key_offsets):
+        raise ValueError(f"key_offsets ({len(key_offsets)}) and gone_offsets "
+                         f"({len(gone_offsets)}) must hold n + 1 and m + 1 offsets")
     n_put = len(key_offsets) - 1
-    if n_put < 0 or len(value_first) != n_put or len(value_stop) != n_put \
-            or not len(gone_offsets):
-        raise ValueError(f"key_offsets ({len(key_offsets)}), value_first ({len(value_first)}), "
-                         f"value_stop ({len(value_stop)}) and gone_offsets "
-                         f"({len(gone_offsets)}) do not describe n keys and values (n + 1 "
-                         "offsets) and m deletions (m + 1 offsets)")
-    n = n_put + len(gone_offsets) - 1
-    if n == 0:
-        raise ValueError("an SST file needs at least one record or deletion")
     if len(gone_offsets) > 1:
         keys = np.concatenate([keys[:key_offsets[-1]], gone])
         key_offsets = np.concatenate([key_offsets, gone_offsets[1:] + key_offsets[-1]])
+    return write_table(path, keys, key_offsets, n_put, values, value_first, value_stop,
+                       session_id=session_id, file_number=file_number).entries
+
+
+class WrittenTable(NamedTuple):
+    """What :func:`write_table` wrote.
+
+    Attributes:
+        entries: the entries the file holds (records and deletions).
+        size: the file's size in bytes.
+        sha256: the SHA-256 of the file's bytes, computed from the buffer they were written
+            from (a commit's manifest records it without reading the file back).
+        tail: the file's last bytes (its properties block, which holds the file's own session
+            id, then the metaindex block and the footer): what tells this file apart from any
+            other of the same size (see :func:`~sessionstore.store.checkpoint.describe_files`).
+    """
+
+    entries: int
+    size: int
+    sha256: bytes
+    tail: bytes
+
+
+class TableScratch:
+    """Buffers that :func:`write_table` and its caller reuse from one file to the next, for
+    one writer (not shared between threads).
+
+    A fresh buffer per file costs a page fault per 4 KiB page written (the output buffer alone
+    is the size of the file), more CPU than filling it; a buffer kept from the last file
+    costs none. Each grows to the largest size asked for, with a quarter to spare (untouched
+    pages cost nothing). A buffer above ``KEEP_BYTES`` is handed out but not kept, so that one
+    huge bulk write does not hold its memory for the life of the store.
+    """
+
+    KEEP_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self._held: dict[str, npt.NDArray[Any]] = {}
+
+    def take(self, name: str, size: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+        """A buffer of ``size`` items of ``dtype`` (its contents undefined), starting where an
+        allocation starts (aligned). It stays valid until ``take`` is called with ``name``
+        again."""
+        held = self._held.get(name)
+        if held is not None and held.dtype == dtype and len(held) >= size:
+            return held[:size]
+        fresh = np.empty(size + size // 4, dtype=dtype)
+        if fresh.nbytes <= self.KEEP_BYTES:
+            self._held[name] = fresh
+        else:
+            self._held.pop(name, None)
+        return fresh[:size]
+
+
+def write_table(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
+                key_offsets: npt.NDArray[np.int64], n_put: int, values: npt.NDArray[np.uint8],
+                value_first: npt.NDArray[np.int64], value_stop: npt.NDArray[np.int64], *,
+                session_id: str, file_number: int, scratch: TableScratch | None = None
+                ) -> WrittenTable:
+    """:func:`write_sst` with the records and the deletions in one buffer, as
+    :func:`table_kernel` takes them: entry ``e`` is ``keys[key_offsets[e]:key_offsets[e +
+    1]]``, a record for ``e < n_put`` (its value ``values[value_first[e]:value_stop[e]]``),
+    else a deletion; each run sorted by key bytes.
+
+    Args:
+        scratch: buffers to reuse (None: fresh ones).
+
+    Returns:
+        The entries, size, SHA-256 and last bytes of the file written.
+
+    Raises:
+        ValueError, OSError: as :func:`write_sst` (nothing is left at ``path``).
+    """
+    from ..jit import compiled  # numba, on first use only
+
+    if scratch is None:
+        scratch = TableScratch()
+    n = len(key_offsets) - 1
+    if n < 0 or not 0 <= n_put <= n or len(value_first) != n_put \
+            or len(value_stop) != n_put:
+        raise ValueError(f"key_offsets ({len(key_offsets)}), n_put ({n_put}), value_first "
+                         f"({len(value_first)}) and value_stop ({len(value_stop)}) do not "
+                         "describe n_put keys and values and the deletions after them (n + 1 "
+                         "offsets)")
+    if n == 0:
+        raise ValueError("an SST file needs at least one record or deletion")
     # The most an entry takes: 3 varints (15 bytes), its internal key (its key and 8 bytes), its
     # value and a restart point (4); when it is a block of its own (a long value), the block's
     # restart count and trailer (9) and an index entry: 3 varints, the internal key again, a
     # handle (20) and a restart point. The kernel does not check bounds: this must hold.
-    bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 96 + 1024
-    out = np.empty(bound, dtype=np.uint8)
+    bound = 2 * int(key_offsets[-1]) + int((value_stop - value_first).sum()) + n * 96 + 1024
+    out = scratch.take("out", bound, np.uint8)
     stats = np.zeros(8, dtype=np.int64)
-    block_first = np.empty(n + 1, dtype=np.int64)
-    block_length = np.empty(n + 1, dtype=np.int64)
+    block_first = scratch.take("block_first", n + 1, np.int64)
+    block_length = scratch.take("block_length", n + 1, np.int64)
     size = int(compiled(table_kernel)(keys, key_offsets, n_put, values, value_first,
                                       value_stop, out, BLOCK_SIZE, RESTART_INTERVAL, stats,
                                       block_first, block_length))
@@ -575,12 +656,23 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
     handles = _handle(metaindex_at, len(metaindex)) + _handle(int(stats[1]), int(stats[2]))
     tail += bytes([_CHECKSUM_CRC32C]) + handles + bytes(40 - len(handles))
     tail += struct.pack("<IQ", FORMAT_VERSION, _MAGIC)
+    body = out[:size]
+    digest = hashlib.sha256(body.data)
+    digest.update(tail)
     target = Path(path)
     try:
-        with open(target, "wb") as file:
-            file.write(out[:size].data)
-            file.write(tail)
+        # one write each, straight from the buffers (an unbuffered file copies nothing)
+        with open(target, "wb", buffering=0) as file:
+            _write_all(file, body.data)
+            _write_all(file, tail)
     except BaseException:
         target.unlink(missing_ok=True)
         raise
-    return int(stats[4])
+    return WrittenTable(int(stats[4]), size + len(tail), digest.digest(), bytes(tail))
+
+
+def _write_all(file: Any, data: Any) -> None:
+    """Write all of ``data`` to an unbuffered file (a raw write may write less)."""
+    view = memoryview(data).cast("B")
+    while len(view):
+        view = view[file.write(view):]
