@@ -336,3 +336,63 @@ def test_scratch_buffers_are_reused_and_huge_ones_not_kept() -> None:
     huge = scratch.take("out", 2 << 20, np.uint8)
     assert len(huge) == 2 << 20
     assert not np.shares_memory(huge, scratch.take("out", 100, np.uint8))
+
+
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def _first_blocks(data: bytes, count: int) -> list[tuple[bytes, int]]:
+    """The first ``count`` entries of a table's index block: (internal key, block size)."""
+    footer = data[-53:]
+    at = 1  # the checksum type
+    _meta_offset, at = _varint_at(footer, at)
+    _meta_size, at = _varint_at(footer, at)
+    index_offset, at = _varint_at(footer, at)
+    at = index_offset
+    entries = []
+    for _ in range(count):
+        shared, at = _varint_at(data, at)
+        unshared, at = _varint_at(data, at)
+        _value_length, at = _varint_at(data, at)
+        assert shared == 0  # a restart point per entry
+        key = data[at:at + unshared]
+        at += unshared
+        _offset, at = _varint_at(data, at)
+        size, at = _varint_at(data, at)
+        entries.append((key, size))
+    return entries
+
+
+def test_an_ingested_files_first_block_is_small_and_holds_no_record(tmp_path: Path) -> None:
+    # RocksDB reads a file's first data block at ingestion (for its smallest key); the store
+    # puts a deletion of a key no one writes there, alone in its block, so that this is not the
+    # index block's record (about 1 MB for 40k sessions). Kills: the pad left out (the first
+    # block is the record's), a pad too short to fill a block alone (it shares the record's
+    # block), a pad that is a record (it would be read as data).
+    n = 20_000
+    with SessionStore(tmp_path / "s", retention_ms=10**9) as store:
+        ends = np.arange(n, dtype=np.int64) % 900 + 10
+        store.put_many([f"key-{i}" for i in range(n)], ends - 5, ends, list(range(n)))
+        store.remove_many([f"key-{i}" for i in range(0, n, 9)], (ends - 5)[::9], ends[::9])
+        store.put_many([f"key-{i}" for i in range(1, n, 2)], ends[1::2] - 5, ends[1::2],
+                       [-1] * (n // 2))
+        files = store.live_files()  # nothing flushed yet: the two files ingested
+        assert len(files) == 2
+        for path in files:
+            (pad, pad_block), (block_key, record_block) = _first_blocks(path.read_bytes(), 2)
+            assert pad[:-8] == bytes(len(pad) - 8) and pad[-8] == 0  # a deletion
+            assert pad_block < 2 * sstfile.BLOCK_SIZE
+            assert block_key[:1] == keyschema.INDEX_BLOCK and record_block > 100_000
+        assert [v for _, v in store.fetch("key-18")] == []  # removed
+        assert [v for _, v in store.fetch("key-9")] == [-1]  # removed, then written again
+        assert [v for _, v in store.fetch("key-12")] == [12]
+        gone = set(range(0, n, 9)) - set(range(1, n, 2))
+        assert len(list(store.find_sessions(0, 10**6))) == n - len(gone)
