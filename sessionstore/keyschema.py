@@ -344,20 +344,21 @@ def key_first_rows_kernel(rows: Any, lengths: Any, key_index: Any, ends: Any, st
                           tag: int, offsets: Any, out: Any) -> None:
     """Write the key-first record of each session at its offset: the tag, the key's bytes
     (its row of the matrix), then the end and the start, big-endian with the sign bit
-    flipped. (Compiled.)"""
+    flipped. (Compiled; positions are unsigned, so that numba leaves out its negative-index
+    wraparound, which keeps LLVM from merging the byte stores.)"""
     for i in range(len(key_index)):
         at = offsets[i]
-        out[at] = tag
-        key = key_index[i]
+        out[np.uint64(at)] = tag
+        key = np.uint64(key_index[i])
         width = lengths[key]
         for j in range(width):
-            out[at + 1 + j] = rows[key, j]
+            out[np.uint64(at + 1 + j)] = rows[key, np.uint64(j)]
         at += 1 + width
         for half in range(2):
             value = ends[i] if half == 0 else starts[i]
             for k in range(8):
                 byte = (value >> (8 * (7 - k))) & 0xFF
-                out[at + k] = byte ^ 0x80 if k == 0 else byte
+                out[np.uint64(at + k)] = byte ^ 0x80 if k == 0 else byte
             at += 8
 
 
@@ -468,29 +469,89 @@ def encode_index_block(encoded_keys: Sequence[bytes], key_index: npt.NDArray[np.
     32-byte header (``SSIB``, version 1, 3 zero bytes, then the row count ``n``, the distinct
     key count ``k`` and the key bytes ``b`` as u64), ``ends`` int64[n], ``starts`` int64[n],
     key offsets u64[k + 1], the key of each row u32[n], and the ``k`` distinct encoded keys
-    concatenated (``b`` bytes).
+    concatenated (``b`` bytes), in the order of ``encoded_keys``.
+
+    Raises:
+        ValueError: an entry of ``key_index`` is not the index of one of ``encoded_keys``.
     """
-    present = np.zeros(len(encoded_keys), dtype=np.bool_)
-    present[key_index] = True
-    used = np.flatnonzero(present)
-    key_of_row = (np.cumsum(present) - 1)[key_index]
-    if matrix is not None:  # the used rows of the padded matrix, each cut to its length
-        lengths = matrix.lengths[used]
-        rows_of_keys = matrix.rows[used]
-        blob = rows_of_keys[np.arange(rows_of_keys.shape[1]) < lengths[:, None]].tobytes()
+    from .jit import compiled  # numba, on first use only
+
+    if len(key_index) and (int(key_index.min()) < 0
+                           or int(key_index.max()) >= len(encoded_keys)):
+        raise ValueError(f"key_index holds {int(key_index.min())}..{int(key_index.max())}, "
+                         f"not all indexes of the {len(encoded_keys)} encoded keys")
+    if matrix is not None:  # key j: the first lengths[j] bytes of the matrix's row j
+        width = matrix.rows.shape[1]
+        key_data = matrix.rows.reshape(-1)
+        key_at = np.arange(0, len(encoded_keys) * width, width, dtype=np.int64)
+        lengths = matrix.lengths
     else:
-        lengths = np.fromiter((len(encoded_keys[k]) for k in used.tolist()), dtype=np.int64,
-                              count=len(used))
-        blob = b"".join([encoded_keys[k] for k in used.tolist()])
-    offsets = np.zeros(len(used) + 1, dtype="<u8")
-    np.cumsum(lengths, out=offsets[1:])
-    n = len(ends_ms)
-    ends = np.ascontiguousarray(ends_ms, dtype="<i8")
-    starts = np.ascontiguousarray(starts_ms, dtype="<i8")
-    rows = key_of_row.astype("<u4")
-    data = b"".join((_BLOCK_HEADER.pack(_BLOCK_MAGIC, _BLOCK_VERSION, n, len(used), len(blob)),
-                     ends.tobytes(), starts.tobytes(), offsets.tobytes(), rows.tobytes(), blob))
-    return data, IndexBlock(ends.astype(np.int64), starts.astype(np.int64), rows, blob, offsets)
+        lengths = np.fromiter(map(len, encoded_keys), dtype=np.int64, count=len(encoded_keys))
+        key_at = np.zeros(len(encoded_keys), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=key_at[1:])
+        key_data = np.frombuffer(b"".join(encoded_keys), dtype=np.uint8)
+    slot = np.empty(len(encoded_keys), dtype=np.int64)
+    sizes = np.zeros(2, dtype=np.int64)
+    compiled(index_block_slots_kernel)(key_index, lengths, slot, sizes)
+    n = len(key_index)
+    k, blob_length = int(sizes[0]), int(sizes[1])
+    # one buffer, cut into typed views that the block decodes to (every part is aligned)
+    ends_at = _BLOCK_HEADER.size
+    offsets_at = ends_at + 16 * n
+    rows_at = offsets_at + 8 * (k + 1)
+    blob_at = rows_at + 4 * n
+    out = np.empty(blob_at + blob_length, dtype=np.uint8)
+    out[:ends_at] = np.frombuffer(_BLOCK_HEADER.pack(_BLOCK_MAGIC, _BLOCK_VERSION, n, k,
+                                                     blob_length), dtype=np.uint8)
+    ends = out[ends_at:ends_at + 8 * n].view("<i8")
+    ends[:] = ends_ms
+    starts = out[ends_at + 8 * n:offsets_at].view("<i8")
+    starts[:] = starts_ms
+    offsets = out[offsets_at:rows_at].view("<u8")
+    rows = out[rows_at:blob_at].view("<u4")
+    compiled(index_block_kernel)(key_data, key_at, lengths, key_index, slot, offsets, rows,
+                                 out[blob_at:])
+    return out.tobytes(), IndexBlock(ends.astype(np.int64, copy=False),
+                                     starts.astype(np.int64, copy=False), rows,
+                                     out[blob_at:].tobytes(), offsets)
+
+
+def index_block_slots_kernel(key_index: Any, lengths: Any, slot: Any, sizes: Any) -> None:
+    """Number the keys that ``key_index`` uses in key order: ``slot[j]`` is key ``j``'s place
+    among them, -1 for a key it does not use; ``sizes`` receives how many it uses and their
+    total length. (Compiled.)"""
+    for j in range(len(slot)):
+        slot[j] = -1
+    for i in range(len(key_index)):
+        slot[key_index[i]] = 0
+    used = 0
+    total = 0
+    for j in range(len(slot)):
+        if slot[j] == 0:
+            slot[j] = used
+            used += 1
+            total += lengths[j]
+    sizes[0] = used
+    sizes[1] = total
+
+
+def index_block_kernel(key_data: Any, key_at: Any, lengths: Any, key_index: Any, slot: Any,
+                       offsets: Any, rows: Any, blob: Any) -> None:
+    """Write the used keys' bytes (key ``j`` is ``key_data[key_at[j]:key_at[j] +
+    lengths[j]]``) into ``blob`` in key order, their offsets, and each row's key place
+    (:func:`index_block_slots_kernel`). (Compiled; unsigned positions, as in
+    :func:`key_first_rows_kernel`.)"""
+    at = 0
+    offsets[0] = 0
+    for j in range(len(slot)):
+        if slot[j] >= 0:
+            first = key_at[j]
+            for b in range(lengths[j]):
+                blob[np.uint64(at + b)] = key_data[np.uint64(first + b)]
+            at += lengths[j]
+            offsets[slot[j] + 1] = at
+    for i in range(len(key_index)):
+        rows[i] = slot[key_index[i]]
 
 
 def decode_index_block(data: bytes, min_end_ms: int, max_end_ms: int) -> IndexBlock:

@@ -67,7 +67,7 @@ from .checkpoint import (
     translate_rocksdb_error,
     version_dir_name,
 )
-from .sstfile import TableScratch, WrittenTable, new_session_id, write_table
+from .sstfile import WrittenTable, new_session_id, reused_buffer, write_table
 
 __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
 
@@ -495,7 +495,6 @@ class SessionStore(SegmentedSessionStore):
         self._compaction_lock = threading.Lock()
         self._ingest_options = rocksdict.IngestExternalFileOptions()
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
-        self._scratch = TableScratch()  # buffers for the SST files this store writes
         # the SST files ingested since the last commit, by size: (their last bytes, SHA-256),
         # computed as they were written (see describe_files)
         self._written: dict[int, list[tuple[bytes, bytes]]] = {}
@@ -844,7 +843,7 @@ class SessionStore(SegmentedSessionStore):
         the key-first records, with a tombstone for each removal deferred in the segment (a
         removal of a session written here is dropped: the write comes after it).
         The file is written from whole buffers in one compiled pass (:mod:`.sstfile`), not a
-        call per record, and the buffers are the store's own, reused from one file to the next.
+        call per record, from buffers the thread reuses from one file to the next.
         Returns ``(segment, file, block key, block, what was written)``."""
         records, record_offsets = keyschema.key_first_rows(encoded, index, ends, starts, matrix)
         # (end, key, start): the input is by (key, end, start), so a stable sort on the end
@@ -861,25 +860,24 @@ class SessionStore(SegmentedSessionStore):
             self._removals.get(segment, ())))])
         # one buffer of keys: the block's record first (its tag sorts before the key-first
         # records'), the records, then the tombstones
-        scratch = self._scratch
         head = len(block_key)
         n_put = len(record_offsets)  # the block and the records
         n_gone = len(removed_offsets) - 1
         puts_end = head + len(records)
-        keys = scratch.take("keys", puts_end + len(removed), np.uint8)
+        keys = reused_buffer("keys", puts_end + len(removed), np.uint8)
         keys[:head] = np.frombuffer(block_key, dtype=np.uint8)
         keys[head:puts_end] = records
         keys[puts_end:] = removed
-        key_offsets = scratch.take("key_offsets", n_put + n_gone + 1, np.int64)
+        key_offsets = reused_buffer("key_offsets", n_put + n_gone + 1, np.int64)
         key_offsets[0] = 0
         np.add(record_offsets, head, out=key_offsets[1:n_put + 1])
         np.add(removed_offsets[1:], puts_end, out=key_offsets[n_put + 1:])
         values_end = len(data) + len(value_rows.data)
-        value_bytes = scratch.take("values", values_end, np.uint8)
+        value_bytes = reused_buffer("values", values_end, np.uint8)
         value_bytes[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         value_bytes[len(data):] = value_rows.data
-        value_first = scratch.take("value_first", n_put, np.int64)
-        value_stop = scratch.take("value_stop", n_put, np.int64)
+        value_first = reused_buffer("value_first", n_put, np.int64)
+        value_stop = reused_buffer("value_stop", n_put, np.int64)
         value_first[0], value_stop[0] = 0, len(data)
         np.add(value_rows.first[value_row], len(data), out=value_first[1:])
         np.add(value_rows.stop[value_row], len(data), out=value_stop[1:])
@@ -887,8 +885,7 @@ class SessionStore(SegmentedSessionStore):
         # A session id of its own: RocksDB's block cache keys come from a file's unique id (its
         # session id and number), and an abort reuses block ids. A failure leaves no file.
         written = write_table(path, keys, key_offsets, n_put, value_bytes, value_first,
-                              value_stop, session_id=new_session_id(), file_number=1,
-                              scratch=scratch)
+                              value_stop, session_id=new_session_id(), file_number=1)
         return segment, path, block_key, block, written
 
     def _write_batch(self, encoded: Sequence[bytes], key_rank: Any, index: Any, starts: Any,

@@ -120,11 +120,14 @@ needs_sse42 = pytest.mark.skipif(not sstfile._has_sse42(),
 
 
 @needs_sse42
-@given(data=st.binary(max_size=300), offset=st.integers(0, 15))
+@given(data=st.one_of(st.binary(max_size=300), st.binary(min_size=760, max_size=2400)),
+       offset=st.integers(0, 15))
 @settings(max_examples=max(20, int(200 * PROFILE_SCALE)))
 def test_the_crc32_instruction_kernel_is_the_table_kernel(data: bytes, offset: int) -> None:
     # kills: in the SSE 4.2 kernel, a lost head byte before the first aligned word or tail byte
-    # after the last, a word read at the wrong alignment, a missing initial or final inversion
+    # after the last, a word read at the wrong alignment, a missing initial or final inversion;
+    # in its three chains (from 768 bytes on), a run read at the wrong word, the two carries
+    # swapped or carried over the wrong number of zero bytes
     from sessionstore.store.crc32c_sse42 import crc32c_sse42
 
     assert crc32c_sse42(data, offset) == sstfile.crc32c(data)
@@ -286,15 +289,16 @@ def test_a_buffer_too_small_is_refused_not_overrun() -> None:
     assert (guard[1024:] == 0xAB).all()
 
 
-def test_reused_buffers_write_the_same_bytes_and_their_digest(tmp_path: Path) -> None:
-    # A store's writer reuses its buffers from one file to the next: a smaller file after a
+def test_reused_buffers_write_the_same_bytes_and_their_digest(tmp_path: Path,
+                                                              monkeypatch: Any) -> None:
+    # A thread's writer reuses its buffers from one file to the next: a smaller file after a
     # larger one, in buffers holding another file's bytes (and garbage), must come out byte
     # for byte as from fresh buffers, and the digest, size and tail handed to the commit must
     # be the file's. Kills: a byte the kernel leaves unwritten (stale bytes of the file
     # before), a digest that misses the tail, a wrong size, a tail that is not the file's end.
-    scratch = sstfile.TableScratch()
-    for name in ("out", "block_first", "block_length"):
-        scratch.take(name, 1 << 16, np.uint8 if name == "out" else np.int64).fill(0xAB)
+    sstfile.output_buffer(1 << 16).fill(0xAB)
+    for name in ("block_first", "block_length"):
+        sstfile.reused_buffer(name, 1 << 13, np.int64).fill(-1)
     for number, count in enumerate((6000, 4000, 200, 5000)):
         records = {b"K%06d" % i: b"value %d" % (i * (number + 1)) for i in range(count)}
         gone = [b"K%06dx" % i for i in range(0, count, 11)]
@@ -303,39 +307,48 @@ def test_reused_buffers_write_the_same_bytes_and_their_digest(tmp_path: Path) ->
         value_data, value_offsets = rows([records[k] for k in keys])
         written = sstfile.write_table(tmp_path / f"ours{number}.sst", key_data, key_offsets,
                                       len(keys), value_data, value_offsets[:-1],
-                                      value_offsets[1:], session_id="S" * 20, file_number=1,
-                                      scratch=scratch)
-        fresh_keys, fresh_offsets = rows(keys)
-        gone_data, gone_offsets = rows(sorted(gone))
-        entries = sstfile.write_sst(tmp_path / f"fresh{number}.sst", fresh_keys, fresh_offsets,
-                                    value_data, value_offsets[:-1], value_offsets[1:],
-                                    gone_data, gone_offsets, session_id="S" * 20,
-                                    file_number=1)
+                                      value_offsets[1:], session_id="S" * 20, file_number=1)
+        with monkeypatch.context() as fresh:  # every buffer a fresh one
+            fresh.setattr(sstfile, "OUTPUT_BUFFER_REUSE_BYTES", 0)
+            sstfile.write_table(tmp_path / f"fresh{number}.sst", key_data, key_offsets,
+                                len(keys), value_data, value_offsets[:-1], value_offsets[1:],
+                                session_id="S" * 20, file_number=1)
+        write_rocksdicts(tmp_path / f"theirs{number}.sst", records, gone)
         data = (tmp_path / f"ours{number}.sst").read_bytes()
         assert data == (tmp_path / f"fresh{number}.sst").read_bytes()
-        assert written.entries == entries == count + len(gone)
+        assert written.entries == count + len(gone)
         assert written.size == len(data)
         assert written.sha256 == hashlib.sha256(data).digest()
         assert data.endswith(written.tail) and 1000 < len(written.tail) < 2000
         assert b"S" * 20 in written.tail  # the file's own session id tells it apart
+        for name in ("ours", "theirs"):
+            db = open_db(tmp_path / f"db-{name}{number}")
+            try:
+                ingest(db, tmp_path / f"{name}{number}.sst")
+                contents = list(db.items())
+            finally:
+                db.close()
+            assert contents == sorted(records.items())
 
 
-def test_scratch_buffers_are_reused_and_huge_ones_not_kept() -> None:
-    # kills: a fresh buffer per file (the page faults this exists to save), a buffer handed out
-    # shorter than asked, and a huge buffer held for the life of the store
-    scratch = sstfile.TableScratch()
-    scratch.KEEP_BYTES = 1 << 20
-    first = scratch.take("out", 1000, np.uint8)
-    assert len(first) == 1000 and first.ctypes.data % 8 == 0
-    again = scratch.take("out", 800, np.uint8)
-    assert len(again) == 800 and np.shares_memory(first, again)
-    grown = scratch.take("out", 5000, np.uint8)
+def test_named_buffers_are_reused_apart_and_huge_ones_not_kept(monkeypatch: Any) -> None:
+    # kills: two names sharing memory (the keys overwritten by the output), a buffer of
+    # another dtype handed out, a buffer shorter than asked, regrowth on every slightly larger
+    # file (no room to spare), a huge buffer held for the life of the thread
+    monkeypatch.setattr(sstfile, "OUTPUT_BUFFER_REUSE_BYTES", 1 << 20)
+    first = sstfile.reused_buffer("t-keys", 1000, np.uint8)
+    assert len(first) == 1000 and first.dtype == np.uint8 and first.ctypes.data % 8 == 0
+    offsets = sstfile.reused_buffer("t-offsets", 1000, np.int64)
+    assert offsets.dtype == np.int64 and not np.shares_memory(first, offsets)
+    assert np.shares_memory(first, sstfile.reused_buffer("t-keys", 1200, np.uint8))
+    grown = sstfile.reused_buffer("t-keys", 5000, np.uint8)
     assert len(grown) == 5000 and not np.shares_memory(first, grown)
-    assert np.shares_memory(grown, scratch.take("out", 5000, np.uint8))
-    assert len(scratch.take("offsets", 10, np.int64)) == 10
-    huge = scratch.take("out", 2 << 20, np.uint8)
+    assert np.shares_memory(grown, sstfile.reused_buffer("t-keys", 6000, np.uint8))
+    retyped = sstfile.reused_buffer("t-keys", 100, np.int64)
+    assert retyped.dtype == np.int64 and len(retyped) == 100
+    huge = sstfile.reused_buffer("t-keys", 2 << 20, np.uint8)
     assert len(huge) == 2 << 20
-    assert not np.shares_memory(huge, scratch.take("out", 100, np.uint8))
+    assert not np.shares_memory(huge, sstfile.reused_buffer("t-keys", 100, np.uint8))
 
 
 def _varint_at(data: bytes, at: int) -> tuple[int, int]:
