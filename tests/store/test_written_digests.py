@@ -27,14 +27,8 @@ def write_file(path: Path, count: int, session_id: str) -> sstfile.WrittenTable:
                                value_first + 6, session_id=session_id, file_number=1)
 
 
-def test_a_listed_file_takes_its_written_digest_and_any_other_is_hashed(
-        tmp_path: Path, monkeypatch: Any) -> None:
-    # kills: matching by size alone (another file of the same size gets a wrong digest),
-    # ignoring the list (the file read back), a tail compared at the wrong offset
-    ours = write_file(tmp_path / "000011.sst", 3000, "A" * 20)
-    other = write_file(tmp_path / "000012.sst", 3000, "B" * 20)  # same size, other session id
-    assert ours.size == other.size and ours.tail != other.tail
-    (tmp_path / "CURRENT").write_bytes(b"MANIFEST-000005\n")
+def files_read(monkeypatch: Any) -> list[str]:
+    """The names of the files checkpoint.file_digest reads from now on (it still reads them)."""
     real = checkpoint_module.file_digest
     read: list[str] = []
 
@@ -43,6 +37,18 @@ def test_a_listed_file_takes_its_written_digest_and_any_other_is_hashed(
         return real(path)
 
     monkeypatch.setattr(checkpoint_module, "file_digest", counted)
+    return read
+
+
+def test_a_listed_file_takes_its_written_digest_and_any_other_is_hashed(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    # kills: matching by size alone (another file of the same size gets a wrong digest),
+    # ignoring the list (the file read back), a tail compared at the wrong offset
+    ours = write_file(tmp_path / "000011.sst", 3000, "A" * 20)
+    other = write_file(tmp_path / "000012.sst", 3000, "B" * 20)  # same size, other session id
+    assert ours.size == other.size and ours.tail != other.tail
+    (tmp_path / "CURRENT").write_bytes(b"MANIFEST-000005\n")
+    read = files_read(monkeypatch)
     listed = b"\x01" * 32  # not the file's digest: shows it is taken, not recomputed
     files = describe_files(tmp_path, None, {ours.size: [(other.tail[:-1] + b"x", b"\x02" * 32),
                                                         (ours.tail, listed)]})
@@ -62,14 +68,7 @@ def test_a_commit_records_its_ingested_files_without_reading_them(
     # kills: the store not handing the written digests over (every new SST read back), a
     # digest of other bytes than the file's (the reopen's full check fails), digests kept
     # across an abort
-    real = checkpoint_module.file_digest
-    read: list[str] = []
-
-    def counted(path: Any) -> bytes:
-        read.append(Path(path).name)
-        return real(path)
-
-    monkeypatch.setattr(checkpoint_module, "file_digest", counted)
+    read = files_read(monkeypatch)
     n = 2 * rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
     path = tmp_path / "s"
     with SessionStore(path, retention_ms=10**9, segment_interval_ms=1000) as store:
