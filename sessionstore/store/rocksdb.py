@@ -81,6 +81,8 @@ BULK_LAYOUT_MIN_SESSIONS = 1024
 # at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch);
 # 0: always (a tombstone costs the file writer what a record does, far less than a WriteBatch).
 FOLD_REMOVALS_RATIO = 0
+# the size at which RocksDB starts a new MANIFEST (see _open_live)
+MAX_MANIFEST_BYTES = 256 << 10
 # sorted runs of a segment (level-0 files and non-empty levels) that start a compaction
 UNIVERSAL_COMPACTION_TRIGGER = 5
 _NUM_LEVELS = 7  # RocksDB's default, which the store keeps
@@ -636,6 +638,12 @@ class SessionStore(SegmentedSessionStore):
         # all of them, instead of a job each with its own directory and MANIFEST syncs (for six
         # families, 12 syncs instead of 27).
         options.set_atomic_flush(True)
+        # Every commit copies RocksDB's MANIFEST into its checkpoint and hashes it, and the
+        # MANIFEST only grows (a record per ingestion, flush and compaction: about 7 KB a commit
+        # in a stream) until it reaches this size, when RocksDB starts a new one holding the
+        # current state alone (a few KB). At RocksDB's default (1 GiB) the commits of a stream
+        # got slower for ever: 4.3 MB after 600 commits, about 2 ms more CPU per commit.
+        options.set_max_manifest_file_size(MAX_MANIFEST_BYTES)
         try:
             names = rocksdict.Rdict.list_cf(str(live), options) if live.exists() \
                 else ["default"]

@@ -1,6 +1,7 @@
-"""The digests a commit records for the SST files the store wrote itself: computed from the
-buffer each file was written from and handed to the commit, which finds the file RocksDB
-ingested it as by its size and last bytes, instead of reading it back."""
+"""What a commit reads to describe its checkpoint: the digests of the SST files the store
+wrote itself are computed from the buffer each file was written from and handed to the commit,
+which finds the file RocksDB ingested it as by its size and last bytes, instead of reading it
+back; and RocksDB's MANIFEST, which every commit copies and hashes, stays bounded."""
 
 from __future__ import annotations
 
@@ -95,3 +96,24 @@ def test_a_commit_records_its_ingested_files_without_reading_them(
         assert {v for _, v in store.fetch("j5")} == {7}
         # three batches of sessions in three segments, none aborted
         assert sorted(v for _, v in store.fetch("k5")) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_rocksdbs_manifest_stays_bounded_over_many_commits(tmp_path: Path,
+                                                          monkeypatch: Any) -> None:
+    # Each commit copies RocksDB's MANIFEST into its checkpoint and hashes it; at RocksDB's
+    # default limit (1 GiB) it grew by every ingestion and compaction for the life of the
+    # store. Kills: the limit not passed to RocksDB (the copy grows with every commit).
+    monkeypatch.setattr(rocksdb_module, "MAX_MANIFEST_BYTES", 8 << 10)
+    n = rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+    sizes = []
+    with SessionStore(tmp_path / "s", retention_ms=10**12, segment_interval_ms=10**9) as store:
+        for commit in range(1, 41):
+            ends = np.arange(n, dtype=np.int64) + commit * 10_000
+            store.put_many([f"k{i}" for i in range(n)], ends - 5, ends, [commit] * n)
+            store.commit()
+            (manifest,) = store.checkpoint_path().glob("MANIFEST-*")
+            sizes.append(manifest.stat().st_size)
+        assert max(sizes) < 3 * (8 << 10), sizes
+        assert len({v for _, v in store.fetch("k7")}) == 40
+    with SessionStore(tmp_path / "s", retention_ms=10**12) as store:
+        assert len(list(store.fetch("k7"))) == 40
