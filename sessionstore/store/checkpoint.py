@@ -27,7 +27,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,8 @@ class CheckpointContents:
 
 
 def describe_files(
-    directory: Path, known: Mapping[str, tuple[int, bytes]] | None = None
+    directory: Path, known: Mapping[str, tuple[int, bytes]] | None = None,
+    written: Mapping[int, Sequence[tuple[bytes, bytes]]] | None = None,
 ) -> dict[str, tuple[int, bytes]]:
     """Size and SHA-256 of every file in ``directory`` except the manifest.
 
@@ -174,6 +175,14 @@ def describe_files(
     immutable file already in ``known`` with the same size keeps its recorded digest: a commit
     hashes only the files it added, and a file damaged since it was recorded still fails the
     check on open.
+
+    ``written`` lists SST files the writer built itself since ``known`` was recorded, by size:
+    ``(last bytes, SHA-256)`` pairs, the digest computed from the buffer the file was written
+    from (see :class:`~sessionstore.store.sstfile.WrittenTable`). RocksDB ingests such a file
+    under a name of its own and never changes it; an SST file of a listed size whose last bytes
+    are a listed tail (which holds the file's own random session id) is that file, and gets
+    its digest without being read whole. The digest is of the bytes written, so a file
+    damaged since it was written fails the check on open, as one damaged since a commit does.
     """
     described: dict[str, tuple[int, bytes]] = {}
     for entry in os.scandir(directory):
@@ -181,12 +190,33 @@ def describe_files(
             continue
         size = entry.stat().st_size
         previous = known.get(entry.name) if known is not None else None
-        if previous is not None and previous[0] == size and entry.name.endswith(
-                _IMMUTABLE_SUFFIXES):
+        immutable = entry.name.endswith(_IMMUTABLE_SUFFIXES)
+        if previous is not None and previous[0] == size and immutable:
             described[entry.name] = previous
-        else:
-            described[entry.name] = (size, file_digest(entry.path))
+            continue
+        digest = None
+        if written and immutable and size in written:
+            digest = _written_digest(entry.path, size, written[size])
+        described[entry.name] = (size, digest if digest is not None
+                                 else file_digest(entry.path))
     return described
+
+
+def _written_digest(path: str, size: int, candidates: Sequence[tuple[bytes, bytes]]
+                    ) -> bytes | None:
+    """The digest of the candidate ``(tail, digest)`` whose tail ends the file at ``path`` (of
+    ``size`` bytes), or None."""
+    with open(path, "rb", buffering=0) as handle:
+        ends: dict[int, bytes] = {}
+        for tail, digest in candidates:
+            if len(tail) > size:
+                continue
+            if len(tail) not in ends:
+                handle.seek(size - len(tail))
+                ends[len(tail)] = handle.read(len(tail))
+            if ends[len(tail)] == tail:
+                return digest
+    return None
 
 
 def encode_manifest(state: CommittedState, segment_interval_ms: int,

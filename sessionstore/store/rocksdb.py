@@ -67,7 +67,7 @@ from .checkpoint import (
     translate_rocksdb_error,
     version_dir_name,
 )
-from .sstfile import new_session_id, write_sst
+from .sstfile import WrittenTable, new_session_id, reused_buffer, write_table
 
 __all__ = ["SessionStore", "fsync_dir", "scan_key", "scan_time", "version_dir_name"]
 
@@ -81,6 +81,8 @@ BULK_LAYOUT_MIN_SESSIONS = 1024
 # at most 1/FOLD_REMOVALS_RATIO as many as its sessions (more are written through a WriteBatch);
 # 0: always (a tombstone costs the file writer what a record does, far less than a WriteBatch).
 FOLD_REMOVALS_RATIO = 0
+# the size at which RocksDB starts a new MANIFEST (see _open_live)
+MAX_MANIFEST_BYTES = 256 << 10
 # sorted runs of a segment (level-0 files and non-empty levels) that start a compaction
 UNIVERSAL_COMPACTION_TRIGGER = 5
 _NUM_LEVELS = 7  # RocksDB's default, which the store keeps
@@ -91,6 +93,14 @@ _LOCK = "LOCK"
 _HIGH_TIMES = b"\xff" * 16
 # just above every key-first record: where a pass over them stops
 _KEY_FIRST_END = bytes([keyschema.KEY_FIRST[0] + 1])
+# The first entry of every SST file the store ingests: a deletion of a key that sorts before
+# every record (all start with a tag byte, none with 0) and is never written, long enough to
+# fill the file's first data block alone. Ingestion reads the first and last data blocks of a
+# file for its key range; without it the first block is the index block's record (about 1 MB
+# for 40k sessions), which RocksDB reads and checks (a table-driven CRC-32C in rocksdict's
+# build, about 1 GB/s) at every ingestion: 0.8 ms of a 1.5 ms ingestion. Invisible to reads (a
+# deletion of a key no one writes), dropped by compactions into the last level.
+_FIRST_BLOCK_PAD = bytes(4096)
 
 
 def _housekeep(root: Path, doomed: list[Path] | None, db: Any, expired: dict[int, Any],
@@ -487,6 +497,9 @@ class SessionStore(SegmentedSessionStore):
         self._compaction_lock = threading.Lock()
         self._ingest_options = rocksdict.IngestExternalFileOptions()
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
+        # the SST files ingested since the last commit, by size: (their last bytes, SHA-256),
+        # computed as they were written (see describe_files)
+        self._written: dict[int, list[tuple[bytes, bytes]]] = {}
         # decoded index blocks by segment and block key (blocks never change once written)
         self._blocks: dict[int, dict[bytes, keyschema.IndexBlock]] = {}
         self._next_block_id = 0
@@ -625,6 +638,12 @@ class SessionStore(SegmentedSessionStore):
         # all of them, instead of a job each with its own directory and MANIFEST syncs (for six
         # families, 12 syncs instead of 27).
         options.set_atomic_flush(True)
+        # Every commit copies RocksDB's MANIFEST into its checkpoint and hashes it, and the
+        # MANIFEST only grows (a record per ingestion, flush and compaction: about 7 KB a commit
+        # in a stream) until it reaches this size, when RocksDB starts a new one holding the
+        # current state alone (a few KB). At RocksDB's default (1 GiB) the commits of a stream
+        # got slower for ever: 4.3 MB after 600 commits, about 2 ms more CPU per commit.
+        options.set_max_manifest_file_size(MAX_MANIFEST_BYTES)
         try:
             names = rocksdict.Rdict.list_cf(str(live), options) if live.exists() \
                 else ["default"]
@@ -673,6 +692,7 @@ class SessionStore(SegmentedSessionStore):
             self._cfs.clear()
             self._expired_cfs.clear()  # the committed version records them (if it must)
             self._removals.clear()  # not written: uncommitted, as the rest of live/
+            self._written = {}  # so are the files it ingested
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -805,7 +825,7 @@ class SessionStore(SegmentedSessionStore):
                                           value_rows, value_row[first:stop], matrix)
                       for first, stop in big]
             try:
-                for segment, path, block_key, block in staged:
+                for segment, path, block_key, block, written in staged:
                     try:
                         self._segment(segment).ingest_external_file(
                             [str(path)], self._ingest_options)
@@ -813,19 +833,26 @@ class SessionStore(SegmentedSessionStore):
                         _raise_corruption(exc, path)
                     self._blocks.setdefault(segment, {})[block_key] = block
                     self._removals.pop(segment, None)  # written, as tombstones of the file
+                    # RocksDB keeps the file as it is (it records the sequence number in its
+                    # MANIFEST, never in the file), under a name of its own: the next commit
+                    # finds it by its size and last bytes, and records this digest for it
+                    self._written.setdefault(written.size, []).append(
+                        (written.tail, written.sha256))
             finally:
-                for _segment, path, _key, _block in staged:
+                for _segment, path, _key, _block, _written in staged:
                     path.unlink(missing_ok=True)
 
     def _stage_segment(self, segment: int, encoded: Sequence[bytes], index: Any, starts: Any,
                        ends: Any, value_rows: ByteRows, value_row: Any,
-                       matrix: keyschema.KeyMatrix | None) -> tuple[int, Path, bytes, Any]:
+                       matrix: keyschema.KeyMatrix | None) -> tuple[int, Path, bytes, Any,
+                                                                    WrittenTable]:
         """Write one segment's sessions (in key-first order; session ``i``'s value is row
         ``value_row[i]`` of ``value_rows``) as an SST file to ingest: one index block, then
         the key-first records, with a tombstone for each removal deferred in the segment (a
         removal of a session written here is dropped: the write comes after it).
         The file is written from whole buffers in one compiled pass (:mod:`.sstfile`), not a
-        call per record. Returns ``(segment, file, block key, block)``."""
+        call per record, from buffers the thread reuses from one file to the next.
+        Returns ``(segment, file, block key, block, what was written)``."""
         records, record_offsets = keyschema.key_first_rows(encoded, index, ends, starts, matrix)
         # (end, key, start): the input is by (key, end, start), so a stable sort on the end
         by_time = sort_order([ends])
@@ -835,28 +862,39 @@ class SessionStore(SegmentedSessionStore):
         self._next_block_id += 1
         block_key = keyschema.index_block_key(int(ends[by_time[0]]), int(ends[by_time[-1]]),
                                               block_id)
-        # the block's record first (its tag sorts before the key-first records')
+        # tombstones are key-first or time-first records, sorted in with the records; they come
+        # in a few sorted runs, which a sort of the list merges (a set would scatter them)
+        removed, removed_offsets = byte_rows([_FIRST_BLOCK_PAD, *sorted(dict.fromkeys(
+            self._removals.get(segment, ())))])
+        # one buffer of keys: the block's record first (its tag sorts before the key-first
+        # records'), the records, then the tombstones
         head = len(block_key)
-        keys = np.empty(head + len(records), dtype=np.uint8)
+        n_put = len(record_offsets)  # the block and the records
+        n_gone = len(removed_offsets) - 1
+        puts_end = head + len(records)
+        keys = reused_buffer("keys", puts_end + len(removed), np.uint8)
         keys[:head] = np.frombuffer(block_key, dtype=np.uint8)
-        keys[head:] = records
-        key_offsets = np.empty(len(record_offsets) + 1, dtype=np.int64)
+        keys[head:puts_end] = records
+        keys[puts_end:] = removed
+        key_offsets = reused_buffer("key_offsets", n_put + n_gone + 1, np.int64)
         key_offsets[0] = 0
-        np.add(record_offsets, head, out=key_offsets[1:])
-        value_bytes = np.concatenate([np.frombuffer(data, dtype=np.uint8), value_rows.data])
-        value_first = np.empty(len(value_row) + 1, dtype=np.int64)
-        value_stop = np.empty(len(value_row) + 1, dtype=np.int64)
+        np.add(record_offsets, head, out=key_offsets[1:n_put + 1])
+        np.add(removed_offsets[1:], puts_end, out=key_offsets[n_put + 1:])
+        values_end = len(data) + len(value_rows.data)
+        value_bytes = reused_buffer("values", values_end, np.uint8)
+        value_bytes[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        value_bytes[len(data):] = value_rows.data
+        value_first = reused_buffer("value_first", n_put, np.int64)
+        value_stop = reused_buffer("value_stop", n_put, np.int64)
         value_first[0], value_stop[0] = 0, len(data)
         np.add(value_rows.first[value_row], len(data), out=value_first[1:])
         np.add(value_rows.stop[value_row], len(data), out=value_stop[1:])
-        # tombstones are key-first or time-first records, sorted in with the records
-        removed, removed_offsets = byte_rows(sorted(set(self._removals.get(segment, ()))))
         path = self._live_path / f"{_INGEST_PREFIX}{block_id}.sst"
         # A session id of its own: RocksDB's block cache keys come from a file's unique id (its
         # session id and number), and an abort reuses block ids. A failure leaves no file.
-        write_sst(path, keys, key_offsets, value_bytes, value_first, value_stop, removed,
-                  removed_offsets, session_id=new_session_id(), file_number=1)
-        return segment, path, block_key, block
+        written = write_table(path, keys, key_offsets, n_put, value_bytes, value_first,
+                              value_stop, session_id=new_session_id(), file_number=1)
+        return segment, path, block_key, block, written
 
     def _write_batch(self, encoded: Sequence[bytes], key_rank: Any, index: Any, starts: Any,
                      ends: Any, values: Sequence[bytes], matrix: keyschema.KeyMatrix | None
@@ -1041,7 +1079,8 @@ class SessionStore(SegmentedSessionStore):
             sequence=self._db.latest_sequence_number(),
             column_families=families,
             files=describe_files(
-                staging, None if self._contents is None else self._contents.files),
+                staging, None if self._contents is None else self._contents.files,
+                self._written),
             pointer=True,
             expired=tuple(sorted({_cf_name(s) for s in self._expired_cfs} & set(families))),
         )
@@ -1063,6 +1102,7 @@ class SessionStore(SegmentedSessionStore):
         publish_pointer(self._path)  # the commit point
         os.rename(staging, final)
         self._contents = contents
+        self._written = {}  # recorded in contents.files, which the next commit starts from
         doomed = []
         for old in committed_versions(self._path)[: -self._keep_versions]:
             # Renamed first, so that no reader (nor a crash) ever sees half a version.

@@ -29,19 +29,22 @@ compaction. Pinned to rocksdict's writer by ``tests/store/test_rocks_sst_file.py
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ..jit import register_helpers
 
-__all__ = ["BLOCK_SIZE", "RESTART_INTERVAL", "crc32c", "write_sst"]
+__all__ = ["BLOCK_SIZE", "RESTART_INTERVAL", "WrittenTable", "crc32c", "reused_buffer",
+           "write_sst", "write_table"]
 
 BLOCK_SIZE = 4096  # RocksDB's default data block size
 RESTART_INTERVAL = 16  # RocksDB's default restart interval of data blocks
@@ -601,27 +604,40 @@ def _properties(stats: npt.NDArray[np.int64], session_id: str, file_number: int)
 
 
 OUTPUT_BUFFER_REUSE_BYTES = 32 << 20
-"""The largest output buffer (:func:`output_buffer`) a thread keeps for its next file."""
+"""The largest buffer (:func:`reused_buffer`) a thread keeps for its next file."""
 
-_OUTPUT_BUFFERS = threading.local()
+_REUSED_BUFFERS = threading.local()
+
+
+def reused_buffer(name: str, size: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """A buffer of ``size`` items of ``dtype`` for writing a file, its contents undefined (as
+    ``np.empty``'s), starting where an allocation starts (aligned).
+
+    The calling thread gets the same memory again on its next call with ``name`` while the
+    size stays within :data:`OUTPUT_BUFFER_REUSE_BYTES`: a fresh buffer of megabytes costs its
+    first writes' page faults and cache misses (the output buffer's took about 1.4 ms of the
+    4.3 the table kernel took for the four files of a q11 run, the store's other buffers about
+    as much again). So the buffer is valid only until the thread's next call with ``name``.
+    A buffer grows with a quarter to spare (the files of a stream grow a little from batch to
+    batch; untouched pages cost nothing).
+    """
+    nbytes = size * np.dtype(dtype).itemsize
+    if nbytes > OUTPUT_BUFFER_REUSE_BYTES:
+        return np.empty(size, dtype=dtype)
+    held: dict[str, npt.NDArray[Any]] | None = getattr(_REUSED_BUFFERS, "buffers", None)
+    if held is None:
+        held = _REUSED_BUFFERS.buffers = {}
+    buffer = held.get(name)
+    if buffer is None or buffer.dtype != dtype or len(buffer) < size:
+        spare = min(size // 4, (OUTPUT_BUFFER_REUSE_BYTES - nbytes) // np.dtype(dtype).itemsize)
+        buffer = held[name] = np.empty(size + spare, dtype=dtype)
+    return buffer[:size]
 
 
 def output_buffer(size: int) -> npt.NDArray[np.uint8]:
-    """A byte buffer of ``size`` bytes for :func:`table_kernel` to write a file into, its
-    contents undefined (as ``np.empty``'s).
-
-    The calling thread gets the same memory again on its next call while the size stays
-    within :data:`OUTPUT_BUFFER_REUSE_BYTES`: a fresh buffer of megabytes costs its first
-    writes' page faults and cache misses (about 1.4 ms of the 4.3 the kernel took for the
-    four files of a q11 run). So the buffer is valid only until the thread's next call.
-    """
-    if size > OUTPUT_BUFFER_REUSE_BYTES:
-        return np.empty(size, dtype=np.uint8)
-    held: npt.NDArray[np.uint8] | None = getattr(_OUTPUT_BUFFERS, "buffer", None)
-    if held is None or len(held) < size:
-        held = np.empty(size, dtype=np.uint8)
-        _OUTPUT_BUFFERS.buffer = held
-    return held[:size]
+    """A byte buffer of ``size`` bytes for :func:`table_kernel` to write a file into: the
+    calling thread's :func:`reused_buffer` ``"out"``."""
+    return reused_buffer("out", size, np.uint8)
 
 
 def new_session_id() -> str:
@@ -658,30 +674,74 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
             is left at ``path``).
         OSError: the file cannot be written (nothing is left at ``path``).
     """
-    from ..jit import compiled  # numba, on first use only
-
+    if not len(gone_offsets) or not len(key_offsets):
+        raise ValueError(f"key_offsets ({len(key_offsets)}) and gone_offsets "
+                         f"({len(gone_offsets)}) must hold n + 1 and m + 1 offsets")
     n_put = len(key_offsets) - 1
-    if n_put < 0 or len(value_first) != n_put or len(value_stop) != n_put \
-            or not len(gone_offsets):
-        raise ValueError(f"key_offsets ({len(key_offsets)}), value_first ({len(value_first)}), "
-                         f"value_stop ({len(value_stop)}) and gone_offsets "
-                         f"({len(gone_offsets)}) do not describe n keys and values (n + 1 "
-                         "offsets) and m deletions (m + 1 offsets)")
-    n = n_put + len(gone_offsets) - 1
-    if n == 0:
-        raise ValueError("an SST file needs at least one record or deletion")
     if len(gone_offsets) > 1:
         keys = np.concatenate([keys[:key_offsets[-1]], gone])
         key_offsets = np.concatenate([key_offsets, gone_offsets[1:] + key_offsets[-1]])
+    return write_table(path, keys, key_offsets, n_put, values, value_first, value_stop,
+                       session_id=session_id, file_number=file_number).entries
+
+
+class WrittenTable(NamedTuple):
+    """What :func:`write_table` wrote.
+
+    Attributes:
+        entries: the entries the file holds (records and deletions).
+        size: the file's size in bytes.
+        sha256: the SHA-256 of the file's bytes, computed from the buffer they were written
+            from (a commit's manifest records it without reading the file back).
+        tail: the file's last bytes (its properties block, which holds the file's own session
+            id, then the metaindex block and the footer): what tells this file apart from any
+            other of the same size (see :func:`~sessionstore.store.checkpoint.describe_files`).
+    """
+
+    entries: int
+    size: int
+    sha256: bytes
+    tail: bytes
+
+
+def write_table(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
+                key_offsets: npt.NDArray[np.int64], n_put: int, values: npt.NDArray[np.uint8],
+                value_first: npt.NDArray[np.int64], value_stop: npt.NDArray[np.int64], *,
+                session_id: str, file_number: int) -> WrittenTable:
+    """:func:`write_sst` with the records and the deletions in one buffer, as
+    :func:`table_kernel` takes them: entry ``e`` is ``keys[key_offsets[e]:key_offsets[e +
+    1]]``, a record for ``e < n_put`` (its value ``values[value_first[e]:value_stop[e]]``),
+    else a deletion; each run sorted by key bytes.
+
+    The output buffers are the calling thread's (:func:`reused_buffer`): ``keys`` and the
+    value buffers may be that thread's other reused buffers.
+
+    Returns:
+        The entries, size, SHA-256 and last bytes of the file written.
+
+    Raises:
+        ValueError, OSError: as :func:`write_sst` (nothing is left at ``path``).
+    """
+    from ..jit import compiled  # numba, on first use only
+
+    n = len(key_offsets) - 1
+    if n < 0 or not 0 <= n_put <= n or len(value_first) != n_put \
+            or len(value_stop) != n_put:
+        raise ValueError(f"key_offsets ({len(key_offsets)}), n_put ({n_put}), value_first "
+                         f"({len(value_first)}) and value_stop ({len(value_stop)}) do not "
+                         "describe n_put keys and values and the deletions after them (n + 1 "
+                         "offsets)")
+    if n == 0:
+        raise ValueError("an SST file needs at least one record or deletion")
     # The most an entry takes: 3 varints (15 bytes), its internal key (its key and 8 bytes), its
     # value and a restart point (4); when it is a block of its own (a long value), the block's
     # restart count and trailer (9) and an index entry: 3 varints, the internal key again, a
     # handle (20) and a restart point. The kernel does not check bounds: this must hold.
-    bound = 2 * len(keys) + int((value_stop - value_first).sum()) + n * 96 + 1024
-    out = np.empty(bound, dtype=np.uint8)
+    bound = 2 * int(key_offsets[-1]) + int((value_stop - value_first).sum()) + n * 96 + 1024
+    out = output_buffer(bound)
     stats = np.zeros(8, dtype=np.int64)
-    block_first = np.empty(n + 1, dtype=np.int64)
-    block_length = np.empty(n + 1, dtype=np.int64)
+    block_first = reused_buffer("block_first", n + 1, np.int64)
+    block_length = reused_buffer("block_length", n + 1, np.int64)
     size = int(compiled(table_kernel)(keys, key_offsets, n_put, values, value_first,
                                       value_stop, out, BLOCK_SIZE, RESTART_INTERVAL, stats,
                                       block_first, block_length))
@@ -701,12 +761,23 @@ def write_sst(path: str | os.PathLike[str], keys: npt.NDArray[np.uint8],
     handles = _handle(metaindex_at, len(metaindex)) + _handle(int(stats[1]), int(stats[2]))
     tail += bytes([_CHECKSUM_CRC32C]) + handles + bytes(40 - len(handles))
     tail += struct.pack("<IQ", FORMAT_VERSION, _MAGIC)
+    body = out[:size]
+    digest = hashlib.sha256(body.data)
+    digest.update(tail)
     target = Path(path)
     try:
-        with open(target, "wb") as file:
-            file.write(out[:size].data)
-            file.write(tail)
+        # one write each, straight from the buffers (an unbuffered file copies nothing)
+        with open(target, "wb", buffering=0) as file:
+            _write_all(file, body.data)
+            _write_all(file, tail)
     except BaseException:
         target.unlink(missing_ok=True)
         raise
-    return int(stats[4])
+    return WrittenTable(int(stats[4]), size + len(tail), digest.digest(), bytes(tail))
+
+
+def _write_all(file: Any, data: Any) -> None:
+    """Write all of ``data`` to an unbuffered file (a raw write may write less)."""
+    view = memoryview(data).cast("B")
+    while len(view):
+        view = view[file.write(view):]

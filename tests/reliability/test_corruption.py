@@ -431,3 +431,27 @@ def test_a_committed_pointer_that_is_a_directory_is_refused_by_name(tmp_path):
     with pytest.raises(StoreCorruptedError, match="COMMITTED"):
         SessionStore(path, retention_ms=10**9)
     assert (path / "COMMITTED").is_dir()  # a refused open changes nothing
+
+
+def test_an_ingested_file_damaged_before_its_commit_fails_the_next_open(tmp_path):
+    # The commit records the digest of the bytes the store wrote, computed from its buffer,
+    # not of what the file holds by then: damage between the write and the commit (which a
+    # read-back would have recorded as the truth, opening cleanly) fails the next open, naming
+    # the file. Kills: the commit hashing the ingested file again instead.
+    import numpy as np
+
+    from sessionstore.store import rocksdb as rocksdb_module
+
+    path = tmp_path / "s"
+    n = 4 * rocksdb_module.BULK_LAYOUT_MIN_SESSIONS
+    with SessionStore(path, retention_ms=10**9) as store:
+        store.put_many([f"k{i}" for i in range(n)], np.zeros(n, np.int64),
+                       np.arange(n, dtype=np.int64), list(range(n)))
+        (sst,) = (path / "live").glob("*.sst")
+        with open(sst, "r+b") as handle:  # in place: the checkpoint links this very file
+            handle.seek(sst.stat().st_size // 2)  # among the records, before the tail
+            byte = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([byte[0] ^ 0x01]))
+        store.commit()
+    assert_refused(path, sst.name, "SHA-256")
