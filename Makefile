@@ -71,12 +71,14 @@ $(SPARK35_STAMP): pyproject.toml Makefile | $(SPARK35)/bin/python
 	@touch $@
 
 # The oracle (native session_window parity, micro-batch by micro-batch; the static columnar
-# path; per-row gaps and max duration; partitions kept open between micro-batches) and
+# path and its pre-reduction by gap-wide buckets, written with SQL expressions for 3.x; per-row
+# gaps and max duration; partitions kept open between micro-batches) and
 # exactly-once (driver-kill replay) Spark tests on Spark 3.5; part of `make test`. The processor engine needs Spark 4
 # (transformWithStateInPandas), so its cases are left out here.
 test-spark35: $(SPARK35_STAMP)
 	$(SPARK35)/bin/python -m pytest -p no:cacheprovider -q tests/spark/test_parity.py \
-		tests/spark/test_static_columnar.py tests/spark/test_dynamic_gap.py \
+		tests/spark/test_static_columnar.py tests/spark/test_static_buckets.py \
+		tests/spark/test_dynamic_gap.py \
 		tests/spark/test_replay.py tests/spark/test_kept.py -k 'not processor'
 
 # The cluster test (local-cluster[2,1,1024], state on moto S3) runs once in `make test`; this
