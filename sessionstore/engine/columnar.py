@@ -18,8 +18,9 @@ are left folds in that order; count, integer sums, min and max do not depend on 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +57,43 @@ def columnar_parts(aggregation: Aggregation) -> list[tuple[str, str | None]] | N
 def object_array(values: Any) -> npt.NDArray[Any]:
     """A 1-d object array of ``values`` (nested lists stay elements, not dimensions)."""
     return np.fromiter(values, dtype=object, count=len(values))
+
+
+class IntKeys(Sequence[int]):
+    """A batch's distinct int keys, held as their int64 values and read as Python ints only
+    when something reads an item: the fast batch path over an int key column and an int key
+    index never does (it takes :attr:`values`), so the list is never built.
+
+    Args:
+        values: int64, one per key.
+    """
+
+    __slots__ = ("values", "_list")
+
+    def __init__(self, values: Int64Array) -> None:
+        self.values = values
+        self._list: list[int] | None = None
+
+    def as_list(self) -> list[int]:
+        """The keys as a list of Python ints (built once)."""
+        if self._list is None:
+            self._list = self.values.tolist()
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.as_list())
 
 
 def numeric_column(values: Any, what: str) -> npt.NDArray[Any]:

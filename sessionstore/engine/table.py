@@ -31,6 +31,7 @@ from the store's rows).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -280,7 +281,7 @@ class OpenSessions:
             self.n_free)
         self.live -= len(slots)
 
-    def insert(self, keys: list[Any], key_codes: Int64Array, kids: Int64Array,
+    def insert(self, keys: Sequence[Any], key_codes: Int64Array, kids: Int64Array,
                rows: SessionRows, key_ints: Int64Array | None = None) -> None:
         """Add the sessions ``rows``; row ``i``'s key is ``keys[key_codes[i]]``, whose id is
         ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in).
