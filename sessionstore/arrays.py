@@ -5,7 +5,7 @@ first equal) for deduplicating without a sort. Nothing here knows about sessions
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -609,7 +609,33 @@ def _cut_rows(data: npt.NDArray[np.uint8], first: Int64Array, width: int,
     return cut
 
 
-class LazyBytesList(Sequence[bytes]):
+_T = TypeVar("_T")
+
+
+class ListBacked(Sequence[_T]):
+    """A sequence held in another form, read through the list :meth:`as_list` builds (once,
+    in a subclass) when an item is first read."""
+
+    __slots__ = ()
+
+    def as_list(self) -> list[_T]:
+        """The items as a list."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | list[_T]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[_T]:
+        return iter(self.as_list())
+
+
+class LazyBytesList(ListBacked[bytes]):
     """A sequence of byte strings held as :class:`ByteRows` (:meth:`rows`) and cut into bytes
     objects only when first read as a sequence (then kept): for values a consumer may take as
     rows, with no Python object per string, or as a list."""
@@ -631,15 +657,3 @@ class LazyBytesList(Sequence[bytes]):
 
     def __len__(self) -> int:
         return len(self._cut) if self._cut is not None else len(self.rows())
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        return self.as_list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.as_list())

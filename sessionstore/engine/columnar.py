@@ -18,9 +18,8 @@ are left folds in that order; count, integer sums, min and max do not depend on 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 
 from .. import arrays, folds, kernels, keyschema
 from ..aggregations import Aggregation, Combined
+from ..arrays import ListBacked
 from ..jit import compiled
 from ..types import Session
 from .emit import Emit
@@ -59,7 +59,7 @@ def object_array(values: Any) -> npt.NDArray[Any]:
     return np.fromiter(values, dtype=object, count=len(values))
 
 
-class IntKeys(Sequence[int]):
+class IntKeys(ListBacked[int]):
     """A batch's distinct int keys, held as their int64 values and read as Python ints only
     when something reads an item: the fast batch path over an int key column and an int key
     index never does (it takes :attr:`values`), so the list is never built.
@@ -82,18 +82,6 @@ class IntKeys(Sequence[int]):
 
     def __len__(self) -> int:
         return len(self.values)
-
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        return self.as_list()[index]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.as_list())
 
 
 def numeric_column(values: Any, what: str) -> npt.NDArray[Any]:
