@@ -5,10 +5,12 @@ first equal) for deduplicating without a sort. Nothing here knows about sessions
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
+
+from .jit import register_helpers
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -294,9 +296,25 @@ def keyed_row_hashes_kernel(key_hashes: Int64Array, key_index: Int64Array, a: In
     (Compiled; the compiled form may leave the top bit set, which :func:`keyed_row_hashes`
     clears.)"""
     for i in range(len(a)):
-        h = key_hashes[key_index[i]]
-        h = ((h * _MIX1 + int(a[i])) & _LOW63) * _MIX2 & _LOW63
-        out[i] = ((h + int(b[i])) & _LOW63) * _MIX1 & _LOW63
+        out[i] = _row_hash(key_hashes[key_index[i]], a[i], b[i])
+
+
+def _row_hash(key_hash: int, a: int, b: int) -> int:
+    """The hash of a row ``(key, a, b)`` from its key's hash, before the caller clears the
+    top bit and folds it (:func:`keyed_row_hashes`)."""
+    h = ((key_hash * _MIX1 + int(a)) & _LOW63) * _MIX2 & _LOW63
+    return ((h + int(b)) & _LOW63) * _MIX1 & _LOW63
+
+
+def _mark_seen(bits: npt.NDArray[np.uint8], mask: int, value: int) -> int:
+    """Set the bit ``value & mask`` of ``bits``; 1 if it was set already, else 0."""
+    at = value & mask  # never negative: mask is
+    flag = 1 << (at & 7)
+    byte = at >> 3
+    if bits[byte] & flag:
+        return 1
+    bits[byte] = bits[byte] | flag
+    return 0
 
 
 def mark_seen_kernel(bits: npt.NDArray[np.uint8], hashes: Int64Array) -> int:
@@ -306,14 +324,25 @@ def mark_seen_kernel(bits: npt.NDArray[np.uint8], hashes: Int64Array) -> int:
     mask = 8 * len(bits) - 1
     known = 0
     for i in range(len(hashes)):
-        at = hashes[i] & mask
-        flag = 1 << (at & 7)
-        byte = at >> 3
-        if bits[byte] & flag:
-            known += 1
-        else:
-            bits[byte] = bits[byte] | flag
+        known += _mark_seen(bits, mask, hashes[i])
     return known
+
+
+def mark_seen_rows_kernel(bits: npt.NDArray[np.uint8], key_hashes: Int64Array,
+                          key_index: Int64Array, a: Int64Array, b: Int64Array) -> int:
+    """:func:`mark_seen_kernel` of the rows' :func:`keyed_row_hashes`, each hashed, folded
+    and marked in one pass (no array of hashes). (Compiled.)"""
+    mask = 8 * len(bits) - 1
+    known = 0
+    for i in range(len(a)):
+        h = _row_hash(key_hashes[key_index[i]], a[i], b[i]) & _LOW63
+        known += _mark_seen(bits, mask, h ^ (h >> 29))
+    return known
+
+
+register_helpers({"keyed_row_hashes_kernel": (_row_hash,),
+                  "mark_seen_kernel": (_mark_seen,),
+                  "mark_seen_rows_kernel": (_row_hash, _mark_seen)})
 
 
 class SeenBits:
@@ -335,6 +364,15 @@ class SeenBits:
         from .jit import compiled  # numba, on first use only
 
         return int(compiled(mark_seen_kernel)(self._bits, hashes))
+
+    def add_rows(self, keys: ByteRows, key_index: Int64Array, a: Int64Array,
+                 b: Int64Array) -> int:
+        """:meth:`add` of the rows' :func:`keyed_row_hashes`, in one compiled pass."""
+        from .jit import compiled  # numba, on first use only
+
+        key_hashes = np.empty(len(keys), dtype=np.int64)
+        compiled(byte_row_hashes_kernel)(keys.data, keys.first, keys.stop, key_hashes)
+        return int(compiled(mark_seen_rows_kernel)(self._bits, key_hashes, key_index, a, b))
 
 
 def keyed_row_hashes(keys: ByteRows, key_index: Int64Array, a: Int64Array,
@@ -571,7 +609,33 @@ def _cut_rows(data: npt.NDArray[np.uint8], first: Int64Array, width: int,
     return cut
 
 
-class LazyBytesList(Sequence[bytes]):
+_T = TypeVar("_T")
+
+
+class ListBacked(Sequence[_T]):
+    """A sequence held in another form, read through the list :meth:`as_list` builds (once,
+    in a subclass) when an item is first read."""
+
+    __slots__ = ()
+
+    def as_list(self) -> list[_T]:
+        """The items as a list."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | list[_T]:
+        return self.as_list()[index]
+
+    def __iter__(self) -> Iterator[_T]:
+        return iter(self.as_list())
+
+
+class LazyBytesList(ListBacked[bytes]):
     """A sequence of byte strings held as :class:`ByteRows` (:meth:`rows`) and cut into bytes
     objects only when first read as a sequence (then kept): for values a consumer may take as
     rows, with no Python object per string, or as a list."""
@@ -593,15 +657,3 @@ class LazyBytesList(Sequence[bytes]):
 
     def __len__(self) -> int:
         return len(self._cut) if self._cut is not None else len(self.rows())
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        return self.as_list()[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.as_list())

@@ -212,6 +212,31 @@ def test_seen_bits_count_the_repeats_of_a_set(batches: list[list[int]], wide: li
     assert ((out & arrays._LOW63) ^ ((out & arrays._LOW63) >> 29)).tolist() == hashes
 
 
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 3),
+                                           st.integers(-3, 3)), max_size=30), max_size=5))
+def test_seen_rows_count_the_rows_seen_before(
+        batches: list[list[tuple[int, int, int]]]) -> None:
+    """``SeenBits.add_rows`` (hash, fold and mark in one compiled pass) counts exactly the
+    rows ``(key bytes, a, b)`` seen before, in earlier calls or earlier in the same call (a
+    Python set), in a bitmap wide enough that these few rows share no bit; and never fewer
+    in the narrowest bitmap."""
+    keys = [bytes([k]) * (5 * k % 17) for k in range(6)]  # 0 to 15 bytes: across words
+    rows = arrays.ByteRows.of_list(keys)
+    wide, narrow = arrays.SeenBits(1 << 20), arrays.SeenBits(0)
+    held: set[tuple[bytes, int, int]] = set()
+    for batch in batches:
+        repeats = 0
+        for k, x, y in batch:
+            repeats += (keys[k], x, y) in held
+            held.add((keys[k], x, y))
+        key_index, a, b = (np.array([row[i] for row in batch], dtype=np.int64)
+                           for i in range(3))
+        a = a * 2**40  # columns beyond 32 bits
+        assert wide.add_rows(rows, key_index, a, b) == repeats
+        assert narrow.add_rows(rows, key_index, a, b) >= repeats
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3), max_size=300))
 def test_factorize_is_arrows_dictionary_encoding(values: list[int]) -> None:

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from .. import arrays, folds, kernels, keyschema
 from ..aggregations import Aggregation, Combined
+from ..arrays import ListBacked
 from ..jit import compiled
 from ..types import Session
 from .emit import Emit
@@ -56,6 +57,31 @@ def columnar_parts(aggregation: Aggregation) -> list[tuple[str, str | None]] | N
 def object_array(values: Any) -> npt.NDArray[Any]:
     """A 1-d object array of ``values`` (nested lists stay elements, not dimensions)."""
     return np.fromiter(values, dtype=object, count=len(values))
+
+
+class IntKeys(ListBacked[int]):
+    """A batch's distinct int keys, held as their int64 values and read as Python ints only
+    when something reads an item: the fast batch path over an int key column and an int key
+    index never does (it takes :attr:`values`), so the list is never built.
+
+    Args:
+        values: int64, one per key.
+    """
+
+    __slots__ = ("values", "_list")
+
+    def __init__(self, values: Int64Array) -> None:
+        self.values = values
+        self._list: list[int] | None = None
+
+    def as_list(self) -> list[int]:
+        """The keys as a list of Python ints (built once)."""
+        if self._list is None:
+            self._list = self.values.tolist()
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def numeric_column(values: Any, what: str) -> npt.NDArray[Any]:

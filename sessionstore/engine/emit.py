@@ -84,6 +84,12 @@ class EngineMetrics:
         if count == 0:
             return
         self.final.record(count)  # only its rate is reported; the latencies are kept here
+        if isinstance(latencies_ms, np.ndarray) and latencies_ms.dtype == np.int64:
+            # the batch paths' closes: one compiled pass, the same readings as below
+            total, top = self.final_latency.observe_ints_ms(latencies_ms)
+            self.final_latency_sum += total
+            self.final_latency_max = max(self.final_latency_max, top)
+            return
         values = np.asarray(latencies_ms, dtype=np.float64)
         # a conversion is the caller's no longer: clamp it in place
         self.final_latency.observe_ms(np.maximum(

@@ -29,6 +29,7 @@ from ..timeutil import INT64_MIN
 from . import planner
 from .columnar import (
     NUMERIC_KINDS,
+    IntKeys,
     NotColumnar,
     SessionRows,
     aggregate_plan,
@@ -37,6 +38,7 @@ from .columnar import (
     numeric_column,
     object_array,
 )
+from .key_index import KeyIndex
 
 if TYPE_CHECKING:
     from .host import EngineHost
@@ -106,12 +108,14 @@ def _items(values: list[Any], column: str) -> list[Any]:
         raise
 
 
-def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], uniques_arrow: Any,
+def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: Sequence[Any], uniques_arrow: Any,
                part_values: list[Any], times: np.ndarray, late_values: list[Any] | None,
                ends: np.ndarray) -> list[Block]:
     """The columnar batch step. Everything that can fail on the batch's content fails before
     the first change (raising :class:`NotColumnar` sends the batch to the exact path).
-    ``ends`` is each event's own window end (``t + gap``)."""
+    ``uniques`` are the distinct keys the codes index (a list, or :class:`IntKeys` with
+    ``uniques_arrow`` their int64 column); ``ends`` is each event's own window end
+    (``t + gap``)."""
     cfg = engine.config
     clock = engine.times
     kinds = engine.columnar_kinds
@@ -133,8 +137,12 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
     key_ints = (batch_keys.to_numpy(zero_copy_only=False)
                 if isinstance(batch_keys, pa.Array) and pa.types.is_int64(batch_keys.type)
                 and batch_keys.null_count == 0 else None)
+    index = table.index
+    if isinstance(uniques, IntKeys) and not (isinstance(index, KeyIndex)
+                                             and index.ints is not None):
+        uniques = uniques.as_list()  # only an int key index takes the ints alone
     # the open sessions of the batch's keys: a probe of the table's key index and lists
-    kids = table.index.lookup(uniques, key_ints)
+    kids = index.lookup(uniques, key_ints)
     cand, cand_codes = table.probe(kids)
     cand_starts = table.starts_ms[cand]
     cand_ends = table.ends_ms[cand]
@@ -206,21 +214,23 @@ def fast_batch(engine: EngineHost, codes: np.ndarray, uniques: list[Any], unique
         # written (a put would only count them as dropped)
         boundary = state.expiry_boundary_ms(int(new.ends_ms.max()))
         live = new.ends_ms >= (INT64_MIN if boundary is None else boundary)
-        if not live.all():
+        starts, ends, codes_of_new = new.starts_ms, new.ends_ms, plan.session_codes
+        if not live.all():  # (else the columns as they are: the store copies what it keeps)
             records = (records.take(np.flatnonzero(live)) if type(records) is PackedValues
                        else list(itertools.compress(records, live.tolist())))
-        state.put_many(store_keys, new.starts_ms[live], new.ends_ms[live], records,
-                       key_index=plan.session_codes[live])
+            starts, ends, codes_of_new = starts[live], ends[live], codes_of_new[live]
+        state.put_many(store_keys, starts, ends, records, key_index=codes_of_new)
     return blocks
 
 
-def _store_keys(engine: EngineHost, uniques: list[Any], key_ints: np.ndarray | None) -> Any:
+def _store_keys(engine: EngineHost, uniques: Sequence[Any], key_ints: np.ndarray | None
+                ) -> Any:
     """The batch's distinct keys for its two bulk store calls: an int key column's values
     encoded once for both (:class:`~sessionstore.store.keycodec.KeyEncodings`) when the store
     is one of this package's (they take them as they are), else the keys themselves."""
     if key_ints is None or not isinstance(engine.store, SegmentedSessionStore):
-        return uniques
-    return encode_int_keys(key_ints)
+        return uniques.as_list() if isinstance(uniques, IntKeys) else uniques
+    return encode_int_keys(key_ints, distinct=True)  # the batch's distinct keys
 
 
 def _store_takes_packed(engine: EngineHost, kinds: list[str]) -> bool:

@@ -10,6 +10,7 @@ table's columns.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -72,7 +73,7 @@ class KeyIndex:
         self.size = 0
 
     @staticmethod
-    def _as_ints(keys: list[Any]) -> Int64Array | None:
+    def _as_ints(keys: Sequence[Any]) -> Int64Array | None:
         """``keys`` as int64 when they are all ints (not bools) that fit, else None."""
         if not set(map(type, keys)) <= {int}:
             return None
@@ -81,7 +82,7 @@ class KeyIndex:
         except OverflowError:
             return None
 
-    def lookup(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+    def lookup(self, keys: Sequence[Any], ints: Int64Array | None = None) -> Int64Array:
         """Each key's id, ``-1`` for keys the index lacks. ``ints``: the same keys as int64,
         when the caller has them (an Arrow int column's values): they are not converted."""
         if not keys:
@@ -117,7 +118,7 @@ class KeyIndex:
         return np.fromiter((by_type.get(type(key), empty).get(key, -1) for key in keys),
                            dtype=np.int64, count=len(keys))
 
-    def add(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+    def add(self, keys: Sequence[Any], ints: Int64Array | None = None) -> Int64Array:
         """Give ids to ``keys`` (distinct, and absent from the index); return them.
         ``ints``: as in :meth:`lookup`; while the index holds ints only, ``keys`` may then be
         empty (the ints are the keys)."""
@@ -148,7 +149,7 @@ class KeyIndex:
         self._add_to_dicts(keys, first)
         return ids
 
-    def _add_to_dicts(self, keys: list[Any], first: int) -> None:
+    def _add_to_dicts(self, keys: Sequence[Any], first: int) -> None:
         by_type = self._ids
         assert by_type is not None
         kinds = set(map(type, keys))
@@ -172,8 +173,11 @@ class KeyIndex:
             while capacity < 4 * self.size:
                 capacity *= 2
             assert self.ints is not None
-            self._hash_keys = np.zeros(capacity, dtype=np.int64)
-            self._hash_ids = np.full(capacity, -1, dtype=np.int64)
+            # each cell's key and id side by side: a probe costs one cache miss, not two
+            cells = np.empty((capacity, 2), dtype=np.int64)
+            cells[:, 0] = 0
+            cells[:, 1] = -1
+            self._hash_keys, self._hash_ids = cells[:, 0], cells[:, 1]
             ints = self.ints[:self.size]
             ids = np.arange(self.size, dtype=np.int64)
         compiled(tk.int_index_insert)(self._hash_keys, self._hash_ids, ints, ids)
@@ -268,7 +272,7 @@ class EncodedKeyIndex:
         compiled(tk.bytes_hashes)(data, first, stop, hashes)
         return data, first, stop, hashes
 
-    def lookup(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+    def lookup(self, keys: Sequence[Any], ints: Int64Array | None = None) -> Int64Array:
         """Each key's id, ``-1`` for keys the index lacks (``ints`` is not needed here).
 
         Raises:
@@ -283,7 +287,7 @@ class EncodedKeyIndex:
                                       False)
         return out
 
-    def add(self, keys: list[Any], ints: Int64Array | None = None) -> Int64Array:
+    def add(self, keys: Sequence[Any], ints: Int64Array | None = None) -> Int64Array:
         """Give ids to ``keys`` (distinct, absent, and looked up before: encodable); return
         them. ``ints``: the keys as int64 when ``keys`` is empty."""
         if not len(keys) and ints is not None:

@@ -8,7 +8,10 @@ costs what its own keys hold, not what the whole state holds:
 * **slots**: the sessions' key ids, bounds and accumulators in numpy columns, one row per slot;
   each key's live slots are a doubly linked list (``head`` per key id, ``nxt``/``prv`` per
   slot), so finding a batch's open sessions walks only those keys' lists; freed slots go on a
-  free stack and are reused;
+  free stack and are reused. A slot's key id, generation, links and bounds are the columns of
+  one block of 64-byte rows, and a key's ``head`` and ``count`` of one block of 16-byte rows,
+  so that at millions of open sessions a slot or a key costs one cache miss, not one per
+  column;
 * an **end index**: sorted runs of ``(end, slot, generation)``, one per batch, merged while a
   run is at least half the size of the one below it (so there are O(log n) runs and each entry
   is merged O(log n) times); closing up to a time is a binary search per run. Freeing a slot
@@ -31,6 +34,7 @@ from the store's rows).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -189,6 +193,34 @@ class _EndRun:
         return live
 
 
+def _row_block(rows: int, empty_row: tuple[int, ...]) -> Int64Array:
+    """An int64 block of ``rows`` rows, each ``empty_row`` (of 2 or 8 columns), aligned so
+    that no row straddles two cache lines.
+
+    A batch's per-session work at millions of open sessions is random access (a probe reads
+    a slot's next link, a removal its key id, links and generation, the planner its bounds;
+    a key's newest slot and count go together): columns used together in one row make that
+    one cache miss, not one per column, and rows without padding keep a dense pass (a small
+    table, all of it touched) at the lines separate columns would take."""
+    width = len(empty_row)
+    flat = np.empty(width * rows + 8, dtype=np.int64)
+    skip = (-flat.ctypes.data % 64) // 8
+    block = flat[skip:skip + width * rows].reshape(rows, width)
+    block[:] = empty_row
+    return block
+
+
+def _slot_block(rows: int) -> Int64Array:
+    """The slots' key id (-1: free), generation, next, previous, start and end, in a row of
+    64 bytes (two columns unused): one cache line per slot."""
+    return _row_block(rows, (-1, 0, -1, -1, 0, 0, 0, 0))
+
+
+def _key_block(rows: int) -> Int64Array:
+    """The key ids' newest slot (-1: none) and live slots."""
+    return _row_block(rows, (-1, 0))
+
+
 def _keyless_take(rows: SessionRows, picked: Int64Array, keys: Any) -> SessionRows:
     """The rows ``picked`` of ``rows`` with the keys ``keys`` (the table places rows by key
     id, so the rows it is given may have none)."""
@@ -210,14 +242,13 @@ class OpenSessions:
         self.kinds = kinds
         self.index: KeyIndex | EncodedKeyIndex = KeyIndex()
         self.parts = [_Part(kind) for kind in kinds]
-        self.kid = np.zeros(0, dtype=np.int64)  # -1: a free slot
-        self.starts_ms = np.zeros(0, dtype=np.int64)
-        self.ends_ms = np.zeros(0, dtype=np.int64)
-        self.gen = np.zeros(0, dtype=np.int64)
-        self.nxt = np.zeros(0, dtype=np.int64)
-        self.prv = np.zeros(0, dtype=np.int64)
-        self.head = np.zeros(0, dtype=np.int64)  # by key id: its newest slot, -1: none
-        self.count = np.zeros(0, dtype=np.int64)  # by key id: its live slots
+        # by slot: its key id (-1: a free slot), generation and list links, and its bounds:
+        # the columns of two row blocks (_link_block, _bounds_block), views set by _use_slots
+        self.kid = self.starts_ms = self.ends_ms = self.gen = self.nxt = self.prv = _EMPTY
+        self._use_slots(_slot_block(0))
+        # by key id: its newest slot (-1: none) and its live slots, one row block likewise
+        self.head = self.count = _EMPTY
+        self._use_keys(_key_block(0))
         self.free = np.zeros(0, dtype=np.int64)
         self.n_free = 0
         self.top = 0  # slots ever used
@@ -228,6 +259,36 @@ class OpenSessions:
 
     def __len__(self) -> int:
         return self.live + (0 if self.young is None else len(self.young[1]))
+
+    def _use_slots(self, block: Int64Array) -> None:
+        """Take ``block`` (:func:`_slot_block`) as the slots' columns."""
+        self.kid, self.gen, self.nxt, self.prv = block[:, 0], block[:, 1], block[:, 2], block[:, 3]
+        self.starts_ms, self.ends_ms = block[:, 4], block[:, 5]
+
+    def _grow_slots(self, size: int) -> None:
+        """Room for ``size`` slots (doubling), the old rows kept."""
+        if size <= len(self.kid):
+            return
+        block = _slot_block(max(size, 2 * len(self.kid), 64))
+        old = len(self.kid)
+        for column, values in enumerate((self.kid, self.gen, self.nxt, self.prv,
+                                         self.starts_ms, self.ends_ms)):
+            block[:old, column] = values
+        self._use_slots(block)
+
+    def _use_keys(self, block: Int64Array) -> None:
+        """Take ``block`` (:func:`_key_block`) as the key ids' columns."""
+        self.head, self.count = block[:, 0], block[:, 1]
+
+    def _grow_keys(self, size: int) -> None:
+        """Room for ``size`` key ids (doubling), the old rows kept."""
+        if size <= len(self.head):
+            return
+        block = _key_block(max(size, 2 * len(self.head), 64))
+        old = len(self.head)
+        block[:old, 0] = self.head
+        block[:old, 1] = self.count
+        self._use_keys(block)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -280,7 +341,7 @@ class OpenSessions:
             self.n_free)
         self.live -= len(slots)
 
-    def insert(self, keys: list[Any], key_codes: Int64Array, kids: Int64Array,
+    def insert(self, keys: Sequence[Any], key_codes: Int64Array, kids: Int64Array,
                rows: SessionRows, key_ints: Int64Array | None = None) -> None:
         """Add the sessions ``rows``; row ``i``'s key is ``keys[key_codes[i]]``, whose id is
         ``kids[key_codes[i]]`` (``-1``: new to the index; ``kids`` is filled in).
@@ -313,9 +374,9 @@ class OpenSessions:
 
     def _place(self, row_kids: Int64Array, rows: SessionRows) -> None:
         """Put the sessions ``rows`` in slots, row ``i`` under key id ``row_kids[i]``."""
-        size = self.index.size  # (an index built beside the table may hold keys already)
-        self.head = grown(self.head, size, -1)  # every key id has a list, even an empty one
-        self.count = grown(self.count, size)
+        # every key id has a list, even an empty one (an index built beside the table may
+        # hold keys already)
+        self._grow_keys(self.index.size)
         n = len(rows)
         if not n:
             return
@@ -337,15 +398,9 @@ class OpenSessions:
         """Make room for ``slots`` slots (and as many key ids) before a large insert, so that
         the inserts after it do not grow every column at once."""
         self.settle()
-        self.kid = grown(self.kid, slots, -1)
-        self.starts_ms = grown(self.starts_ms, slots)
-        self.ends_ms = grown(self.ends_ms, slots)
-        self.gen = grown(self.gen, slots)
-        self.nxt = grown(self.nxt, slots, -1)
-        self.prv = grown(self.prv, slots, -1)
+        self._grow_slots(slots)
         self.free = grown(self.free, slots)
-        self.head = grown(self.head, slots, -1)
-        self.count = grown(self.count, slots)
+        self._grow_keys(slots)
 
     def _allocate(self, n: int) -> Int64Array:
         reused = min(n, self.n_free)
@@ -356,13 +411,7 @@ class OpenSessions:
         slots[reused:] = np.arange(first, first + n - reused, dtype=np.int64)
         self.top = first + n - reused
         if self.top > len(self.kid):
-            size = self.top
-            self.kid = grown(self.kid, size, -1)
-            self.starts_ms = grown(self.starts_ms, size)
-            self.ends_ms = grown(self.ends_ms, size)
-            self.gen = grown(self.gen, size)
-            self.nxt = grown(self.nxt, size, -1)
-            self.prv = grown(self.prv, size, -1)
+            self._grow_slots(self.top)
             self.free = grown(self.free, len(self.kid))
         return slots
 
@@ -421,8 +470,10 @@ class OpenSessions:
             renumber[kept] = np.arange(len(kept), dtype=np.int64)
             live = self.live_slots()
             self.kid[live] = renumber[self.kid[live]]
-            self.head = self.head[kept].copy()
-            self.count = self.count[kept].copy()
+            block = _key_block(len(kept))
+            block[:, 0] = self.head[kept]
+            block[:, 1] = self.count[kept]
+            self._use_keys(block)
             self.index.keep(kept)
 
 

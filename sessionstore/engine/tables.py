@@ -10,6 +10,7 @@ and its emits are turned into columns.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,14 @@ from ..arrays import factorize
 from .batch import process_batch
 from .batch_gaps import count_invalid_gaps, event_gaps
 from .closing import advance_watermark
-from .columnar import NUMERIC_KINDS, NotColumnar, SessionRows, columnar_parts, numeric_column
+from .columnar import (
+    NUMERIC_KINDS,
+    IntKeys,
+    NotColumnar,
+    SessionRows,
+    columnar_parts,
+    numeric_column,
+)
 from .emit import Emit
 from .fast_batch import Block, collector_paused, fast_batch
 from .record import first_unencodable
@@ -169,7 +177,8 @@ def _process_table(engine: EngineHost, table: Any, *, key: str | list[str], time
                     return _blocks_to_table(engine, blocks, key_names, table, types)
     # the exact slower path: the event values are the ``value`` column, or each row as a dict
     values = table.column(value).to_pylist() if value is not None else table.to_pylist()
-    keys_list = [uniques[c] for c in codes.tolist()]
+    distinct = list(uniques)
+    keys_list = [distinct[c] for c in codes.tolist()]
     emits = process_batch(engine, keys_list, values, times,
                           None if gap is None else table.column(gap))
     return _emits_to_table(engine, emits, key_names, table,
@@ -191,7 +200,7 @@ def _time_column(column: Any, name: str) -> np.ndarray:
     return out
 
 
-def _table_keys(table: pa.Table, names: list[str]) -> tuple[np.ndarray, list[Any], Any]:
+def _table_keys(table: pa.Table, names: list[str]) -> tuple[np.ndarray, Sequence[Any], Any]:
     if len(names) == 1:
         column = table.column(names[0])
         if pa.types.is_int64(column.type) and column.null_count == 0:
@@ -200,7 +209,7 @@ def _table_keys(table: pa.Table, names: list[str]) -> tuple[np.ndarray, list[Any
             values = (column.combine_chunks() if isinstance(column, pa.ChunkedArray)
                       else column).to_numpy(zero_copy_only=False)
             codes, distinct_ints = factorize(np.ascontiguousarray(values, dtype=np.int64))
-            return codes, distinct_ints.tolist(), pa.array(distinct_ints, type=pa.int64())
+            return codes, IntKeys(distinct_ints), pa.array(distinct_ints, type=pa.int64())
         return columns.factorize_keys_arrow(column, names[0])
     per_column = [columns.factorize_keys_arrow(table.column(name), name) for name in names]
     stacked = np.stack([codes for codes, _, _ in per_column], axis=1)

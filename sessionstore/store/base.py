@@ -526,45 +526,55 @@ class SegmentedSessionStore(ABC):
             return np.zeros(0, dtype=np.bool_)
         running = np.maximum.accumulate(ends)
         if self._stream_time is not None:
-            running = np.maximum(running, self._stream_time)
-        cap = self._expiry_cap
-        reference = running if cap is None else np.minimum(running, cap)
-        interval = self._interval
-        min_live = _floor_segments(reference, self._retention_ms, interval)
-        written = ends // interval >= min_live
+            np.maximum(running, self._stream_time, out=running)
         self._stream_time = int(running[-1])
-        accepted = np.flatnonzero(written)
-        self._metrics["dropped-records"] += n - len(accepted)
-        if len(accepted) == 0:
+        cap = self._expiry_cap
+        reference = running if cap is None else np.minimum(running, cap, out=running)
+        interval = self._interval
+        if reference[0] >= INT64_MIN + self._retention_ms:  # (nondecreasing: every row is)
+            min_live = reference - self._retention_ms
+            min_live //= interval  # _floor_segments without its int64 minimum's rows
+        else:
+            min_live = _floor_segments(reference, self._retention_ms, interval)
+        written = ends // interval >= min_live
+        kept = int(np.count_nonzero(written))
+        self._metrics["dropped-records"] += n - kept
+        if kept == 0:
             return written
+        # the last accepted row's segment floor; the rows themselves only when some are not
+        accepted = None if kept == n else np.flatnonzero(written)
+        final_min_live = int(min_live[-1 if accepted is None else accepted[-1]])
         if type(values) is not PackedValues and (
                 values.count(None) if isinstance(values, list)
                 else any(v is None for v in values)):
             # None values are deletes (Kafka's null aggregate): taken in call order, row by
             # row, so that every segment a loop of put() would create is created
-            for row in accepted.tolist():
+            for row in (range(n) if accepted is None else accepted.tolist()):
                 encoded_key, end, start = encoded[index[row]], int(ends[row]), int(starts[row])
                 if values[row] is None:
                     self._delete(encoded_key, end, start)
                 else:
                     self._write(encoded_key, end, start, data[row])
-            self._expire_after_bulk(int(min_live[accepted[-1]]))
+            self._expire_after_bulk(final_min_live)
             return written
         # Keep only the last write of a session that appears twice, as consecutive puts
         # would, in the backend's write order (_last_writes: on-disk order by default, as
         # RocksDB inserts sorted keys several times faster).
         key_rank = self._key_ranks(encoded, matrix)
-        if len(accepted) == n:  # none dropped (the usual case): accepted is every row
+        rows: npt.NDArray[np.int64] | None
+        if accepted is None:  # none dropped (the usual case): every row is accepted
             rows = self._last_writes(key_rank[index], ends, starts)
         else:
-            rows = accepted[self._last_writes(key_rank[index[accepted]], ends[accepted],
-                                              starts[accepted])]
+            last = self._last_writes(key_rank[index[accepted]], ends[accepted],
+                                     starts[accepted])
+            rows = accepted if last is None else accepted[last]
         picked: Sequence[bytes]
         # every row, in order (the usual case): the columns go on as they are, not gathered
-        every = len(rows) == n and bool((rows == np.arange(n)).all())
+        every = rows is None or (len(rows) == n and bool((rows == np.arange(n)).all()))
         if every:
             picked = data
         elif type(data) is PackedValues:
+            assert rows is not None
             picked = data.take(rows)
         else:  # an object array gathers about twice as fast as a list comprehension
             boxed = np.empty(n, dtype=object)
@@ -573,10 +583,11 @@ class SegmentedSessionStore(ABC):
         if type(picked) is PackedValues and not (self._KEEPS_BYTE_ROWS
                                                  or self._TAKES_PACKED_VALUES):
             picked = picked.as_list()
-        self._write_many(BulkSessions(encoded, key_rank, index if every else index[rows],
-                                      starts if every else starts[rows],
-                                      ends if every else ends[rows], picked))
-        self._expire_after_bulk(int(min_live[accepted[-1]]))
+        if not every:
+            assert rows is not None
+            index, starts, ends = index[rows], starts[rows], ends[rows]
+        self._write_many(BulkSessions(encoded, key_rank, index, starts, ends, picked))
+        self._expire_after_bulk(final_min_live)
         return written
 
     def _expire_after_bulk(self, final_min_live: int) -> None:
@@ -825,11 +836,12 @@ class SegmentedSessionStore(ABC):
         return keyschema.key_order(encoded, matrix)
 
     def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
-                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
         """The row of each session's last write among rows ``(key_ranks, ends, starts)`` (a
         session written twice in one call keeps its later value), in the order
         :meth:`_write_many` takes them: here by key rank, end, start (on-disk order); a backend
-        with no on-disk order may override this to keep the call's order."""
+        with no on-disk order may override this to keep the call's order, and return None
+        for every row in the call's order."""
         return last_of_each([key_ranks, ends, starts])
 
     @abstractmethod

@@ -79,21 +79,25 @@ class KeyEncodings:
         matrix: the encodings (row ``i`` is key ``i``'s).
     """
 
-    __slots__ = ("matrix", "_pieces", "_cut", "_values", "_labels")
+    __slots__ = ("matrix", "_pieces", "_cut", "_values", "_labels", "_distinct")
 
     def __init__(self, matrix: keyschema.KeyMatrix, pieces: _Pieces | None,
-                 values: npt.NDArray[np.int64]) -> None:
+                 values: npt.NDArray[np.int64], distinct: bool = False) -> None:
         self.matrix = matrix
         self._pieces = pieces  # the rows of each width (see _encode_int64), once needed
         self._cut: npt.NDArray[Any] | None = None  # the encodings as bytes, once needed
         self._values = values  # the int keys encoded (row i is encode_key(int(values[i])))
         self._labels: npt.NDArray[np.int64] | None = None
+        self._distinct = distinct  # no two rows encode the same int
 
     def identities(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """A label for each of ``rows``, equal for equal encodings and only for them: the
         position of its int key among the distinct keys (msgpack encodes distinct ints
         distinctly), from a hash pass over the int64 values, once for the calls that share
-        these encodings, rather than one over the encodings' bytes per call."""
+        these encodings, rather than one over the encodings' bytes per call. Keys encoded as
+        distinct (:func:`encode_int_keys`) are their own rows: no pass at all."""
+        if self._distinct:
+            return np.asarray(rows, dtype=np.int64)
         if self._labels is None:
             self._labels = factorize(self._values)[0]
         labels: npt.NDArray[np.int64] = self._labels[rows]
@@ -123,8 +127,14 @@ class KeyEncodings:
         return keyschema.KeyMatrix(picked, lengths)
 
 
-def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
+def encode_int_keys(values: npt.NDArray[np.int64], *, distinct: bool = False) -> KeyEncodings:
     """The encodings of int keys given as int64 values (``encode_key(int(v))`` for each).
+
+    Args:
+        values: the keys.
+        distinct: the caller vouches that no value repeats (a factorisation's distinct
+            keys): their identities (:meth:`KeyEncodings.identities`) are then their rows,
+            with no hash pass. Repeats under it would make equal keys two keys to the store.
 
     Raises:
         ValueError: ``values`` is not a one-dimensional int64 array.
@@ -132,7 +142,7 @@ def encode_int_keys(values: npt.NDArray[np.int64]) -> KeyEncodings:
     if not isinstance(values, np.ndarray) or values.dtype != np.int64 or values.ndim != 1:
         raise ValueError(f"values must be a one-dimensional int64 array, got "
                          f"{getattr(values, 'dtype', type(values).__name__)}")
-    return KeyEncodings(_int64_matrix(values), None, values.copy())
+    return KeyEncodings(_int64_matrix(values), None, values.copy(), distinct)
 
 
 def _int64_matrix(values: npt.NDArray[np.int64]) -> keyschema.KeyMatrix:

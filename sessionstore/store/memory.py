@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import keyschema
-from ..arrays import ByteRows, SeenBits, first_equal_rows, keyed_row_hashes, last_rows, sort_order
+from ..arrays import ByteRows, SeenBits, first_equal_rows, last_rows, sort_order
 from ..packing import PackedValues
 from ..types import ValueSerde
 from .base import BulkSessions, CommittedState, SegmentedSessionStore
@@ -168,7 +168,8 @@ class _Segment:
         of a compaction."""
         writes = [bulk for bulk in self._pending if bulk.data is not None]
         seen = SeenBits(sum(len(bulk.ends) for bulk in writes))
-        repeats = sum(seen.add(_session_hashes(bulk)) for bulk in writes)
+        repeats = sum(seen.add_rows(bulk.keys, bulk.key_index, bulk.ends, bulk.starts)
+                      for bulk in writes)
         return repeats + 2 * self._deleted_rows()
 
     def _deleted_rows(self) -> int:
@@ -303,11 +304,6 @@ def _rows_of(data: ByteRows | PackedValues) -> ByteRows:
     return data.rows() if isinstance(data, PackedValues) else data
 
 
-def _session_hashes(bulk: _Bulk) -> npt.NDArray[np.int64]:
-    """A hash of each session of ``bulk`` (equal sessions of any bulks hash equal)."""
-    return keyed_row_hashes(bulk.keys, bulk.key_index, bulk.ends, bulk.starts)
-
-
 def _key_rows(encoded: Sequence[bytes]) -> ByteRows:
     """Encodings as byte rows: those the encoder left uncut as they are, others joined."""
     if isinstance(encoded, EncodedKeys):
@@ -371,9 +367,10 @@ class InMemorySessionStore(SegmentedSessionStore):
         return first_equal_rows(keys.data, keys.first, keys.stop)
 
     def _last_writes(self, key_ranks: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
-                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+                     starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
         # in the call's order: the log applies rows in order, and no read depends on it
-        return np.flatnonzero(last_rows(key_ranks, ends, starts))
+        last = last_rows(key_ranks, ends, starts)
+        return None if last.all() else np.flatnonzero(last)
 
     def _by_segment(
             self, sessions: BulkSessions) -> list[tuple[int, npt.NDArray[np.int64] | None]]:

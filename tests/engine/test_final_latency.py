@@ -26,6 +26,7 @@ from sessionstore import (
     SessionWindows,
     aggregations,
 )
+from sessionstore.engine.emit import EVENT_TIME_BUCKETS_S
 from sessionstore.engine.time import close_time_ms, final_latencies_ms, final_latency_ms
 from sessionstore.triggers import AfterWatermark
 from tests.engine.test_emit_metrics import counts_by_hand
@@ -64,6 +65,46 @@ def test_the_bulk_rule_and_record_finals_leave_their_inputs_alone() -> None:
         assert latencies.tolist() == before
         reading = metrics.histograms()["emit-final-latency"]
         assert sum(reading.counts) == 3 and reading.sum_s == pytest.approx(2.503)
+
+
+# each bucket bound in ms, one either side, negatives, and values large enough that the
+# histogram's float sum is no longer exact (2**53 over the count) or the int64 sum wraps
+_BOUNDS_MS = [round(b * 1000) + d for b in EVENT_TIME_BUCKETS_S for d in (-1, 0, 1)]
+LATENCIES = st.lists(st.sampled_from(_BOUNDS_MS) | st.integers(-3, 3) | st.integers(-(2**40), 2**40)
+                     | st.integers(2**51, 2**53) | st.integers(-(2**63), 2**63 - 1), max_size=60)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches=st.lists(LATENCIES, max_size=3))
+def test_record_finals_of_int64_latencies_reads_as_the_float_path(
+        batches: list[list[int]]) -> None:
+    """``record_finals`` of an int64 array (one compiled pass: bucket, clamp, sums and max)
+    gives the readings of the float path it replaced, computed here with numpy: each
+    bucket's count (``searchsorted`` of the latency clamped at 0, as a float, in the bounds),
+    the histogram's sum to the last bit, and the int64 (wrapping) total and maximum. Kills a
+    bucket off by one at a bound, a clamp missing or applied to the totals, and a float sum
+    taken from the int total where it rounds."""
+    from sessionstore.engine.emit import EngineMetrics
+
+    metrics = EngineMetrics()
+    counts = np.zeros(len(EVENT_TIME_BUCKETS_S) + 1, dtype=np.int64)
+    bounds_ms = np.array(EVENT_TIME_BUCKETS_S) * 1000.0
+    sum_s, total, top = 0.0, 0, 0
+    for batch in batches:
+        latencies = np.array(batch, dtype=np.int64)
+        metrics.record_finals(latencies)
+        if not batch:
+            continue
+        clamped = np.maximum(latencies.astype(np.float64), 0.0)
+        counts += np.bincount(np.searchsorted(bounds_ms, clamped, side="left"),
+                              minlength=len(counts))
+        sum_s += float(clamped.sum()) / 1000.0
+        total += int(latencies.sum())
+        top = max(top, int(latencies.max()))
+    reading = metrics.histograms()["emit-final-latency"]
+    assert reading.counts == tuple(counts.tolist())
+    assert reading.sum_s == sum_s
+    assert (metrics.final_latency_sum, metrics.final_latency_max) == (total, top)
 
 
 def _build(**options: Any) -> SessionAggregator:

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -151,6 +152,35 @@ def test_key_ids_looked_up_before_a_read_stay_valid_through_it() -> None:
     slots, codes = table.probe(table.index.lookup(KEY_POOL))
     assert codes.tolist() == [KEY_POOL.index(1)]
     assert _as_model_rows(table.rows(slots)) == Counter([_model_row(1, 5, 9, [7])])
+
+
+@pytest.mark.parametrize("removed", [0, 1, 2])
+def test_a_keys_sessions_stay_linked_through_the_table_growing(removed: int) -> None:
+    """Three sessions of one key, then enough sessions of other keys that the slots' and the
+    key ids' row blocks grow (several doublings), then one of the three removed: the key's
+    list still links the other two (every link column is carried over when a block grows),
+    and a close takes back exactly what is left."""
+    table = OpenSessions(KINDS)
+
+    def insert(keys: list[Any], sessions: list[tuple[int, int, int, list[Any]]]) -> None:
+        used = sorted({k for k, *_ in sessions})
+        batch_keys = [keys[k] for k in used]
+        codes = np.array([used.index(k) for k, *_ in sessions], dtype=np.int64)
+        table.insert(batch_keys, codes, table.index.lookup(batch_keys), _rows(keys, sessions))
+        table.settle()
+
+    insert(["k"], [(0, 10 * i, 10 * i + 5, [i]) for i in range(3)])
+    fillers = [1_000 + i for i in range(300)]
+    insert(fillers, [(i, 0, 100, [0]) for i in range(300)])
+    slots, _ = table.probe(table.index.lookup(["k"]))
+    by_start = {int(table.starts_ms[slot]): slot for slot in slots.tolist()}
+    table.remove(np.array([by_start[10 * removed]], dtype=np.int64))
+    kept = [i for i in range(3) if i != removed]
+    slots, _ = table.probe(table.index.lookup(["k"]))
+    assert _as_model_rows(table.rows(slots)) == Counter(
+        _model_row("k", 10 * i, 10 * i + 5, [i]) for i in kept)
+    closed = table.close_upto(1_000, rows=True)
+    assert closed is not None and len(closed) == 300 + 2 and len(table) == 0
 
 
 def test_keys_equal_in_python_stay_apart() -> None:

@@ -164,5 +164,5 @@ def test_an_int64_key_column_is_factorized_as_arrow_does(chunks: list[list[int]]
     codes, uniques, arrow = _table_keys(table, ["k"])
     want_codes, want_uniques, want_arrow = batch.factorize_keys_arrow(table.column("k"), "k")
     assert codes.tolist() == want_codes.tolist()
-    assert uniques == want_uniques and all(type(key) is int for key in uniques)
+    assert list(uniques) == want_uniques and all(type(key) is int for key in uniques)
     assert arrow.equals(want_arrow)

@@ -204,6 +204,28 @@ def test_a_later_session_in_the_call_expires_an_earlier_ones_segment() -> None:
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("cap", [None, INT64_MIN + 700])
+def test_sessions_ending_within_retention_of_the_int64_minimum_expire_as_puts_do(
+        backend: str, cap: int | None) -> None:
+    """Ends less than the retention above the int64 minimum, where ``end - retention``
+    leaves int64 (the rule floors the segment at the minimum), with and without an expiry
+    cap: the bulk call keeps and drops what a loop of puts does. Kills a segment floor
+    computed in wrapping int64 for them (every such session dropped)."""
+    ends = [INT64_MIN + d for d in (3, 400, 999, 1_000, 1_001, 2_500)]
+    starts = [end - 2 for end in ends]
+    keys = ["a", "b", "a", "c", "b", "a"]
+    with twin_stores(backend, retention_ms=1_000, segment_interval_ms=100) as (bulk, loop):
+        bulk.cap_expiry_time(cap)
+        loop.cap_expiry_time(cap)
+        written = bulk.put_many(keys, starts, ends, list(range(len(ends))))
+        expected = [loop.put(Session(k, s, e), v) for k, s, e, v
+                    in zip(keys, starts, ends, range(len(ends)), strict=True)]
+        assert written.tolist() == expected
+        assert contents(bulk) == contents(loop)
+        assert any(expected)
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 @pytest.mark.parametrize(
     ("keys", "starts", "ends", "values", "error", "message"),
     [

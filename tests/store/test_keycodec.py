@@ -210,6 +210,26 @@ def test_encoded_int_keys_identities_match_byte_equality(keys: list[int],
             assert (labels[i] == labels[j]) == (expected[i] == expected[j])
 
 
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.integers(-40, 40) | st.sampled_from(BOUNDARIES), unique=True,
+                     max_size=40), data=st.data())
+def test_distinct_int_keys_label_rows_as_the_hash_pass_does(keys: list[int],
+                                                             data: st.DataObject) -> None:
+    """Keys encoded as distinct (a batch's distinct keys: no hash pass) label any rows taken,
+    in any order and with repeats, equal exactly when the hash pass's labels are, and so
+    exactly when the rows' msgpack encodings are. Kills labels that are the taken rows'
+    positions (a repeated row would get two labels: two writes of one session kept) or that
+    merge distinct keys."""
+    values = np.array(keys, dtype=np.int64)
+    rows = np.array(data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=30))
+                    if keys else [], dtype=np.int64)
+    labels = encode_int_keys(values, distinct=True).identities(rows).tolist()
+    hashed = encode_int_keys(values).identities(rows).tolist()
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (labels[i] == labels[j]) == (hashed[i] == hashed[j])
+
+
 def test_encoded_int_keys_at_every_format_boundary() -> None:
     """Every boundary of msgpack's int formats, and one either side, at once (the compiled
     encoder picks the format per row): kills a format bound off by one."""
