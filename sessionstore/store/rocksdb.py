@@ -53,6 +53,7 @@ from .checkpoint import (
     SEGMENT_CF_PREFIX,
     STAGING_PREFIX,
     CheckpointContents,
+    WrittenCandidate,
     check_database,
     committed_versions,
     copy_checkpoint,
@@ -499,7 +500,7 @@ class SessionStore(SegmentedSessionStore):
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
         # the SST files ingested since the last commit, by size: (their last bytes, SHA-256),
         # computed as they were written (see describe_files)
-        self._written: dict[int, list[tuple[bytes, bytes]]] = {}
+        self._written: dict[int, list[WrittenCandidate]] = {}
         # decoded index blocks by segment and block key (blocks never change once written)
         self._blocks: dict[int, dict[bytes, keyschema.IndexBlock]] = {}
         self._next_block_id = 0
@@ -826,6 +827,7 @@ class SessionStore(SegmentedSessionStore):
                       for first, stop in big]
             try:
                 for segment, path, block_key, block, written in staged:
+                    linked = path.stat()  # RocksDB links the file: the inode it ingests
                     try:
                         self._segment(segment).ingest_external_file(
                             [str(path)], self._ingest_options)
@@ -835,9 +837,9 @@ class SessionStore(SegmentedSessionStore):
                     self._removals.pop(segment, None)  # written, as tombstones of the file
                     # RocksDB keeps the file as it is (it records the sequence number in its
                     # MANIFEST, never in the file), under a name of its own: the next commit
-                    # finds it by its size and last bytes, and records this digest for it
+                    # finds it by its size and inode or last bytes, and records this digest
                     self._written.setdefault(written.size, []).append(
-                        (written.tail, written.sha256))
+                        (written.tail, written.sha256, (linked.st_dev, linked.st_ino)))
             finally:
                 for _segment, path, _key, _block, _written in staged:
                     path.unlink(missing_ok=True)

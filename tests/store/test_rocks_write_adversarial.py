@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from sessionstore import SessionStore
+from sessionstore.errors import StoreCorruptedError
 from sessionstore.store import rocksdb as rocksdb_module
 from sessionstore.store import sstfile
 from sessionstore.store.checkpoint import read_manifest, verify_files
@@ -154,6 +155,7 @@ def test_files_of_one_size_each_get_their_own_digest_across_aborts(tmp_path: Pat
 CHILD = """
 import sys, numpy as np
 from sessionstore import SessionStore
+from sessionstore.errors import StoreCorruptedError
 rows = [(f"k{i}", 100 * s + i % 5, 100 * s + 50 + i % 5, [s, i]) for s in range(3)
         for i in range(N_ROWS)]
 with SessionStore(sys.argv[1], retention_ms=10**9, segment_interval_ms=100) as store:
@@ -326,3 +328,31 @@ def test_many_one_ms_segments_per_batch_at_the_least_retention(tmp_path: Path,
                                    if s[2] > committed[1] - retention}
         assert_checkpoint_digests(store)
 
+
+@pytest.mark.parametrize("from_end", [14, 700, 5000])
+def test_an_ingested_file_damaged_in_its_last_bytes_before_its_commit_fails_the_next_open(
+        tmp_path: Path, from_end: int) -> None:
+    # The commit finds an ingested file by its size and last bytes; damage among those last
+    # bytes (the footer's unused bytes: 14 from the end; the properties block: 700) made the
+    # commit miss it, read it back and record the damaged bytes as the truth: the store
+    # opened with the damage (footer), or RocksDB refused it naming its MANIFEST (properties).
+    # 5000 from the end lies among the records, before the last bytes. Kills: a hand-off by
+    # the last bytes alone (the file is the one written: the same inode, RocksDB links it).
+    path = tmp_path / "s"
+    n = 4 * N
+    with SessionStore(path, retention_ms=10**9) as store:
+        store.put_many([f"k{i}" for i in range(n)], np.zeros(n, np.int64),
+                       np.arange(n, dtype=np.int64), list(range(n)))
+        (sst,) = (path / "live").glob("*.sst")
+        ((tail, _digest, *_),) = [c for candidates in store._written.values()
+                                  for c in candidates]
+        assert (from_end < len(tail)) == (from_end != 5000)
+        with open(sst, "r+b") as handle:  # in place: the checkpoint links this very file
+            handle.seek(-from_end, os.SEEK_END)
+            byte = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([byte[0] ^ 0x01]))
+        store.commit()
+    with pytest.raises(StoreCorruptedError, match="SHA-256") as refused:
+        SessionStore(path, retention_ms=10**9)
+    assert refused.value.path.endswith(sst.name)
