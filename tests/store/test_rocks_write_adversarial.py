@@ -90,12 +90,13 @@ def drive(path: Path, seed: int, committed: Model) -> Iterator[tuple[SessionStor
 def test_stores_sharing_a_threads_buffers_and_stores_in_threads_match_a_dict(
         tmp_path: Path, monkeypatch: Any) -> None:
     # Two stores interleave their bulk writes in one thread (the reused buffers are the
-    # thread's, by name, whoever calls), three more write at once from threads of their own.
+    # thread's, by name, whoever calls), three more write at once from threads of their own,
+    # a sixth writes from a new thread each time.
     # A low reuse limit makes the larger writes take fresh buffers, the smaller ones reused.
     # Kills: a buffer reused while a staged file still needs it, buffers shared across
     # threads, a stale buffer's tail read past the current size, a digest not the file's.
     monkeypatch.setattr(sstfile, "OUTPUT_BUFFER_REUSE_BYTES", 256 << 10)
-    committed: list[Model] = [{} for _ in range(5)]
+    committed: list[Model] = [{} for _ in range(6)]
     drivers = [drive(tmp_path / "a", 1, committed[0]), drive(tmp_path / "b", 2, committed[1])]
     failures: list[BaseException] = []
 
@@ -109,13 +110,27 @@ def test_stores_sharing_a_threads_buffers_and_stores_in_threads_match_a_dict(
     threads = [threading.Thread(target=alone, args=(i,)) for i in (2, 3, 4)]
     for thread in threads:
         thread.start()
+    # a sixth store changes threads at every write, as a task's store may
+    hopping = drive(tmp_path / "h", 5, committed[5])
+
+    def hop() -> None:
+        try:
+            for store, model in [next(hopping)]:
+                assert contents(store) == model
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+
     for one, other in zip(*drivers, strict=True):
         for store, model in (one, other):
             assert contents(store) == model
+        hopper = threading.Thread(target=hop)
+        hopper.start()
+        hopper.join()
+    assert next(hopping, None) is None  # closed
     for thread in threads:
         thread.join()
     assert not failures, failures
-    for i, name in enumerate(["a", "b", "t2", "t3", "t4"]):
+    for i, name in enumerate(["a", "b", "t2", "t3", "t4", "h"]):
         with SessionStore(tmp_path / name, retention_ms=10**12) as store:
             assert contents(store) == committed[i] and committed[i]
 
