@@ -23,7 +23,7 @@ from sessionstore import SessionStore
 from sessionstore.errors import StoreCorruptedError
 from sessionstore.store import rocksdb as rocksdb_module
 from sessionstore.store import sstfile
-from sessionstore.store.checkpoint import read_manifest, verify_files
+from sessionstore.store.checkpoint import describe_files, read_manifest, verify_files
 
 ROOT = Path(__file__).resolve().parents[2]
 N = rocksdb_module.BULK_LAYOUT_MIN_SESSIONS  # the fewest sessions a segment's SST file takes
@@ -371,3 +371,32 @@ def test_an_ingested_file_damaged_in_its_last_bytes_before_its_commit_fails_the_
     with pytest.raises(StoreCorruptedError, match="SHA-256") as refused:
         SessionStore(path, retention_ms=10**9)
     assert refused.value.path.endswith(sst.name)
+
+
+def test_a_written_files_inode_counts_only_with_its_first_bytes(tmp_path: Path) -> None:
+    # A written file damaged in its last bytes keeps its written digest by its inode; a file
+    # that only has the inode of a written file (freed by a compaction, then reused by a file
+    # of the same size) is read back. Kills: the inode alone (a sound store refused), the
+    # first bytes alone, the tail alone (damage recorded as the truth).
+    n = 2000
+    keys = np.frombuffer(b"".join(b"K%06d" % i for i in range(n)), dtype=np.uint8)
+    values = np.frombuffer(b"v" * 5 * n, dtype=np.uint8)
+    first = np.arange(n, dtype=np.int64) * 5
+    written = sstfile.write_table(tmp_path / "000009.sst", keys, np.arange(n + 1) * 7, n,
+                                  values, first, first + 5, session_id="S" * 20,
+                                  file_number=1)
+    path = tmp_path / "000009.sst"
+    data = bytearray(path.read_bytes())
+    data[-14] ^= 0x01  # an unused byte of the footer
+    path.write_bytes(data)  # in place: the inode stays
+    here = (os.stat(path).st_dev, os.stat(path).st_ino)
+    actual = hashlib.sha256(data).digest()
+    head = bytes(data[:8192])
+
+    def described(*candidate: Any) -> bytes:
+        return describe_files(tmp_path, None, {written.size: [candidate]})["000009.sst"][1]
+
+    assert described(written.tail, written.sha256, here, head) == written.sha256
+    assert described(written.tail, written.sha256, here, b"x" + head[1:]) == actual
+    assert described(written.tail, written.sha256, (here[0], here[1] + 1), head) == actual
+    assert described(written.tail, written.sha256) == actual
