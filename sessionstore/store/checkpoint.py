@@ -165,9 +165,14 @@ class CheckpointContents:
         return cls(sequence, tuple(families), checked, pointer, tuple(expired))
 
 
+WrittenCandidate = tuple[bytes, bytes] | tuple[bytes, bytes, tuple[int, int], bytes]
+"""An SST file the store wrote (see :func:`describe_files`): ``(last bytes, SHA-256)``, or
+``(last bytes, SHA-256, (st_dev, st_ino), first bytes)``."""
+
+
 def describe_files(
     directory: Path, known: Mapping[str, tuple[int, bytes]] | None = None,
-    written: Mapping[int, Sequence[tuple[bytes, bytes]]] | None = None,
+    written: Mapping[int, Sequence[WrittenCandidate]] | None = None,
 ) -> dict[str, tuple[int, bytes]]:
     """Size and SHA-256 of every file in ``directory`` except the manifest.
 
@@ -181,14 +186,20 @@ def describe_files(
     from (see :class:`~sessionstore.store.sstfile.WrittenTable`). RocksDB ingests such a file
     under a name of its own and never changes it; an SST file of a listed size whose last bytes
     are a listed tail (which holds the file's own random session id) is that file, and gets
-    its digest without being read whole. The digest is of the bytes written, so a file
-    damaged since it was written fails the check on open, as one damaged since a commit does.
+    its digest without being read whole. A pair may carry two more items, the ``(st_dev,
+    st_ino)`` of the file written and its first bytes: RocksDB links the file it ingests, so a
+    file of a listed size and inode that starts with the listed first bytes is that file even
+    when its last bytes differ (damaged since it was written; the first bytes guard against an
+    inode freed by a compaction and reused). The digest is of the bytes written, so a file
+    damaged since it was written, last bytes included, fails the check on open, as one
+    damaged since a commit does.
     """
     described: dict[str, tuple[int, bytes]] = {}
     for entry in os.scandir(directory):
         if entry.name == MANIFEST_NAME:
             continue
-        size = entry.stat().st_size
+        stat = entry.stat()
+        size = stat.st_size
         previous = known.get(entry.name) if known is not None else None
         immutable = entry.name.endswith(_IMMUTABLE_SUFFIXES)
         if previous is not None and previous[0] == size and immutable:
@@ -196,19 +207,27 @@ def describe_files(
             continue
         digest = None
         if written and immutable and size in written:
-            digest = _written_digest(entry.path, size, written[size])
+            digest = _written_digest(entry.path, size, written[size],
+                                     (stat.st_dev, entry.inode()))
         described[entry.name] = (size, digest if digest is not None
                                  else file_digest(entry.path))
     return described
 
 
-def _written_digest(path: str, size: int, candidates: Sequence[tuple[bytes, bytes]]
-                    ) -> bytes | None:
-    """The digest of the candidate ``(tail, digest)`` whose tail ends the file at ``path`` (of
-    ``size`` bytes), or None."""
+def _written_digest(path: str, size: int, candidates: Sequence[WrittenCandidate],
+                    file_id: tuple[int, int]) -> bytes | None:
+    """The digest of the candidate whose tail ends the file at ``path`` (of ``size`` bytes and
+    ``(st_dev, st_ino)`` ``file_id``), else of the one written as that very file, its inode
+    and first bytes (its last bytes damaged since), or None."""
+    linked = None
     with open(path, "rb", buffering=0) as handle:
         ends: dict[int, bytes] = {}
-        for tail, digest in candidates:
+        for candidate in candidates:
+            tail, digest = candidate[0], candidate[1]
+            if len(candidate) == 4 and candidate[2] == file_id:
+                handle.seek(0)
+                if handle.read(len(candidate[3])) == candidate[3]:
+                    linked = digest
             if len(tail) > size:
                 continue
             if len(tail) not in ends:
@@ -216,7 +235,7 @@ def _written_digest(path: str, size: int, candidates: Sequence[tuple[bytes, byte
                 ends[len(tail)] = handle.read(len(tail))
             if ends[len(tail)] == tail:
                 return digest
-    return None
+    return linked
 
 
 def encode_manifest(state: CommittedState, segment_interval_ms: int,

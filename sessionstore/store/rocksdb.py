@@ -53,6 +53,7 @@ from .checkpoint import (
     SEGMENT_CF_PREFIX,
     STAGING_PREFIX,
     CheckpointContents,
+    WrittenCandidate,
     check_database,
     committed_versions,
     copy_checkpoint,
@@ -101,6 +102,9 @@ _KEY_FIRST_END = bytes([keyschema.KEY_FIRST[0] + 1])
 # build, about 1 GB/s) at every ingestion: 0.8 ms of a 1.5 ms ingestion. Invisible to reads (a
 # deletion of a key no one writes), dropped by compactions into the last level.
 _FIRST_BLOCK_PAD = bytes(4096)
+# the first bytes of an ingested file that identify it beside its inode (see describe_files):
+# the pad's block, its sequence number 0 included, and the start of the index block's record
+_HEAD_BYTES = 8192
 
 
 def _housekeep(root: Path, doomed: list[Path] | None, db: Any, expired: dict[int, Any],
@@ -499,7 +503,7 @@ class SessionStore(SegmentedSessionStore):
         self._ingest_options.set_move_files(True)  # hard-linked into live/, not copied
         # the SST files ingested since the last commit, by size: (their last bytes, SHA-256),
         # computed as they were written (see describe_files)
-        self._written: dict[int, list[tuple[bytes, bytes]]] = {}
+        self._written: dict[int, list[WrittenCandidate]] = {}
         # decoded index blocks by segment and block key (blocks never change once written)
         self._blocks: dict[int, dict[bytes, keyschema.IndexBlock]] = {}
         self._next_block_id = 0
@@ -826,6 +830,9 @@ class SessionStore(SegmentedSessionStore):
                       for first, stop in big]
             try:
                 for segment, path, block_key, block, written in staged:
+                    linked = path.stat()  # RocksDB links the file: the inode it ingests
+                    with open(path, "rb") as handle:  # the pad's block and then some
+                        head = handle.read(_HEAD_BYTES)
                     try:
                         self._segment(segment).ingest_external_file(
                             [str(path)], self._ingest_options)
@@ -835,9 +842,9 @@ class SessionStore(SegmentedSessionStore):
                     self._removals.pop(segment, None)  # written, as tombstones of the file
                     # RocksDB keeps the file as it is (it records the sequence number in its
                     # MANIFEST, never in the file), under a name of its own: the next commit
-                    # finds it by its size and last bytes, and records this digest for it
+                    # finds it by its size and inode or last bytes, and records this digest
                     self._written.setdefault(written.size, []).append(
-                        (written.tail, written.sha256))
+                        (written.tail, written.sha256, (linked.st_dev, linked.st_ino), head))
             finally:
                 for _segment, path, _key, _block, _written in staged:
                     path.unlink(missing_ok=True)
