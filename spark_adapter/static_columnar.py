@@ -39,7 +39,6 @@ from .config import (
     SESSION_END,
     SESSION_START,
     STATIC_RETENTION_US,
-    US_PER_MS,
     SessionizeConfig,
     check_gap_bound,
     engine_arguments,
@@ -497,6 +496,7 @@ def _join_halves(config: SessionizeConfig, part: _Part, key_names: list[str],
         keys = tuple(sessions.column(name)[row].as_py() for name in key_names)
         last_us = int(sessions.column(SESSION_END)[row].as_py()) - config.gap_us
         total = (int(upper[row].as_py()) << _HALF_BITS) + int(rest[row].as_py())
-        raise SumOverflowError(keys[0] if len(keys) == 1 else keys, total,
-                               last_us // US_PER_MS, aggregation=part.name)
+        # the engine's times are the adapter's microseconds, as the row path's error names them
+        raise SumOverflowError(keys[0] if len(keys) == 1 else keys, total, last_us,
+                               aggregation=part.name)
     return pc.add(pc.multiply(upper, 1 << _HALF_BITS), rest)  # fits: upper has 32 bits
