@@ -340,12 +340,16 @@ def bucketed_parts(config: SessionizeConfig) -> list[_Part] | None:
     That needs a fixed gap, no ``max_duration`` (it may split a bucket's events), a timestamp
     time column (a timestamp_ntz one keeps the row path's wall-clock arithmetic), and every
     aggregation a ``count`` or an integer ``sum``, ``min`` or ``max``, whose partial results
-    combine exactly (a float sum's would round in another order than the row path's).
+    combine exactly (a float sum's would round in another order than the row path's), and no
+    key column named like the frame's own columns (``__sessionstore_*``).
     """
     parts = columnar_parts(config)
     if (parts is None or config.gap_column is not None or config.gap_us is None
             or config.max_duration_us is not None
-            or not isinstance(config.time_type, T.TimestampType)):
+            or not isinstance(config.time_type, T.TimestampType)
+            # the bucketed frame's own columns sit beside the keys: a key named like one of
+            # them keeps the row path, whose engine never sees the user's names
+            or any(name.startswith(_PREFIX) for name in config.key_columns)):
         return None
     if not all(p.kind == "count" or isinstance(p.data_type, columns.INTEGRAL) for p in parts):
         return None

@@ -161,3 +161,15 @@ def test_buckets_floor_before_the_epoch(spark):
     schema, ours = _sessions(df, case, True)
     assert ours == _native(df, case)
     assert [r[-1] for r in ours] == [1, 2, 3, 4]  # four sessions of one event each
+
+
+@pytest.mark.parametrize("name", ["__sessionstore_first", "__sessionstore_v0"])
+def test_a_key_named_like_an_internal_column_equals_native(spark, name):
+    """The bucketed frame names its columns ``__sessionstore_*`` beside the key columns: a key
+    column of such a name must not be confused with them (the row path's engine never sees
+    the user's names)."""
+    rows = [("a", 0, 0, *[1] * 5), ("a", 0, 5, *[2] * 5), ("b", 0, 9, *[3] * 5)]
+    df = _frame(spark, rows).withColumnRenamed("k", name)
+    case = {"gap_us": 1_000_000, "inclusive_gap": True, "keys": [name, "day"]}
+    frame = sessionize(df, key=case["keys"], timestamp="ts", gap="1 second", aggregations=AGGS)
+    assert sorted(tuple(r) for r in frame.collect()) == _native(df, case)
