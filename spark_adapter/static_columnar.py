@@ -39,7 +39,6 @@ from .config import (
     SESSION_END,
     SESSION_START,
     STATIC_RETENTION_US,
-    US_PER_MS,
     SessionizeConfig,
     check_gap_bound,
     engine_arguments,
@@ -341,12 +340,16 @@ def bucketed_parts(config: SessionizeConfig) -> list[_Part] | None:
     That needs a fixed gap, no ``max_duration`` (it may split a bucket's events), a timestamp
     time column (a timestamp_ntz one keeps the row path's wall-clock arithmetic), and every
     aggregation a ``count`` or an integer ``sum``, ``min`` or ``max``, whose partial results
-    combine exactly (a float sum's would round in another order than the row path's).
+    combine exactly (a float sum's would round in another order than the row path's), and no
+    key column named like the frame's own columns (``__sessionstore_*``).
     """
     parts = columnar_parts(config)
     if (parts is None or config.gap_column is not None or config.gap_us is None
             or config.max_duration_us is not None
-            or not isinstance(config.time_type, T.TimestampType)):
+            or not isinstance(config.time_type, T.TimestampType)
+            # the bucketed frame's own columns sit beside the keys: a key named like one of
+            # them keeps the row path, whose engine never sees the user's names
+            or any(name.startswith(_PREFIX) for name in config.key_columns)):
         return None
     if not all(p.kind == "count" or isinstance(p.data_type, columns.INTEGRAL) for p in parts):
         return None
@@ -497,6 +500,7 @@ def _join_halves(config: SessionizeConfig, part: _Part, key_names: list[str],
         keys = tuple(sessions.column(name)[row].as_py() for name in key_names)
         last_us = int(sessions.column(SESSION_END)[row].as_py()) - config.gap_us
         total = (int(upper[row].as_py()) << _HALF_BITS) + int(rest[row].as_py())
-        raise SumOverflowError(keys[0] if len(keys) == 1 else keys, total,
-                               last_us // US_PER_MS, aggregation=part.name)
+        # the engine's times are the adapter's microseconds, as the row path's error names them
+        raise SumOverflowError(keys[0] if len(keys) == 1 else keys, total, last_us,
+                               aggregation=part.name)
     return pc.add(pc.multiply(upper, 1 << _HALF_BITS), rest)  # fits: upper has 32 bits

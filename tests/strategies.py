@@ -78,3 +78,39 @@ def bucket_events(draw: st.DrawFn, max_events: int = 60) -> tuple[int, list[tupl
         value = draw(st.one_of(st.none(), st.integers(-(2**40), 2**40)))
         rows.append((key, clocks[key], value))
     return gap_s, draw(st.permutations(rows))
+
+
+@st.composite
+def adversarial_bucket_cases(draw: st.DrawFn, max_events: int = 40) -> dict[str, object]:
+    """A static input and configuration for the bucketed static path: a gap off whole
+    milliseconds (down to 1 us) or whole, either gap rule, one or five shuffle partitions,
+    times before and after the epoch off whole milliseconds, steps of just under, exactly and
+    just over a gap, duplicate rows, a few null times, and integer values of every width at
+    its extremes (``x``: int64's; ``l``: past 32 bits, summable without leaving int64), some
+    null. Rows are ``(k, day, time_us, b, s, i, x, l)``."""
+    gap_us = draw(st.sampled_from([1, 1_000, 1_234_567, 7_000_000]))
+    base = draw(st.sampled_from([-10 * gap_us - 3, -1, 0, 5 * gap_us + 999]))
+    clocks = {(k, d): base + draw(st.integers(-2, 2)) * gap_us
+              for k in ("a", "b") for d in (0, 1)}
+    rows: list[tuple[object, ...]] = []
+    for _ in range(draw(st.integers(1, max_events))):
+        key = draw(st.sampled_from(sorted(clocks)))
+        clocks[key] += draw(st.sampled_from([0, 1, gap_us - 1, gap_us, gap_us + 1,
+                                             max(1, gap_us // 3), 2 * gap_us + 5]))
+        time = None if draw(st.integers(0, 19)) == 0 else clocks[key]
+
+        def value(low: int, high: int, edges: list[int]) -> object:
+            return draw(st.one_of(st.none(), st.sampled_from(edges), st.integers(low, high)))
+
+        row = (*key, time, value(-128, 127, [-128, 127]),
+               value(-(2**15), 2**15 - 1, [-(2**15), 2**15 - 1]),
+               value(-(2**31), 2**31 - 1, [-(2**31), 2**31 - 1]),
+               value(-(2**63), 2**63 - 1, [-(2**63), 2**63 - 1, -1, 0]),
+               value(-(2**56), 2**56, [-(2**56), 2**56, -(2**32), 2**32 - 1]))
+        rows.append(row)
+        if draw(st.integers(0, 9)) == 0:
+            rows.append(row)  # a duplicate
+    return {"gap_us": gap_us, "inclusive_gap": draw(st.booleans()),
+            "partitions": draw(st.sampled_from([1, 5])),
+            "keys": draw(st.sampled_from([["k"], ["k", "day"], ["lit", "k"]])),
+            "rows": draw(st.permutations(rows))}
