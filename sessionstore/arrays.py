@@ -421,16 +421,12 @@ def factorize_dense_kernel(values: Int64Array, low: int, table: Int64Array, code
     slot is its offset from ``low`` (``table`` all -1 on entry), no hash. (Compiled.)"""
     size = 0
     for i in range(len(values)):
-        v = values[i]
-        s = v - low
-        j = table[s]
-        if j < 0:
+        s = values[i] - low
+        if table[s] < 0:  # first seen
             table[s] = size
-            uniques[size] = v
-            codes[i] = size
+            uniques[size] = values[i]
             size += 1
-        else:
-            codes[i] = j
+        codes[i] = table[s]
     return size
 
 
