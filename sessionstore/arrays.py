@@ -415,15 +415,38 @@ def factorize_kernel(values: Int64Array, table: Int64Array, codes: Int64Array,
     return size
 
 
+def factorize_dense_kernel(values: Int64Array, low: int, table: Int64Array, codes: Int64Array,
+                           uniques: Int64Array) -> int:
+    """:func:`factorize_kernel` for values within ``low .. low + len(table) - 1``: each value's
+    slot is its offset from ``low`` (``table`` all -1 on entry), no hash. (Compiled.)"""
+    size = 0
+    for i in range(len(values)):
+        s = values[i] - low
+        if table[s] < 0:  # first seen
+            table[s] = size
+            uniques[size] = values[i]
+            size += 1
+        codes[i] = table[s]
+    return size
+
+
 def factorize(values: Int64Array) -> tuple[Int64Array, Int64Array]:
     """``(codes, uniques)``: the distinct values in first-seen order and each value's position
-    among them (what Arrow's ``dictionary_encode`` gives), with one compiled hash pass."""
+    among them (what Arrow's ``dictionary_encode`` gives), with one compiled pass: indexed by
+    the value's offset when the values span fewer than twice their count (keys numbered from
+    a base: a table smaller than the hash table's), else hashed."""
     from .jit import compiled  # numba, on first use only
 
     n = len(values)
     codes = np.empty(n, dtype=np.int64)
     uniques = np.empty(n, dtype=np.int64)
-    size = compiled(factorize_kernel)(values, _empty_table(n), codes, uniques)
+    low = int(values.min()) if n else 0
+    span = int(values.max()) - low + 1 if n else 0  # Python ints: no int64 overflow
+    if n and span <= 2 * n:
+        table = np.full(span, -1, dtype=np.int64)
+        size = compiled(factorize_dense_kernel)(values, low, table, codes, uniques)
+    else:
+        size = compiled(factorize_kernel)(values, _empty_table(n), codes, uniques)
     return codes, uniques[:size].copy()
 
 

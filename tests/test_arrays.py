@@ -247,3 +247,24 @@ def test_factorize_is_arrows_dictionary_encoding(values: list[int]) -> None:
     encoded = pa.array(values, type=pa.int64()).dictionary_encode()
     assert codes.tolist() == encoded.indices.to_pylist()
     assert uniques.tolist() == encoded.dictionary.to_pylist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(1, 40),
+       st.lists(st.integers(0, 2**16), min_size=1, max_size=200), st.booleans())
+def test_factorize_of_values_in_a_narrow_span_is_arrows(base: int, span: int,
+                                                        offsets: list[int], edge: bool) -> None:
+    """Values spanning at most twice their count (the offset-indexed pass, keys numbered from
+    a base, up to either end of int64) and just more (the hash pass): Arrow's codes and
+    uniques."""
+    import pyarrow as pa
+
+    low = min(max(base, -(2**63)), 2**63 - span) if not edge else (
+        -(2**63) if base < 0 else 2**63 - span)
+    values = [low + o % span for o in offsets]
+    if len(values) > 1 and span > 2 * len(values):
+        values[-1] = low + span - 1  # the span's far end, so it is the span
+    codes, uniques = arrays.factorize(np.array(values, dtype=np.int64))
+    encoded = pa.array(values, type=pa.int64()).dictionary_encode()
+    assert codes.tolist() == encoded.indices.to_pylist()
+    assert uniques.tolist() == encoded.dictionary.to_pylist()
