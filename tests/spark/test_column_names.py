@@ -95,9 +95,8 @@ def _stream_rows(spark: Any, tmp_path: Any, build: Any, df: Any) -> list[tuple[A
 
 
 @pytest.mark.parametrize("engine", ["arrow", "processor"])
-@pytest.mark.parametrize("name", ["k`ey", "a b.c"])
-def test_odd_column_names_in_a_stream_equal_native(spark, tmp_path, engine, name):
-    key, ts, value = name, name + "_t.", "`" + name
+def test_odd_column_names_in_a_stream_equal_native(spark, tmp_path, engine):
+    key, ts, value = "k`e y", "k`e y.t", "`k.e"
     df = _frame(spark, key, ts, value)
 
     def ours(stream: Any) -> Any:
