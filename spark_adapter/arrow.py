@@ -491,3 +491,28 @@ def static_partition(config: SessionizeConfig,
     closing = engine.advance_watermark(INT64_MAX)
     if closing:
         yield emits_batch(config, closing)
+
+
+def map_in_arrow(frame: DataFrame,
+                 function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                 schema: T.StructType) -> DataFrame:
+    """``frame.mapInArrow(function, schema)`` for any column names.
+
+    The rows cross under positional names (see :func:`positional`), and ``function``
+    receives each batch under ``frame``'s own names, in ``frame``'s order.
+    """
+    return positional(frame).mapInArrow(partial(_renamed, function, frame.columns), schema)
+
+
+def positional(frame: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
+    """``frame`` with each column but those named in ``keep`` renamed by its position (``_0``,
+    ``_1``, ...): PySpark's ``mapInArrow``, ``applyInPandas`` and
+    ``transformWithStateInPandas`` look each input column up by its unquoted name, which a dot
+    or a backtick in a user's column name breaks. Their functions name the columns back."""
+    return frame.toDF(*[name if name in keep else f"_{i}"
+                        for i, name in enumerate(frame.columns)])
+
+
+def _renamed(function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+             names: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return function(batch.rename_columns(names) for batch in batches)

@@ -91,9 +91,15 @@ def event_time_column(df: DataFrame, column: str) -> tuple[DataFrame, str]:
     if EVENT_TIME_COLUMN in df.columns:
         raise ValueError(f"the DataFrame has a column named {EVENT_TIME_COLUMN!r}, which "
                          f"sessionize uses for a date time column; rename it")
-    quoted = "`" + column.replace("`", "``") + "`"
-    return (df.withColumn(EVENT_TIME_COLUMN, F.col(quoted).cast(T.TimestampType())),
+    return (df.withColumn(EVENT_TIME_COLUMN, F.col(quote(column)).cast(T.TimestampType())),
             EVENT_TIME_COLUMN)
+
+
+def quote(name: str) -> str:
+    """``name`` as Spark reads one column of that exact name: in backticks, each backtick
+    inside doubled, so that dots, spaces and backticks are part of the name (unquoted, Spark
+    reads a dot as a struct field and refuses a lone backtick)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def output_type(name: str, kind: str, column: str, data_type: T.DataType) -> T.DataType:

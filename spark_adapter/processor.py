@@ -56,11 +56,16 @@ log = logging.getLogger(__name__)
 WINDOW_END_COLUMN = "sessionstore_window_end"
 
 
-def frame_table(config: SessionizeConfig, frame: pd.DataFrame) -> pa.Table:
+def frame_table(config: SessionizeConfig, frame: pd.DataFrame,
+                names: list[str] | None = None) -> pa.Table:
     """A pandas batch from Spark as the Arrow table the Arrow engine would have received.
 
     Spark hands timestamps to pandas as naive wall-clock times of the session time zone.
+    ``names``: the columns' own names, in order, when they crossed under positional ones
+    (see :func:`spark_adapter.arrow.positional`).
     """
+    if names is not None:
+        frame = frame.set_axis(names, axis=1)
     data = {}
     gap: list[tuple[str, T.DataType]] = [] if config.gap_column is None else [
         (config.gap_column, T.LongType())]  # nullable: pandas may hold it as float with NaN
@@ -92,8 +97,9 @@ def batch_frame(batch: pa.RecordBatch) -> pd.DataFrame:
 class SessionizeProcessor(StatefulProcessor):
     """transformWithStateInPandas processor: one engine per partition and micro-batch."""
 
-    def __init__(self, config: SessionizeConfig) -> None:
+    def __init__(self, config: SessionizeConfig, names: list[str] | None = None) -> None:
         self.config = config
+        self.names = names  # the input's own column names (see frame_table)
         self.provider: SessionStoreProvider | None = None
         self.engine: SessionAggregator | None = None
         self.batch = -1
@@ -152,7 +158,7 @@ class SessionizeProcessor(StatefulProcessor):
         assert self.engine is not None, "handleInputRows before init"
         out: list[pa.RecordBatch] = []
         for frame in rows:
-            table = frame_table(self.config, frame)
+            table = frame_table(self.config, frame, self.names)
             batch, counts, _ = arrow.sessionize_rows(
                 self.engine, self.config, table, self.config.order_sensitive)
             for name, count in counts.items():
@@ -188,24 +194,27 @@ class SessionizeProcessor(StatefulProcessor):
             self.engine = None
 
 
-def static_frames(config: SessionizeConfig) -> Callable[[pd.DataFrame], pd.DataFrame]:
+def static_frames(config: SessionizeConfig,
+                  names: list[str] | None = None) -> Callable[[pd.DataFrame], pd.DataFrame]:
     """The function `applyInPandas` runs for the static path, bound to `config`.
 
     A plain function with pandas type hints, so that PySpark infers its kind instead of warning
     that it cannot read the hints of a `functools.partial`.
     """
     def frame_fn(frame: pd.DataFrame) -> pd.DataFrame:
-        return static_frame(config, frame)
+        return static_frame(config, frame, names)
     return frame_fn
 
 
-def static_frame(config: SessionizeConfig, frame: pd.DataFrame) -> pd.DataFrame:
+def static_frame(config: SessionizeConfig, frame: pd.DataFrame,
+                 names: list[str] | None = None) -> pd.DataFrame:
     """The static path: one bucket's rows, all at once, on an in-memory engine."""
     engine = SessionAggregator(
         InMemorySessionStore(**engine_arguments(retention_us=STATIC_RETENTION_US)),
         config.windows(),
         config.aggregation, watermark="external", **config.engine_options(),
     )
-    batch, _, _ = arrow.sessionize_rows(engine, config, frame_table(config, frame), sort=False)
+    batch, _, _ = arrow.sessionize_rows(engine, config, frame_table(config, frame, names),
+                                       sort=False)
     closing = emits_batch(config, engine.advance_watermark(INT64_MAX))
     return pa.Table.from_batches([batch, closing]).to_pandas(date_as_object=True)

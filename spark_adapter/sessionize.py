@@ -167,19 +167,15 @@ def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> DynamicGap | None:
         if hidden in df.columns:
             raise ValueError(f"the DataFrame has a column named {hidden!r}, which sessionize "
                              f"uses for a dynamic gap; rename it")
-    ts = F.col(_quote(timestamp))
+    ts = F.col(columns.quote(timestamp))
     with_end = df.withColumn(END_SCRATCH, ts + column.cast("interval"))
     if isinstance(df.schema[timestamp].dataType, T.TimestampNTZType):
         # no time zone: the difference of the wall-clock micros, as native's
-        micros = F.expr(f"timestampdiff(MICROSECOND, {_quote(timestamp)}, {END_SCRATCH})")
+        micros = F.expr(f"timestampdiff(MICROSECOND, {columns.quote(timestamp)}, {END_SCRATCH})")
     else:
         micros = F.unix_micros(F.col(END_SCRATCH)) - F.unix_micros(ts)
     return DynamicGap(with_end.withColumn(GAP_COLUMN, micros).drop(END_SCRATCH), description,
                       bound_us)
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -423,10 +419,14 @@ def sessionize(
     if not df.isStreaming:
         _check_engine(config, STATIC_RETENTION_US, retention_terms)
     carried = [c for c in value_columns if c not in key_columns and c != time_column]
+    # each column once (a key may be the time column too), each name quoted for Spark
+    selected_names = [columns.quote(c) for c in dict.fromkeys([*key_columns, time_column,
+                                                                *carried])]
     if dynamic is None:
-        selected = df.select(*key_columns, time_column, *carried)
+        selected = df.select(*selected_names)
     else:  # the gap is computed on the input, whose columns the expression may read
-        selected = dynamic[0].select(*key_columns, time_column, *carried, GAP_COLUMN)
+        selected = dynamic[0].select(*selected_names, GAP_COLUMN)
+    key_refs = [F.col(columns.quote(k)) for k in key_columns]
 
     config.extra[static_columnar.PARTS_KEY] = [
         (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
@@ -435,17 +435,19 @@ def sessionize(
             _refuse_null_keys(df, key_columns)
             from .processor import static_frames
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
-            return bucketed.groupBy(BUCKET_COLUMN).applyInPandas(
-                static_frames(config), config.output_schema())
+            return arrow.positional(bucketed, (BUCKET_COLUMN,)).groupBy(BUCKET_COLUMN) \
+                .applyInPandas(static_frames(config, bucketed.columns), config.output_schema())
         # the Arrow engine's tasks refuse a null key themselves (arrow.static_partition):
         # checking here would read the whole input once more, which native does not
         parts = static_columnar.bucketed_parts(config)
         if parts is not None:  # Spark reduces the rows to one per key and gap bucket first
             buckets = static_columnar.bucketed_frame(selected, config, parts)
-            return buckets.repartition(partitions, *key_columns).mapInArrow(
+            return arrow.map_in_arrow(
+                buckets.repartition(partitions, *key_refs),
                 partial(static_columnar.bucketed_partition, config), config.output_schema())
-        return selected.repartition(partitions, *key_columns).mapInArrow(
-            partial(arrow.static_partition, config), config.output_schema())
+        return arrow.map_in_arrow(selected.repartition(partitions, *key_refs),
+                                  partial(arrow.static_partition, config),
+                                  config.output_schema())
 
     if watermark_delay is None:
         raise ValueError("watermark_delay is required for a streaming DataFrame: sessions are "
@@ -506,14 +508,15 @@ def sessionize(
     if PARTITION_COLUMN in selected.columns:
         raise ValueError(f"the DataFrame has a column named {PARTITION_COLUMN!r}, which "
                          f"sessionize uses to partition a stream; rename it")
-    watermarked = selected.withWatermark(timestamp, f"{delay_ms} milliseconds")
+    watermarked = selected.withWatermark(columns.quote(timestamp), f"{delay_ms} milliseconds")
     # partitioned by a hash of the key in one int column, which the ticker also keys on
-    keyed = watermarked.withColumn(PARTITION_COLUMN, F.hash(*[F.col(_quote(k))
+    keyed = watermarked.withColumn(PARTITION_COLUMN, F.hash(*[F.col(columns.quote(k))
                                                              for k in key_columns]))
     shuffled = keyed.repartition(partitions, PARTITION_COLUMN)
     # each task also reports its counters, observed into query.lastProgress (see arrow.py)
-    sessions = shuffled.drop(PARTITION_COLUMN).mapInArrow(
-        partial(arrow.observed_stream_partition, config), arrow.observed_schema(config))
+    sessions = arrow.map_in_arrow(shuffled.drop(PARTITION_COLUMN),
+                                  partial(arrow.observed_stream_partition, config),
+                                  arrow.observed_schema(config))
     # the ticker first: the first copy of a shared exchange keeps the watermark node (_ticker)
     ticker = _ticker(keyed, shuffled, config)
     return arrow.observe_counters(ticker.unionByName(sessions))
@@ -525,8 +528,9 @@ PARTITION_COLUMN = "sessionstore_partition_key"  # hidden: what the stream is pa
 
 def _refuse_null_keys(df: DataFrame, key_columns: list[str]) -> None:
     """Raises ValueError (naming the key columns) when a static input holds a null key."""
-    nulls = df.filter(F.greatest(*[F.col(k).isNull() for k in key_columns])).limit(1).count() \
-        if len(key_columns) > 1 else df.filter(F.col(key_columns[0]).isNull()).limit(1).count()
+    keys = [F.col(columns.quote(k)) for k in key_columns]
+    nulls = df.filter(F.greatest(*[k.isNull() for k in keys]) if len(keys) > 1
+                      else keys[0].isNull()).limit(1).count()
     if nulls:
         raise ValueError(null_keys_message(key_columns))
 
@@ -563,7 +567,7 @@ def _check_engine(config: SessionizeConfig, store_retention_us: int,
 
 
 def _bucket(key_columns: list[str], n_buckets: int) -> Any:
-    return F.pmod(F.hash(*[F.col(k) for k in key_columns]), F.lit(n_buckets))
+    return F.pmod(F.hash(*[F.col(columns.quote(k)) for k in key_columns]), F.lit(n_buckets))
 
 
 def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfig) -> DataFrame:
@@ -604,7 +608,7 @@ def _ticker(watermarked: DataFrame, shuffled: DataFrame, config: SessionizeConfi
     never = F.spark_partition_id() < F.lit(0)
     deduplicated = (shuffled if reuse else watermarked).filter(never) \
         .dropDuplicatesWithinWatermark([PARTITION_COLUMN])
-    every_column = F.xxhash64(*[F.col(_quote(c)) for c in shuffled.columns])
+    every_column = F.xxhash64(*[F.col(columns.quote(c)) for c in shuffled.columns])
     counters = F.when(never, F.struct(*[every_column.alias(name)
                                         for name in arrow.OBSERVED_COUNTERS]))
     return deduplicated.select(*[F.lit(None).cast(f.dataType).alias(f.name)
@@ -635,8 +639,8 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     # processes rows at the previous watermark (see spark_adapter.processor), drops the others
     # whose own t + gap is late.
     ceil_gap_ms = config.ceil_gap_ms()
-    end = F.timestamp_micros(F.unix_micros(F.col(config.time_column).cast("timestamp"))
-                             + F.lit(ceil_gap_ms * US_PER_MS))
+    time = F.col(columns.quote(config.time_column))
+    end = F.timestamp_micros(F.unix_micros(time.cast("timestamp")) + F.lit(ceil_gap_ms * US_PER_MS))
     watermarked = selected.withColumn(WINDOW_END_COLUMN, end).withWatermark(
         WINDOW_END_COLUMN, f"{config.delay_ms + ceil_gap_ms} milliseconds")
     bucketed = watermarked.withColumn(BUCKET_COLUMN, _bucket(config.key_columns, n_buckets))
@@ -644,8 +648,9 @@ def _processor_stream(spark: SparkSession, selected: DataFrame, config: Sessioni
     # not, so that every partition's engine holds the previous batch's watermark when rows come
     every_bucket = spark.range(n_buckets).select(
         F.col("id").cast(bucketed.schema[BUCKET_COLUMN].dataType).alias(BUCKET_COLUMN))
-    return bucketed.groupBy(BUCKET_COLUMN).transformWithStateInPandas(
-        SessionizeProcessor(config), config.output_schema(),
+    ours = (BUCKET_COLUMN, WINDOW_END_COLUMN)
+    return arrow.positional(bucketed, ours).groupBy(BUCKET_COLUMN).transformWithStateInPandas(
+        SessionizeProcessor(config, bucketed.columns), config.output_schema(),
         "append" if config.emit == "final" else "update", "EventTime",
         initialState=every_bucket.groupBy(BUCKET_COLUMN),
     )

@@ -377,12 +377,9 @@ def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
     """
     from pyspark.sql import functions as F
 
-    def quoted(name: str) -> str:
-        return "`" + name.replace("`", "``") + "`"
-
     # SQL functions as expressions: pyspark < 3.5 lacks some of them as Python functions
-    time = F.col(quoted(config.time_column))
-    micros = f"unix_micros({quoted(config.time_column)})"
+    time = F.col(columns.quote(config.time_column))
+    micros = f"unix_micros({columns.quote(config.time_column)})"
     assert config.gap_us is not None  # bucketed_parts
     bucket = F.expr(f"{micros} - pmod({micros}, {config.gap_us})").alias(_BUCKET)
     results = [F.min(time).alias(_FIRST), F.max(time).alias(_LAST)]
@@ -391,9 +388,9 @@ def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
             results.append(F.count(F.lit(1)).alias(f"{_PREFIX}v{i}"))
             continue
         assert part.column is not None
-        values = F.col(quoted(part.column))
+        values = F.col(columns.quote(part.column))
         if part.kind == "sum":
-            whole = f"cast({quoted(part.column)} as bigint)"
+            whole = f"cast({columns.quote(part.column)} as bigint)"
             # try_sum: a half's sum leaving int64 (2**31 rows in a bucket) is null, not wrapped
             results += [
                 F.expr(f"try_sum(shiftright({whole}, {_HALF_BITS}))").alias(f"{_PREFIX}v{i}"),
@@ -402,7 +399,7 @@ def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
             partial = F.min(values) if part.kind == "min" else F.max(values)
             results.append(partial.alias(f"{_PREFIX}v{i}"))
         results.append(F.count(values).alias(f"{_PREFIX}n{i}"))
-    keys = [F.col(quoted(name)) for name in config.key_columns]
+    keys = [F.col(columns.quote(name)) for name in config.key_columns]
     return (selected.where(time.isNotNull()).groupBy(*keys, bucket).agg(*results)
             .drop(_BUCKET))
 
