@@ -34,7 +34,7 @@ from the store's rows).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -221,6 +221,17 @@ def _key_block(rows: int) -> Int64Array:
     return _row_block(rows, (-1, 0))
 
 
+def _grown(block: Int64Array, size: int,
+           make: Callable[[int], Int64Array]) -> Int64Array | None:
+    """A row block from ``make`` with room for ``size`` rows (doubling, at least 64) holding the
+    rows of ``block`` first; None when ``block`` has room already."""
+    if size <= len(block):
+        return None
+    grown = make(max(size, 2 * len(block), 64))
+    grown[:len(block)] = block
+    return grown
+
+
 def _keyless_take(rows: SessionRows, picked: Int64Array, keys: Any) -> SessionRows:
     """The rows ``picked`` of ``rows`` with the keys ``keys`` (the table places rows by key
     id, so the rows it is given may have none)."""
@@ -243,7 +254,7 @@ class OpenSessions:
         self.index: KeyIndex | EncodedKeyIndex = KeyIndex()
         self.parts = [_Part(kind) for kind in kinds]
         # by slot: its key id (-1: a free slot), generation and list links, and its bounds:
-        # the columns of two row blocks (_link_block, _bounds_block), views set by _use_slots
+        # the columns of one row block (_slot_block), views set by _use_slots
         self.kid = self.starts_ms = self.ends_ms = self.gen = self.nxt = self.prv = _EMPTY
         self._use_slots(_slot_block(0))
         # by key id: its newest slot (-1: none) and its live slots, one row block likewise
@@ -262,33 +273,26 @@ class OpenSessions:
 
     def _use_slots(self, block: Int64Array) -> None:
         """Take ``block`` (:func:`_slot_block`) as the slots' columns."""
+        self._slot_rows = block
         self.kid, self.gen, self.nxt, self.prv = block[:, 0], block[:, 1], block[:, 2], block[:, 3]
         self.starts_ms, self.ends_ms = block[:, 4], block[:, 5]
 
     def _grow_slots(self, size: int) -> None:
         """Room for ``size`` slots (doubling), the old rows kept."""
-        if size <= len(self.kid):
-            return
-        block = _slot_block(max(size, 2 * len(self.kid), 64))
-        old = len(self.kid)
-        for column, values in enumerate((self.kid, self.gen, self.nxt, self.prv,
-                                         self.starts_ms, self.ends_ms)):
-            block[:old, column] = values
-        self._use_slots(block)
+        block = _grown(self._slot_rows, size, _slot_block)
+        if block is not None:
+            self._use_slots(block)
 
     def _use_keys(self, block: Int64Array) -> None:
         """Take ``block`` (:func:`_key_block`) as the key ids' columns."""
+        self._key_rows = block
         self.head, self.count = block[:, 0], block[:, 1]
 
     def _grow_keys(self, size: int) -> None:
         """Room for ``size`` key ids (doubling), the old rows kept."""
-        if size <= len(self.head):
-            return
-        block = _key_block(max(size, 2 * len(self.head), 64))
-        old = len(self.head)
-        block[:old, 0] = self.head
-        block[:old, 1] = self.count
-        self._use_keys(block)
+        block = _grown(self._key_rows, size, _key_block)
+        if block is not None:
+            self._use_keys(block)
 
     # -- reading -------------------------------------------------------------------------
 
