@@ -5,7 +5,7 @@ PYTHON ?= python3
 # pip runs only when pyproject.toml is newer than this stamp, quietly; its log is shown on failure
 STAMP := $(VENV)/.installed
 
-.PHONY: test run install lint typecheck bench bench-peers spark-run test-spark35 soak \
+.PHONY: test run install lint typecheck bench bench-peers spark-floors spark-run test-spark35 soak \
 	cluster-test clean
 
 $(PY):
@@ -44,6 +44,10 @@ bench: install
 .venv-bench/bin/python:
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -e '.[bench]'
+
+# Spark's own per-micro-batch floor beside native and sessionize (a few minutes; not in `bench`)
+spark-floors: install
+	$(PY) -m benchmarks.spark_floors
 
 bench-peers: install .venv-bench/bin/python
 	$(PY) -m benchmarks.peers
