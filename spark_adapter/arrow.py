@@ -252,6 +252,7 @@ def stream_partition(config: SessionizeConfig, batches: Iterator[pa.RecordBatch]
 
     ``observed``, when given, receives this micro-batch's counters (:data:`OBSERVED_COUNTERS`)
     once the version is committed."""
+    kept.freeze_heap()  # PySpark's collection after this task then visits only its objects
     batch_id = _task_batch()
     location = query_location(config)
     partition = task_partition(config)
