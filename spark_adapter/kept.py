@@ -31,8 +31,8 @@ Nothing here is needed for correctness; every path ends in the same committed st
 
 A worker that ran the engine holds far more objects than one that did not (pyarrow, numba and
 its compiled kernels, the kept partitions), and PySpark's worker collects garbage after every
-task over all of them; :func:`freeze_heap`, called as a streaming task starts, takes what the
-worker has held since before the task out of that collection.
+task over all of them; :func:`freeze_heap`, called as each ``mapInArrow`` task of ``sessionize``
+starts (``arrow._renamed``), takes what the worker held before the task out of that collection.
 """
 
 from __future__ import annotations
@@ -216,8 +216,9 @@ def watcher_looks() -> int:
 
 def freeze_heap() -> bool:
     """Take every object this process holds now out of the cyclic garbage collector's sight
-    (:func:`gc.freeze`), unless the process runs a micro-batch now (a relayed one); called as a
-    streaming task starts. Returns whether it froze.
+    (:func:`gc.freeze`), unless the process runs a micro-batch now (a relayed one); called as
+    each ``mapInArrow`` task of ``sessionize`` starts, static or streaming
+    (``arrow._renamed``). Returns whether it froze.
 
     PySpark's worker runs a full collection after every task (``gc.collect()`` in its daemon's
     loop), which visits every object the collector tracks. A worker that has run the engine

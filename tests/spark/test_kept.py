@@ -17,6 +17,7 @@ import random
 import time
 import weakref
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,10 @@ def run_task(config: SessionizeConfig, batch: int, rows: list[pa.RecordBatch]
     TaskContext._setTaskContext(context)
     try:
         observed: dict[str, int] = {}
-        out = [tuple(r.values()) for b in arrow.stream_partition(config, iter(rows), observed)
-               for r in b.to_pylist()]
+        # through the wrapper every mapInArrow task of sessionize runs (arrow.map_in_arrow)
+        task = arrow._renamed(partial(arrow.stream_partition, config, observed=observed),
+                              config.arrow_input_schema().names, iter(rows))
+        out = [tuple(r.values()) for b in task for r in b.to_pylist()]
     finally:
         TaskContext._setTaskContext(None)  # type: ignore[arg-type]
     return sorted(out, key=repr), observed
@@ -207,6 +210,17 @@ def test_a_task_takes_what_its_worker_held_out_of_the_collection_after_it(spark,
     assert _collected(engine)
     run_task(config, 1, batches[1])
     assert not _collected(engine)
+
+
+def test_a_static_task_freezes_what_its_worker_held_too(spark):
+    config = config_for(spark, ["user"], AGGS)
+    rows = arrow_batches(spark, config, make_rows(200, 5), 64)
+    gc.unfreeze()
+    held: list[list[int]] = [[]]
+    out = list(arrow._renamed(partial(arrow.static_partition, config),
+                              config.arrow_input_schema().names, iter(rows)))
+    assert sum(b.num_rows for b in out) > 0
+    assert not _collected(held)
 
 
 def test_nothing_is_frozen_while_a_micro_batch_runs_in_the_process():
