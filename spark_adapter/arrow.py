@@ -515,4 +515,9 @@ def positional(frame: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
 
 def _renamed(function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
              names: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``function`` over ``batches`` under ``names``: what every ``mapInArrow`` task of
+    ``sessionize`` runs, static or streaming. It first freezes what the worker already holds
+    (:func:`spark_adapter.kept.freeze_heap`), so that PySpark's garbage collection after the
+    task visits only the task's own objects."""
+    kept.freeze_heap()
     return function(batch.rename_columns(names) for batch in batches)

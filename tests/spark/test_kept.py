@@ -11,10 +11,13 @@ task can see: the emitted rows, the counters in the progress, and what is commit
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import multiprocessing
 import random
 import time
+import weakref
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +68,10 @@ def run_task(config: SessionizeConfig, batch: int, rows: list[pa.RecordBatch]
     TaskContext._setTaskContext(context)
     try:
         observed: dict[str, int] = {}
-        out = [tuple(r.values()) for b in arrow.stream_partition(config, iter(rows), observed)
-               for r in b.to_pylist()]
+        # through the wrapper every mapInArrow task of sessionize runs (arrow.map_in_arrow)
+        task = arrow._renamed(partial(arrow.stream_partition, config, observed=observed),
+                              config.arrow_input_schema().names, iter(rows))
+        out = [tuple(r.values()) for b in task for r in b.to_pylist()]
     finally:
         TaskContext._setTaskContext(None)  # type: ignore[arg-type]
     return sorted(out, key=repr), observed
@@ -106,6 +111,7 @@ def nothing_kept() -> Iterator[None]:
     kept.close_all()
     yield
     kept.close_all()
+    gc.unfreeze()  # a task here froze the test process's objects (kept.freeze_heap)
 
 
 @pytest.mark.parametrize("aggs", [AGGS, {"n": "count", "first_i": ("first", "i")}],
@@ -177,6 +183,80 @@ def test_another_configuration_never_resumes_a_kept_partition(spark, tmp_path):
     other.layout_digest = "another-digest"
     assert kept.take(key_of(other), 0) is None
     assert kept.kept_count() == 1
+
+
+# -- the worker's heap ------------------------------------------------------------------------------
+
+def _collected(thing: object) -> bool:
+    """Whether the cyclic garbage collector would visit ``thing`` (it is not frozen)."""
+    return any(o is thing for o in gc.get_objects())
+
+
+def test_a_task_takes_what_its_worker_held_out_of_the_collection_after_it(spark, tmp_path):
+    # PySpark collects garbage after every task over every tracked object: what the worker held
+    # before the task is frozen, what the task makes is not
+    config = stream_config(spark, tmp_path, AGGS, 5_000)
+    batches = micro_batches(spark, config, 7, 2)
+    gc.unfreeze()
+    held: list[list[int]] = [[]]
+    assert _collected(held)
+    run_task(config, 0, batches[0])
+    assert not _collected(held)
+    made_after: list[list[int]] = [[]]
+    assert _collected(made_after)
+    # the kept partition is frozen by the next task, which resumes it
+    with kept._TABLE_LOCK:
+        engine = kept._TABLE[key_of(config)].engine
+    assert _collected(engine)
+    run_task(config, 1, batches[1])
+    assert not _collected(engine)
+
+
+def test_a_static_task_freezes_what_its_worker_held_too(spark):
+    config = config_for(spark, ["user"], AGGS)
+    rows = arrow_batches(spark, config, make_rows(200, 5), 64)
+    gc.unfreeze()
+    held: list[list[int]] = [[]]
+    out = list(arrow._renamed(partial(arrow.static_partition, config),
+                              config.arrow_input_schema().names, iter(rows)))
+    assert sum(b.num_rows for b in out) > 0
+    assert not _collected(held)
+
+
+def test_nothing_is_frozen_while_a_micro_batch_runs_in_the_process():
+    # a relayed micro-batch running in a thread holds objects it is about to drop
+    gc.unfreeze()
+    held: list[list[int]] = [[]]
+    with kept.running():
+        assert not kept.freeze_heap()
+    assert _collected(held)
+    assert kept.freeze_heap()
+    assert not _collected(held)
+
+
+@pytest.mark.parametrize("aggs", [AGGS, {"n": "count", "first_i": ("first", "i")}],
+                         ids=["columnar", "rows"])
+def test_a_closed_partition_is_freed_without_the_cyclic_collector(spark, tmp_path, aggs):
+    # what makes freezing safe: a kept partition, frozen while kept, holds no reference cycle,
+    # so closing it frees it (its engine's columns, its RocksDB handle) by reference counts alone
+    config = stream_config(spark, tmp_path, aggs, 5_000)
+    for batch, rows in enumerate(micro_batches(spark, config, 3, 3)):
+        run_task(config, batch, rows)
+    with kept._TABLE_LOCK:
+        opened = kept._TABLE[key_of(config)]
+    assert opened.provider.store is not None
+    parts = {"partition": weakref.ref(opened), "engine": weakref.ref(opened.engine),
+             "provider": weakref.ref(opened.provider),
+             "store": weakref.ref(opened.provider.store)}
+    del opened
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        kept.close_all()
+        assert [name for name, ref in parts.items() if ref() is not None] == []
+    finally:
+        gc.enable()
 
 
 # -- the working copy between processes -----------------------------------------------------------
