@@ -356,52 +356,56 @@ def bucketed_parts(config: SessionizeConfig) -> list[_Part] | None:
     return parts
 
 
-def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
-                   parts: list[_Part]) -> DataFrame:
-    """``selected`` (the keys, the time and the value columns) reduced by Spark to one row per
-    key and time bucket holding an event, for :func:`bucketed_partition`.
+def bucketed_frame(df: DataFrame, config: SessionizeConfig, parts: list[_Part]) -> DataFrame:
+    """``df`` reduced by Spark to one row per key and time bucket holding an event, partitioned
+    by key into ``config.n_partitions`` partitions, for :func:`bucketed_partition`.
 
     A bucket is ``[b, b + gap)`` with ``b`` a multiple of the gap in microseconds since the
     epoch. Two events of a key less than a gap apart are in one session under either gap rule,
     so all the events of a bucket are: a session is a union of whole buckets, and the
     sessions of the buckets, each taken as one event at its first time with its own gap
     (``last - first + gap``, so that it reaches as far as its last event's would), are the
-    sessions of the events. A row is the keys, the first and last event times, and per part
-    its partial result (``count``: the rows; ``min``/``max``: of the present values; ``sum``:
-    the sums of the present values' high halves ``v >> 32`` and low halves ``v & (2**32 - 1)``,
-    which fit int64 for any bucket of under 2**31 rows, where a sum of the values could leave
-    it, and which :func:`bucketed_partition` joins back exactly) with, but for ``count``, how
-    many values were present. Rows without a time are dropped, as every static path drops
-    them. Spark reduces each input partition before the shuffle, so far fewer rows cross it
-    and reach Python than events.
+    sessions of the events. A row is the keys (as ``__sessionstore_key0``, ...), the bucket,
+    the first and last event times, and per part its partial result (``count``: the rows;
+    ``min``/``max``: of the present values; ``sum``: the sums of the present values' high
+    halves ``v >> 32`` and low halves ``v & (2**32 - 1)``, which fit int64 for any bucket of
+    under 2**31 rows, where a sum of the values could leave it, and which
+    :func:`bucketed_partition` joins back exactly) with, but for ``count``, how many values
+    were present. The rows without a time share a bucket of their own, null, whose times are
+    null: :func:`bucketed_partition` drops it, as every static path drops them. Spark reduces
+    each input partition before the shuffle, so far fewer rows cross it and reach Python than
+    events. Every column has a name of this module's (no dot, no backtick), so the frame goes
+    to ``mapInArrow`` as it is; each expression is one SQL string, and the frame is built in as
+    few steps as Spark allows, since each step costs the driver a round trip and an analysis
+    of the plan before the job starts (native's plan takes two).
     """
     from pyspark.sql import functions as F
 
-    # SQL functions as expressions: pyspark < 3.5 lacks some of them as Python functions
-    time = F.col(columns.quote(config.time_column))
-    micros = f"unix_micros({columns.quote(config.time_column)})"
+    # SQL expressions (one call each); pyspark < 3.5 also lacks some as Python functions
+    time = columns.quote(config.time_column)
+    micros = f"unix_micros({time})"
     assert config.gap_us is not None  # bucketed_parts
-    bucket = F.expr(f"{micros} - pmod({micros}, {config.gap_us})").alias(_BUCKET)
-    results = [F.min(time).alias(_FIRST), F.max(time).alias(_LAST)]
+    groups = [F.expr(f"{columns.quote(name)} AS {_KEY}{i}")
+              for i, name in enumerate(config.key_columns)]
+    groups.append(F.expr(f"{micros} - pmod({micros}, {config.gap_us}) AS {_BUCKET}"))
+    results = [f"min({time}) AS {_FIRST}", f"max({time}) AS {_LAST}"]
     for i, part in enumerate(parts):
         if part.kind == "count":
-            results.append(F.count(F.lit(1)).alias(f"{_PREFIX}v{i}"))
+            results.append(f"count(1) AS {_PREFIX}v{i}")
             continue
         assert part.column is not None
-        values = F.col(columns.quote(part.column))
+        value = columns.quote(part.column)
         if part.kind == "sum":
-            whole = f"cast({columns.quote(part.column)} as bigint)"
+            whole = f"cast({value} as bigint)"
             # try_sum: a half's sum leaving int64 (2**31 rows in a bucket) is null, not wrapped
-            results += [
-                F.expr(f"try_sum(shiftright({whole}, {_HALF_BITS}))").alias(f"{_PREFIX}v{i}"),
-                F.expr(f"try_sum({whole} & {(1 << _HALF_BITS) - 1})").alias(f"{_PREFIX}l{i}")]
+            results += [f"try_sum(shiftright({whole}, {_HALF_BITS})) AS {_PREFIX}v{i}",
+                        f"try_sum({whole} & {(1 << _HALF_BITS) - 1}) AS {_PREFIX}l{i}"]
         else:
-            partial = F.min(values) if part.kind == "min" else F.max(values)
-            results.append(partial.alias(f"{_PREFIX}v{i}"))
-        results.append(F.count(values).alias(f"{_PREFIX}n{i}"))
-    keys = [F.col(columns.quote(name)) for name in config.key_columns]
-    return (selected.where(time.isNotNull()).groupBy(*keys, bucket).agg(*results)
-            .drop(_BUCKET))
+            results.append(f"{part.kind}({value}) AS {_PREFIX}v{i}")
+        results.append(f"count({value}) AS {_PREFIX}n{i}")
+    return (df.groupBy(*groups).agg(*[F.expr(result) for result in results])
+            .repartition(config.n_partitions, *[f"{_KEY}{i}"
+                                                for i in range(len(config.key_columns))]))
 
 
 def bucketed_partition(config: SessionizeConfig,
@@ -424,16 +428,25 @@ def bucketed_partition(config: SessionizeConfig,
     if not received:
         return
     table = pa.Table.from_batches(received)
+    if table.column(_FIRST).null_count:  # the rows without a time (see bucketed_frame)
+        table = table.filter(pc.is_valid(table.column(_FIRST)))
     if not table.num_rows:
         return
-    for name in config.key_columns:
+    key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
+    for name in key_names:
         if table.column(name).null_count:
             raise ValueError(null_keys_message(config.key_columns))
-    key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
-    arrays: dict[str, pa.ChunkedArray] = {
-        name: _engine_key(table.column(column), data_type)
-        for name, column, data_type in zip(key_names, config.key_columns, config.key_types,
-                                           strict=True)}
+    arrays: dict[str, pa.ChunkedArray | pa.Array] = {}
+    dictionaries: dict[str, pa.Array] = {}
+    for name, data_type in zip(key_names, config.key_types, strict=True):
+        key = _engine_key(table.column(name), data_type)
+        if isinstance(data_type, T.StringType | T.BinaryType):
+            # the bounded path takes a small integer key as its own code, where it would sort
+            # a dictionary of the strings; the sessions' keys are looked up in it below
+            encoded = key.combine_chunks().dictionary_encode()
+            dictionaries[name] = encoded.dictionary
+            key = encoded.indices
+        arrays[name] = key
     first = table.column(_FIRST).cast(pa.int64())
     arrays[_TIME] = first
     arrays[_GAP] = pc.add(pc.subtract(table.column(_LAST).cast(pa.int64()), first),
@@ -466,6 +479,9 @@ def bucketed_partition(config: SessionizeConfig,
 
     sessions = bounded_sessionize(pa.table(arrays), key=key_names, time=_TIME, gap=_GAP,
                                   aggregations=specs, inclusive_gap=config.inclusive_gap)
+    for name, dictionary in dictionaries.items():
+        sessions = sessions.set_column(sessions.schema.get_field_index(name), name,
+                                       dictionary.take(sessions.column(name)))
     for i, part in enumerate(parts):
         if part.kind == "sum":
             total = _join_halves(config, part, key_names, sessions, i)
