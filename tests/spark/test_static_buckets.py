@@ -7,8 +7,10 @@ configurations it must not take.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from pyspark.sql import functions as F
@@ -102,6 +104,35 @@ def test_the_bucketed_plan_shuffles_twice_after_a_partial_aggregate(spark):
                        gap="10 seconds", aggregations=AGGS)
     plan = frame._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange ") == 2 and "partial_min" in plan, plan
+
+
+def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_not(spark):
+    """A static task freezes its Python worker's heap (static_columnar.freeze_worker_heap),
+    so that the collector's full passes skip what every task shares; a partition function
+    called outside a task (here, in the test process) leaves the caller's collector as it
+    was."""
+    config = config_for(spark, ["user"], {"n": "count"})
+    frozen = gc.get_freeze_count()
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["a"]), pa.array([EPOCH], pa.timestamp("us", tz="UTC")),
+         pa.array([EPOCH], pa.timestamp("us", tz="UTC")), pa.array([3], pa.int64())],
+        names=["__sessionstore_key0", "__sessionstore_first", "__sessionstore_last",
+               "__sessionstore_v0"])
+    out = list(static_columnar.bucketed_partition(config, iter([batch])))
+    assert out[0].column(3).to_pylist() == [3]
+    assert gc.get_freeze_count() == frozen
+    _ours(_frame(spark, [("a", 0, 1), ("b", 0, 2), ("c", 0, 3), ("d", 0, 4)]), "10 seconds")
+
+    def freeze_counts(batches: Any) -> Any:
+        import gc as worker_gc
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([worker_gc.get_freeze_count()])], ["n"])
+
+    counts = [r.n for r in spark.range(0, 8, 1, 8).mapInArrow(freeze_counts, "n long")
+              .collect()]
+    assert max(counts) > 0, counts
 
 
 def test_bucket_edges_and_gap_steps_equal_native(spark):
