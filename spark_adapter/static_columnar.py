@@ -21,6 +21,7 @@ whose sum of it is 0 outputs null. Key, time and output columns use the codecs o
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -240,8 +241,9 @@ def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArra
 
 
 def freeze_worker_heap() -> None:
-    """In a Spark task, once per Python worker process: a full collection, then
-    ``gc.freeze()``; elsewhere (the driver, a test calling a partition function) nothing.
+    """In a Spark task in a reused Python worker (``spark.python.worker.reuse``, the default),
+    once per worker process: a full collection, then ``gc.freeze()``; elsewhere (the driver, a
+    test calling a partition function, a worker that serves one task and exits) nothing.
 
     PySpark runs task after task in one worker, and a static task allocates enough to start
     one of the collector's full passes, which walk every object the worker holds (its modules,
@@ -254,7 +256,9 @@ def freeze_worker_heap() -> None:
     global _worker_heap_frozen
     from pyspark import TaskContext
 
-    if _worker_heap_frozen or TaskContext.get() is None:
+    # PySpark's daemon hands its workers SPARK_REUSE_WORKER when they serve task after task
+    if (_worker_heap_frozen or TaskContext.get() is None
+            or not os.environ.get("SPARK_REUSE_WORKER")):
         return
     _worker_heap_frozen = True
     import sessionstore.bounded  # noqa: F401 - its modules too, before the freeze

@@ -135,6 +135,29 @@ def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_no
     assert max(counts) > 0, counts
 
 
+def test_the_heap_is_frozen_only_in_a_task_of_a_reused_worker(monkeypatch):
+    """freeze_worker_heap freezes nothing outside a task, nor in a task of a worker that
+    PySpark does not reuse (no SPARK_REUSE_WORKER: the process exits after the task); in a
+    task of a reused worker it freezes once."""
+    from pyspark import TaskContext
+
+    monkeypatch.setattr(static_columnar, "_worker_heap_frozen", False)
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    before = gc.get_freeze_count()
+    static_columnar.freeze_worker_heap()  # no task here
+    assert gc.get_freeze_count() == before
+    monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.delenv("SPARK_REUSE_WORKER")
+    static_columnar.freeze_worker_heap()
+    assert gc.get_freeze_count() == before
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    try:
+        static_columnar.freeze_worker_heap()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()  # give the test process its collector back
+
+
 def test_bucket_edges_and_gap_steps_equal_native(spark):
     gap_us = 10_000_000
     # a bucket edge at 0, -gap and +gap; steps of gap - 1, gap and gap + 1 across them; two
