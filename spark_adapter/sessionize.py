@@ -418,6 +418,15 @@ def sessionize(
     )
     if not df.isStreaming:
         _check_engine(config, STATIC_RETENTION_US, retention_terms)
+    config.extra[static_columnar.PARTS_KEY] = [
+        (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
+    parts = static_columnar.bucketed_parts(config)
+    if not df.isStreaming and engine == "arrow" and parts is not None:
+        # Spark reduces the rows to one per key and gap bucket first; the Arrow engine's tasks
+        # refuse a null key themselves (checking here would read the whole input once more,
+        # which native does not)
+        return static_columnar.bucketed_frame(df, config, parts).mapInArrow(
+            partial(static_columnar.bucketed_partition, config), config.output_schema())
     carried = [c for c in value_columns if c not in key_columns and c != time_column]
     # each column once (a key may be the time column too), each name quoted for Spark
     selected_names = [columns.quote(c) for c in dict.fromkeys([*key_columns, time_column,
@@ -427,9 +436,6 @@ def sessionize(
     else:  # the gap is computed on the input, whose columns the expression may read
         selected = dynamic[0].select(*selected_names, GAP_COLUMN)
     key_refs = [F.col(columns.quote(k)) for k in key_columns]
-
-    config.extra[static_columnar.PARTS_KEY] = [
-        (s.name, s.kind, s.column) for s in aggspec.from_mapping(aggregations)]
     if not df.isStreaming:
         if engine == "processor":
             _refuse_null_keys(df, key_columns)
@@ -437,14 +443,7 @@ def sessionize(
             bucketed = selected.withColumn(BUCKET_COLUMN, _bucket(key_columns, n_buckets))
             return arrow.positional(bucketed, (BUCKET_COLUMN,)).groupBy(BUCKET_COLUMN) \
                 .applyInPandas(static_frames(config, bucketed.columns), config.output_schema())
-        # the Arrow engine's tasks refuse a null key themselves (arrow.static_partition):
-        # checking here would read the whole input once more, which native does not
-        parts = static_columnar.bucketed_parts(config)
-        if parts is not None:  # Spark reduces the rows to one per key and gap bucket first
-            buckets = static_columnar.bucketed_frame(selected, config, parts)
-            return arrow.map_in_arrow(
-                buckets.repartition(partitions, *key_refs),
-                partial(static_columnar.bucketed_partition, config), config.output_schema())
+        # the Arrow engine's tasks refuse a null key themselves (arrow.static_partition)
         return arrow.map_in_arrow(selected.repartition(partitions, *key_refs),
                                   partial(arrow.static_partition, config),
                                   config.output_schema())

@@ -20,6 +20,8 @@ whose sum of it is 0 outputs null. Key, time and output columns use the codecs o
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,8 @@ _HALF_BITS = 32  # an integer sum is split in a high and a low half (see buckete
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+_worker_heap_frozen = False  # per process: see freeze_worker_heap
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,33 @@ def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArra
     return array
 
 
+def freeze_worker_heap() -> None:
+    """In a Spark task in a reused Python worker (``spark.python.worker.reuse``, the default),
+    once per worker process: a full collection, then ``gc.freeze()``; elsewhere (the driver, a
+    test calling a partition function, a worker that serves one task and exits) nothing.
+
+    PySpark runs task after task in one worker, and a static task allocates enough to start
+    one of the collector's full passes, which walk every object the worker holds (its modules,
+    pyarrow's, numpy's, the engine's): about 30 ms of CPU per task in the benchmark, three times
+    the engine's own work there, on the stage's critical path. Frozen, those objects are
+    skipped by every later pass. An object that dies later is still freed when its last
+    reference goes; only a reference cycle among objects alive at the freeze would no longer
+    be collected, once per worker.
+    """
+    global _worker_heap_frozen
+    from pyspark import TaskContext
+
+    # PySpark's daemon hands its workers SPARK_REUSE_WORKER when they serve task after task
+    if (_worker_heap_frozen or TaskContext.get() is None
+            or not os.environ.get("SPARK_REUSE_WORKER")):
+        return
+    _worker_heap_frozen = True
+    import sessionstore.bounded  # noqa: F401 - its modules too, before the freeze
+
+    gc.collect()
+    gc.freeze()
+
+
 def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
     """The columnar ``mapInArrow`` function for a static partition, or None when the
@@ -269,6 +300,7 @@ def _engine_runner(config: SessionizeConfig, parts: list[_Part]) -> ColumnarRunn
 
 def _run(config: SessionizeConfig, parts: list[_Part],
          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    freeze_worker_heap()
     runner = _engine_runner(config, parts)
     prepared, counts = runner.engine_input(config.input_table(batches))
     if counts["null_keys_dropped"]:
@@ -356,52 +388,56 @@ def bucketed_parts(config: SessionizeConfig) -> list[_Part] | None:
     return parts
 
 
-def bucketed_frame(selected: DataFrame, config: SessionizeConfig,
-                   parts: list[_Part]) -> DataFrame:
-    """``selected`` (the keys, the time and the value columns) reduced by Spark to one row per
-    key and time bucket holding an event, for :func:`bucketed_partition`.
+def bucketed_frame(df: DataFrame, config: SessionizeConfig, parts: list[_Part]) -> DataFrame:
+    """``df`` reduced by Spark to one row per key and time bucket holding an event, partitioned
+    by key into ``config.n_partitions`` partitions, for :func:`bucketed_partition`.
 
     A bucket is ``[b, b + gap)`` with ``b`` a multiple of the gap in microseconds since the
     epoch. Two events of a key less than a gap apart are in one session under either gap rule,
     so all the events of a bucket are: a session is a union of whole buckets, and the
     sessions of the buckets, each taken as one event at its first time with its own gap
     (``last - first + gap``, so that it reaches as far as its last event's would), are the
-    sessions of the events. A row is the keys, the first and last event times, and per part
-    its partial result (``count``: the rows; ``min``/``max``: of the present values; ``sum``:
-    the sums of the present values' high halves ``v >> 32`` and low halves ``v & (2**32 - 1)``,
-    which fit int64 for any bucket of under 2**31 rows, where a sum of the values could leave
-    it, and which :func:`bucketed_partition` joins back exactly) with, but for ``count``, how
-    many values were present. Rows without a time are dropped, as every static path drops
-    them. Spark reduces each input partition before the shuffle, so far fewer rows cross it
-    and reach Python than events.
+    sessions of the events. A row is the keys (as ``__sessionstore_key0``, ...), the bucket,
+    the first and last event times, and per part its partial result (``count``: the rows;
+    ``min``/``max``: of the present values; ``sum``: the sums of the present values' high
+    halves ``v >> 32`` and low halves ``v & (2**32 - 1)``, which fit int64 for any bucket of
+    under 2**31 rows, where a sum of the values could leave it, and which
+    :func:`bucketed_partition` joins back exactly) with, but for ``count``, how many values
+    were present. The rows without a time share a bucket of their own, null, whose times are
+    null: :func:`bucketed_partition` drops it, as every static path drops them. Spark reduces
+    each input partition before the shuffle, so far fewer rows cross it and reach Python than
+    events. Every column has a name of this module's (no dot, no backtick), so the frame goes
+    to ``mapInArrow`` as it is; each expression is one SQL string, and the frame is built in as
+    few steps as Spark allows, since each step costs the driver a round trip and an analysis
+    of the plan before the job starts (native's plan takes two).
     """
     from pyspark.sql import functions as F
 
-    # SQL functions as expressions: pyspark < 3.5 lacks some of them as Python functions
-    time = F.col(columns.quote(config.time_column))
-    micros = f"unix_micros({columns.quote(config.time_column)})"
+    # SQL expressions (one call each); pyspark < 3.5 also lacks some as Python functions
+    time = columns.quote(config.time_column)
+    micros = f"unix_micros({time})"
     assert config.gap_us is not None  # bucketed_parts
-    bucket = F.expr(f"{micros} - pmod({micros}, {config.gap_us})").alias(_BUCKET)
-    results = [F.min(time).alias(_FIRST), F.max(time).alias(_LAST)]
+    groups = [F.expr(f"{columns.quote(name)} AS {_KEY}{i}")
+              for i, name in enumerate(config.key_columns)]
+    groups.append(F.expr(f"{micros} - pmod({micros}, {config.gap_us}) AS {_BUCKET}"))
+    results = [f"min({time}) AS {_FIRST}", f"max({time}) AS {_LAST}"]
     for i, part in enumerate(parts):
         if part.kind == "count":
-            results.append(F.count(F.lit(1)).alias(f"{_PREFIX}v{i}"))
+            results.append(f"count(1) AS {_PREFIX}v{i}")
             continue
         assert part.column is not None
-        values = F.col(columns.quote(part.column))
+        value = columns.quote(part.column)
         if part.kind == "sum":
-            whole = f"cast({columns.quote(part.column)} as bigint)"
+            whole = f"cast({value} as bigint)"
             # try_sum: a half's sum leaving int64 (2**31 rows in a bucket) is null, not wrapped
-            results += [
-                F.expr(f"try_sum(shiftright({whole}, {_HALF_BITS}))").alias(f"{_PREFIX}v{i}"),
-                F.expr(f"try_sum({whole} & {(1 << _HALF_BITS) - 1})").alias(f"{_PREFIX}l{i}")]
+            results += [f"try_sum(shiftright({whole}, {_HALF_BITS})) AS {_PREFIX}v{i}",
+                        f"try_sum({whole} & {(1 << _HALF_BITS) - 1}) AS {_PREFIX}l{i}"]
         else:
-            partial = F.min(values) if part.kind == "min" else F.max(values)
-            results.append(partial.alias(f"{_PREFIX}v{i}"))
-        results.append(F.count(values).alias(f"{_PREFIX}n{i}"))
-    keys = [F.col(columns.quote(name)) for name in config.key_columns]
-    return (selected.where(time.isNotNull()).groupBy(*keys, bucket).agg(*results)
-            .drop(_BUCKET))
+            results.append(f"{part.kind}({value}) AS {_PREFIX}v{i}")
+        results.append(f"count({value}) AS {_PREFIX}n{i}")
+    return (df.groupBy(*groups).agg(*[F.expr(result) for result in results])
+            .repartition(config.n_partitions, *[f"{_KEY}{i}"
+                                                for i in range(len(config.key_columns))]))
 
 
 def bucketed_partition(config: SessionizeConfig,
@@ -416,6 +452,7 @@ def bucketed_partition(config: SessionizeConfig,
         SumOverflowError: a session's integer sum leaves int64 (naming the output), as the
             row path's engine raises it.
     """
+    freeze_worker_heap()
     parts = bucketed_parts(config)
     if parts is None:
         raise RuntimeError("sessionize: bucketed_partition called for a configuration that "
@@ -424,16 +461,25 @@ def bucketed_partition(config: SessionizeConfig,
     if not received:
         return
     table = pa.Table.from_batches(received)
+    if table.column(_FIRST).null_count:  # the rows without a time (see bucketed_frame)
+        table = table.filter(pc.is_valid(table.column(_FIRST)))
     if not table.num_rows:
         return
-    for name in config.key_columns:
+    key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
+    for name in key_names:
         if table.column(name).null_count:
             raise ValueError(null_keys_message(config.key_columns))
-    key_names = [f"{_KEY}{i}" for i in range(len(config.key_columns))]
-    arrays: dict[str, pa.ChunkedArray] = {
-        name: _engine_key(table.column(column), data_type)
-        for name, column, data_type in zip(key_names, config.key_columns, config.key_types,
-                                           strict=True)}
+    arrays: dict[str, pa.ChunkedArray | pa.Array] = {}
+    dictionaries: dict[str, pa.Array] = {}
+    for name, data_type in zip(key_names, config.key_types, strict=True):
+        key = _engine_key(table.column(name), data_type)
+        if isinstance(data_type, T.StringType | T.BinaryType):
+            # the bounded path takes a small integer key as its own code, where it would sort
+            # a dictionary of the strings; the sessions' keys are looked up in it below
+            encoded = key.combine_chunks().dictionary_encode()
+            dictionaries[name] = encoded.dictionary
+            key = encoded.indices
+        arrays[name] = key
     first = table.column(_FIRST).cast(pa.int64())
     arrays[_TIME] = first
     arrays[_GAP] = pc.add(pc.subtract(table.column(_LAST).cast(pa.int64()), first),
@@ -466,6 +512,9 @@ def bucketed_partition(config: SessionizeConfig,
 
     sessions = bounded_sessionize(pa.table(arrays), key=key_names, time=_TIME, gap=_GAP,
                                   aggregations=specs, inclusive_gap=config.inclusive_gap)
+    for name, dictionary in dictionaries.items():
+        sessions = sessions.set_column(sessions.schema.get_field_index(name), name,
+                                       dictionary.take(sessions.column(name)))
     for i, part in enumerate(parts):
         if part.kind == "sum":
             total = _join_halves(config, part, key_names, sessions, i)

@@ -81,6 +81,26 @@ def bucket_events(draw: st.DrawFn, max_events: int = 60) -> tuple[int, list[tupl
 
 
 @st.composite
+def text_key_bucket_events(draw: st.DrawFn, max_events: int = 40
+                           ) -> list[tuple[object, ...]]:
+    """Rows ``(a, b, c, time_us, value)`` of a static input keyed by two string columns ``a``
+    and ``c`` and a binary one ``b``, for a gap of 10 seconds: each column's values drawn from
+    its own small set (an empty value, a non-ASCII one, prefixes of each other), so that the
+    order in which values first appear differs from their sorted order and from column to
+    column; times near each other, some a gap apart or more."""
+    gap_us = 10_000_000
+    rows: list[tuple[object, ...]] = []
+    clock = draw(st.integers(-3, 3)) * gap_us
+    for _ in range(draw(st.integers(1, max_events))):
+        clock += draw(st.sampled_from([0, 1, gap_us - 1, gap_us, gap_us + 1, 3 * gap_us]))
+        rows.append((draw(st.sampled_from(["z", "y", "yz", ""])),
+                     draw(st.sampled_from([b"\x01", b"\x00\xff", b"", b"\x00"])),
+                     draw(st.sampled_from(["p", "\u00e9", "pq"])),
+                     clock, draw(st.one_of(st.none(), st.integers(-(2**40), 2**40)))))
+    return draw(st.permutations(rows))
+
+
+@st.composite
 def adversarial_bucket_cases(draw: st.DrawFn, max_events: int = 40) -> dict[str, object]:
     """A static input and configuration for the bucketed static path: a gap off whole
     milliseconds (down to 1 us) or whole, either gap rule, one or five shuffle partitions,

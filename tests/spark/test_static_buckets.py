@@ -7,8 +7,10 @@ configurations it must not take.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from pyspark.sql import functions as F
@@ -16,7 +18,7 @@ from pyspark.sql import types as T
 
 from spark_adapter import sessionize, static_columnar
 from tests.spark.test_static_columnar import config_for
-from tests.strategies import bucket_events
+from tests.strategies import bucket_events, text_key_bucket_events
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 INT64_MAX = 2**63 - 1
@@ -58,6 +60,102 @@ def test_bucketed_sessions_equal_native(spark, case):
     df = _frame(spark, rows)
     gap = f"{gap_s} seconds"
     assert _ours(df, gap) == _native(df, gap)
+
+
+@settings(max_examples=6)
+@given(rows=text_key_bucket_events())
+def test_string_and_binary_keys_equal_native(spark, rows):
+    """The tasks key the bounded path on each string or binary key column's dictionary codes
+    and look the sessions' keys up afterwards (static_columnar.bucketed_partition): two string
+    columns and a binary one, each with its own dictionary."""
+    schema = "a string, b binary, c string, ts timestamp, l long"
+    df = spark.createDataFrame([(a, bytearray(b), c, EPOCH + dt.timedelta(microseconds=t), v)
+                                for a, b, c, t, v in rows], schema)
+    aggs = {"n": "count", "s": ("sum", "l"), "m": ("max", "l")}
+    frame = sessionize(df, key=["a", "b", "c"], timestamp="ts", gap="10 seconds",
+                       aggregations=aggs)
+    assert "HashAggregate" in frame._jdf.queryExecution().executedPlan().toString()
+    native = df.groupBy("a", "b", "c", F.session_window("ts", "10 seconds").alias("w")).agg(
+        F.count("*").alias("n"), F.sum("l").alias("s"), F.max("l").alias("m"))
+    assert sorted(tuple(r) for r in frame.collect()) == sorted(
+        tuple(r) for r in native.select("a", "b", "c", "w.start", "w.end", "n", "s", "m")
+        .collect())
+
+
+def test_rows_without_a_time_are_dropped_before_null_keys_are_refused(spark, monkeypatch):
+    """Rows without a time share the bucketed frame's null bucket, which the task drops before
+    it refuses null keys: a row with neither a key nor a time is dropped, as the row path and
+    native drop it, and a key whose rows have no time has no session."""
+    df = _frame(spark, [("a", 0, 1), ("a", 5_000_000, 2)]).union(spark.createDataFrame(
+        [(None, None, 3, 3, 3), ("a", None, 4, 4, 4), ("b", None, None, None, None)], SCHEMA))
+    ours = _ours(df, "10 seconds")
+    assert ours == _native(df, "10 seconds")
+    with monkeypatch.context() as patched:  # the row path, on the same input
+        patched.setattr(static_columnar, "bucketed_parts", lambda config: None)
+        assert ours == sorted(tuple(r) for r in sessionize(
+            df, key="user", timestamp="ts", gap="10 seconds", aggregations=AGGS).collect())
+    assert [(r[0], r[3]) for r in ours] == [("a", 2)]
+
+
+def test_the_bucketed_plan_shuffles_twice_after_a_partial_aggregate(spark):
+    """The plan as measured (docs/spark.md, *Static: what changed*): the buckets reduced
+    before the shuffle, one exchange for the buckets and one by key, nothing more."""
+    frame = sessionize(_frame(spark, [("a", 0, 1)]), key="user", timestamp="ts",
+                       gap="10 seconds", aggregations=AGGS)
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange ") == 2 and "partial_min" in plan, plan
+
+
+def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_not(spark):
+    """A static task freezes its Python worker's heap (static_columnar.freeze_worker_heap),
+    so that the collector's full passes skip what every task shares; a partition function
+    called outside a task (here, in the test process) leaves the caller's collector as it
+    was."""
+    config = config_for(spark, ["user"], {"n": "count"})
+    frozen = gc.get_freeze_count()
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["a"]), pa.array([EPOCH], pa.timestamp("us", tz="UTC")),
+         pa.array([EPOCH], pa.timestamp("us", tz="UTC")), pa.array([3], pa.int64())],
+        names=["__sessionstore_key0", "__sessionstore_first", "__sessionstore_last",
+               "__sessionstore_v0"])
+    out = list(static_columnar.bucketed_partition(config, iter([batch])))
+    assert out[0].column(3).to_pylist() == [3]
+    assert gc.get_freeze_count() == frozen
+    _ours(_frame(spark, [("a", 0, 1), ("b", 0, 2), ("c", 0, 3), ("d", 0, 4)]), "10 seconds")
+
+    def freeze_counts(batches: Any) -> Any:
+        import gc as worker_gc
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([worker_gc.get_freeze_count()])], ["n"])
+
+    counts = [r.n for r in spark.range(0, 8, 1, 8).mapInArrow(freeze_counts, "n long")
+              .collect()]
+    assert max(counts) > 0, counts
+
+
+def test_the_heap_is_frozen_only_in_a_task_of_a_reused_worker(monkeypatch):
+    """freeze_worker_heap freezes nothing outside a task, nor in a task of a worker that
+    PySpark does not reuse (no SPARK_REUSE_WORKER: the process exits after the task); in a
+    task of a reused worker it freezes once."""
+    from pyspark import TaskContext
+
+    monkeypatch.setattr(static_columnar, "_worker_heap_frozen", False)
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    before = gc.get_freeze_count()
+    static_columnar.freeze_worker_heap()  # no task here
+    assert gc.get_freeze_count() == before
+    monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.delenv("SPARK_REUSE_WORKER")
+    static_columnar.freeze_worker_heap()
+    assert gc.get_freeze_count() == before
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    try:
+        static_columnar.freeze_worker_heap()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()  # give the test process its collector back
 
 
 def test_bucket_edges_and_gap_steps_equal_native(spark):

@@ -30,7 +30,7 @@ def _at(us: int) -> dt.datetime:
 
 
 _TS = pa.timestamp("us", tz="UTC")
-_BUCKET_COLUMNS = ["user", "__sessionstore_first", "__sessionstore_last", "__sessionstore_v0",
+_BUCKET_COLUMNS = ["__sessionstore_key0", "__sessionstore_first", "__sessionstore_last", "__sessionstore_v0",
                    "__sessionstore_l0", "__sessionstore_n0", "__sessionstore_v1"]
 _BUCKET_TYPES = [pa.string(), _TS, _TS, pa.int64(), pa.int64(), pa.int64(), pa.int64()]
 
