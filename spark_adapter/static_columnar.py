@@ -20,8 +20,6 @@ whose sum of it is 0 outputs null. Key, time and output columns use the codecs o
 
 from __future__ import annotations
 
-import gc
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,8 +63,6 @@ _HALF_BITS = 32  # an integer sum is split in a high and a low half (see buckete
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-_worker_heap_frozen = False  # per process: see freeze_worker_heap
 
 
 @dataclass(frozen=True)
@@ -240,33 +236,6 @@ def _engine_key(array: pa.ChunkedArray, data_type: T.DataType) -> pa.ChunkedArra
     return array
 
 
-def freeze_worker_heap() -> None:
-    """In a Spark task in a reused Python worker (``spark.python.worker.reuse``, the default),
-    once per worker process: a full collection, then ``gc.freeze()``; elsewhere (the driver, a
-    test calling a partition function, a worker that serves one task and exits) nothing.
-
-    PySpark runs task after task in one worker, and a static task allocates enough to start
-    one of the collector's full passes, which walk every object the worker holds (its modules,
-    pyarrow's, numpy's, the engine's): about 30 ms of CPU per task in the benchmark, three times
-    the engine's own work there, on the stage's critical path. Frozen, those objects are
-    skipped by every later pass. An object that dies later is still freed when its last
-    reference goes; only a reference cycle among objects alive at the freeze would no longer
-    be collected, once per worker.
-    """
-    global _worker_heap_frozen
-    from pyspark import TaskContext
-
-    # PySpark's daemon hands its workers SPARK_REUSE_WORKER when they serve task after task
-    if (_worker_heap_frozen or TaskContext.get() is None
-            or not os.environ.get("SPARK_REUSE_WORKER")):
-        return
-    _worker_heap_frozen = True
-    import sessionstore.bounded  # noqa: F401 - its modules too, before the freeze
-
-    gc.collect()
-    gc.freeze()
-
-
 def static_partition(config: SessionizeConfig,
                      batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
     """The columnar ``mapInArrow`` function for a static partition, or None when the
@@ -300,7 +269,6 @@ def _engine_runner(config: SessionizeConfig, parts: list[_Part]) -> ColumnarRunn
 
 def _run(config: SessionizeConfig, parts: list[_Part],
          batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    freeze_worker_heap()
     runner = _engine_runner(config, parts)
     prepared, counts = runner.engine_input(config.input_table(batches))
     if counts["null_keys_dropped"]:
@@ -452,7 +420,6 @@ def bucketed_partition(config: SessionizeConfig,
         SumOverflowError: a session's integer sum leaves int64 (naming the output), as the
             row path's engine raises it.
     """
-    freeze_worker_heap()
     parts = bucketed_parts(config)
     if parts is None:
         raise RuntimeError("sessionize: bucketed_partition called for a configuration that "

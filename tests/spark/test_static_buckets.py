@@ -107,10 +107,10 @@ def test_the_bucketed_plan_shuffles_twice_after_a_partial_aggregate(spark):
 
 
 def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_not(spark):
-    """A static task freezes its Python worker's heap (static_columnar.freeze_worker_heap),
-    so that the collector's full passes skip what every task shares; a partition function
-    called outside a task (here, in the test process) leaves the caller's collector as it
-    was."""
+    """A static task freezes its Python worker's heap (kept.freeze_heap, in the wrapper every
+    mapInArrow task of sessionize runs through), so that the collector's full passes skip what
+    every task shares; the partition function itself, called outside that wrapper (here, in
+    the test process), leaves the caller's collector as it was."""
     config = config_for(spark, ["user"], {"n": "count"})
     frozen = gc.get_freeze_count()
     batch = pa.RecordBatch.from_arrays(
@@ -133,29 +133,6 @@ def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_no
     counts = [r.n for r in spark.range(0, 8, 1, 8).mapInArrow(freeze_counts, "n long")
               .collect()]
     assert max(counts) > 0, counts
-
-
-def test_the_heap_is_frozen_only_in_a_task_of_a_reused_worker(monkeypatch):
-    """freeze_worker_heap freezes nothing outside a task, nor in a task of a worker that
-    PySpark does not reuse (no SPARK_REUSE_WORKER: the process exits after the task); in a
-    task of a reused worker it freezes once."""
-    from pyspark import TaskContext
-
-    monkeypatch.setattr(static_columnar, "_worker_heap_frozen", False)
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    before = gc.get_freeze_count()
-    static_columnar.freeze_worker_heap()  # no task here
-    assert gc.get_freeze_count() == before
-    monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: object()))
-    monkeypatch.delenv("SPARK_REUSE_WORKER")
-    static_columnar.freeze_worker_heap()
-    assert gc.get_freeze_count() == before
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    try:
-        static_columnar.freeze_worker_heap()
-        assert gc.get_freeze_count() > before
-    finally:
-        gc.unfreeze()  # give the test process its collector back
 
 
 def test_bucket_edges_and_gap_steps_equal_native(spark):
