@@ -513,11 +513,17 @@ def positional(frame: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
                         for i, name in enumerate(frame.columns)])
 
 
+def task_entry(function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``function(batches)``: what every ``mapInArrow`` task of ``sessionize`` runs, static or
+    streaming (through :func:`map_in_arrow`, or directly for the static buckets). It first
+    freezes what the worker already holds (:func:`spark_adapter.kept.freeze_heap`), so that
+    PySpark's garbage collection after the task visits only the task's own objects."""
+    kept.freeze_heap()
+    return function(batches)
+
+
 def _renamed(function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
              names: list[str], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``function`` over ``batches`` under ``names``: what every ``mapInArrow`` task of
-    ``sessionize`` runs, static or streaming. It first freezes what the worker already holds
-    (:func:`spark_adapter.kept.freeze_heap`), so that PySpark's garbage collection after the
-    task visits only the task's own objects."""
-    kept.freeze_heap()
-    return function(batch.rename_columns(names) for batch in batches)
+    """``function`` over ``batches`` under ``names``, as a task (:func:`task_entry`)."""
+    return task_entry(function, (batch.rename_columns(names) for batch in batches))

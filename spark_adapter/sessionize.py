@@ -426,7 +426,8 @@ def sessionize(
         # refuse a null key themselves (checking here would read the whole input once more,
         # which native does not)
         return static_columnar.bucketed_frame(df, config, parts).mapInArrow(
-            partial(static_columnar.bucketed_partition, config), config.output_schema())
+            partial(arrow.task_entry, partial(static_columnar.bucketed_partition, config)),
+            config.output_schema())
     carried = [c for c in value_columns if c not in key_columns and c != time_column]
     # each column once (a key may be the time column too), each name quoted for Spark
     selected_names = [columns.quote(c) for c in dict.fromkeys([*key_columns, time_column,

@@ -106,11 +106,26 @@ def test_the_bucketed_plan_shuffles_twice_after_a_partial_aggregate(spark):
     assert plan.count("Exchange ") == 2 and "partial_min" in plan, plan
 
 
+def _worker_freeze_counts(spark: Any, unfreeze: bool) -> list[int]:
+    """gc.get_freeze_count() in the Python workers of 8 tasks, after gc.unfreeze() there if
+    ``unfreeze``."""
+    def counts(batches: Any) -> Any:
+        import gc as worker_gc
+
+        for _ in batches:
+            pass
+        if unfreeze:
+            worker_gc.unfreeze()
+        yield pa.RecordBatch.from_arrays([pa.array([worker_gc.get_freeze_count()])], ["n"])
+
+    return [r.n for r in spark.range(0, 8, 1, 8).mapInArrow(counts, "n long").collect()]
+
+
 def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_not(spark):
-    """A static task freezes its Python worker's heap (kept.freeze_heap, in the wrapper every
-    mapInArrow task of sessionize runs through), so that the collector's full passes skip what
-    every task shares; the partition function itself, called outside that wrapper (here, in
-    the test process), leaves the caller's collector as it was."""
+    """A bucketed static task freezes its Python worker's heap (kept.freeze_heap, in
+    arrow.task_entry, which every mapInArrow task of sessionize runs through), so that the
+    collector's full passes skip what every task shares; the partition function itself, called
+    outside it (here, in the test process), leaves the caller's collector as it was."""
     config = config_for(spark, ["user"], {"n": "count"})
     frozen = gc.get_freeze_count()
     batch = pa.RecordBatch.from_arrays(
@@ -121,17 +136,10 @@ def test_a_static_task_freezes_its_python_workers_heap_and_a_direct_call_does_no
     out = list(static_columnar.bucketed_partition(config, iter([batch])))
     assert out[0].column(3).to_pylist() == [3]
     assert gc.get_freeze_count() == frozen
+    # the workers' earlier tasks froze them already: start from nothing frozen
+    assert set(_worker_freeze_counts(spark, unfreeze=True)) == {0}
     _ours(_frame(spark, [("a", 0, 1), ("b", 0, 2), ("c", 0, 3), ("d", 0, 4)]), "10 seconds")
-
-    def freeze_counts(batches: Any) -> Any:
-        import gc as worker_gc
-
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_arrays([pa.array([worker_gc.get_freeze_count()])], ["n"])
-
-    counts = [r.n for r in spark.range(0, 8, 1, 8).mapInArrow(freeze_counts, "n long")
-              .collect()]
+    counts = _worker_freeze_counts(spark, unfreeze=False)
     assert max(counts) > 0, counts
 
 
