@@ -104,6 +104,30 @@ class StreamRun:
         return [row for batch in sorted(self.batches) for row in self.batches[batch]]
 
 
+def one_file_plan(spark: Any, root: Path, build: Callable[[Any], Any],
+                  rows: list[tuple[str, int, int]], capsys: Any) -> tuple[str, int, str]:
+    """Run ``build(stream)`` over one file of ``rows`` into a memory sink: the physical plan of
+    its last micro-batch (the final one, where Spark planned it adaptively), the input rows
+    Spark reported, and the memory table's name."""
+    source = root / "source"
+    source.mkdir(parents=True)
+    stream = spark.readStream.schema(SCHEMA).json(str(source))
+    name = f"plan_{root.name}".replace("-", "_").replace("+", "_")
+    query = (build(stream).writeStream.format("memory").queryName(name).outputMode("append")
+             .option("checkpointLocation", str(root / "checkpoint")).start())
+    try:
+        write_file(source, 0, rows)
+        query.processAllAvailable()
+        capsys.readouterr()
+        query.explain()
+        # a stateless micro-batch runs adaptively: its plan prints twice (final, then initial)
+        plan = capsys.readouterr().out.split("== Initial Plan ==")[0]
+        reported = sum(p["numInputRows"] for p in query.recentProgress)
+    finally:
+        query.stop()
+    return plan, reported, name
+
+
 def wipe(path: Path) -> Callable[[], None]:
     def run() -> None:
         shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.spark_floors import FLOORS
 from spark_adapter import sessionize
-from tests.spark.streams import SCHEMA, write_file
+from tests.spark.streams import one_file_plan
 
 ROWS = [("a", 0, 1), ("b", 3, 2), ("a", 8, 3), ("c", 30, 4), ("a", 31, 5)]
 
@@ -17,21 +17,7 @@ ROWS = [("a", 0, 1), ("b", 3, 2), ("a", 8, 3), ("c", 30, 4), ("a", 31, 5)]
 def _run(spark: Any, root: Path, build: Any, capsys: Any) -> tuple[list[str], int]:
     """The operators of the physical plan of ``build(stream)``'s micro-batch over one file of
     ROWS, and the rows it wrote."""
-    source = root / "source"
-    source.mkdir(parents=True)
-    stream = spark.readStream.schema(SCHEMA).json(str(source))
-    name = f"floor_{root.name}".replace("-", "_").replace("+", "_")
-    query = (build(stream).writeStream.format("memory").queryName(name).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    try:
-        write_file(source, 0, ROWS)
-        query.processAllAvailable()
-        capsys.readouterr()
-        query.explain()
-        # a stateless micro-batch runs adaptively: its plan prints twice (final, then initial)
-        plan = capsys.readouterr().out.split("== Initial Plan ==")[0]
-    finally:
-        query.stop()
+    plan, _, name = one_file_plan(spark, root, build, ROWS, capsys)
     return re.findall(r"(?m)^[ :|+-]*(\w+)", plan), spark.table(name).count()
 
 

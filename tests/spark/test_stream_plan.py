@@ -12,29 +12,15 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_adapter import sessionize
-from tests.spark.streams import EPOCH, SCHEMA, write_file
+from tests.spark.streams import EPOCH, SCHEMA, one_file_plan
 
 ROWS = [("a", 0, 1), ("b", 3, 2), ("a", 8, 3), ("c", 30, 4)]
 
 
 def _plan_and_rows(spark: Any, root: Path, build: Any, capsys: Any) -> tuple[str, int, list]:
-    """Run ``build(stream)`` over one file of ROWS into a memory sink; the physical plan of its
-    last micro-batch, the input rows Spark reported and the rows it wrote."""
-    source = root / "source"
-    source.mkdir(parents=True)
-    stream = spark.readStream.schema(SCHEMA).json(str(source))
-    name = f"plan_{root.name}".replace("-", "_")
-    query = (build(stream).writeStream.format("memory").queryName(name).outputMode("append")
-             .option("checkpointLocation", str(root / "checkpoint")).start())
-    try:
-        write_file(source, 0, ROWS)
-        query.processAllAvailable()
-        capsys.readouterr()
-        query.explain()
-        plan = capsys.readouterr().out
-        reported = sum(p["numInputRows"] for p in query.recentProgress)
-    finally:
-        query.stop()
+    """Run ``build(stream)`` over one file of ROWS: the physical plan of its last micro-batch,
+    the input rows Spark reported and the rows it wrote."""
+    plan, reported, name = one_file_plan(spark, root, build, ROWS, capsys)
     return plan, reported, sorted(tuple(r) for r in spark.table(name).collect())
 
 
