@@ -406,25 +406,38 @@ def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataTyp
 
 
 def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int = 1 << 20) -> None:
-    """Refuse a JSON Lines file with a value nested deeper than ``limit``, before parsing.
+    """Refuse a JSON Lines file with a value nested deeper than ``limit``, or with a record that
+    is not a JSON object, before parsing.
 
     The scan is vectorised: quotes not escaped by an odd run of backslashes toggle "inside a
     string", brackets outside strings move the depth, and each line starts afresh. The file is
-    read in blocks; the state at a block's end is carried into the next one.
+    read in blocks; the state at a block's end is carried into the next one. Outside every
+    object (the depth over the whole file, so a record may span lines), only whitespace and the
+    ``{`` that opens the next record may appear: a bare ``null``, number, string, ``true``,
+    ``false`` or array there is refused. pyarrow's JSON reader refuses most of those itself, but
+    a block that starts with a bare ``null`` crashes the process (pyarrow 26), so none reaches
+    it.
 
     Raises:
-        InputError: naming the file, the line and the limit.
+        InputError: naming the file, the line and the limit, or the line of the first value
+            that is not an object.
     """
     prefix = b""
     lines_before = 0
+    top_level = 0  # the depth over the whole file before the block, below zero after a stray
     with open(path, "rb") as handle:
         while block := handle.read(block_bytes):
-            scan = _scan_depth(prefix + block)
+            scan = _scan_depth(prefix + block, top_level, len(prefix))
             if scan.deepest > limit:
                 raise InputError(f"input {str(path)!r} line {lines_before + scan.line + 1}: "
                                  f"JSON nested deeper than {limit} levels; refused before "
                                  f"parsing")
+            if scan.stray_line >= 0:
+                raise InputError(f"input {str(path)!r} line {lines_before + scan.stray_line + 1}:"
+                                 f" a record that is not a JSON object (JSON Lines holds one "
+                                 f"object per record); refused before parsing")
             lines_before += block.count(b"\n")
+            top_level = scan.end_top_level
             prefix = (b"[" * max(scan.end_level, 0) + (b'"' if scan.end_in_string else b"")
                       + (b"\\" if scan.end_escaping else b""))
 
@@ -436,9 +449,14 @@ class _DepthScan:
     end_level: int  # the state after the last byte, for the next block
     end_in_string: bool
     end_escaping: bool
+    stray_line: int  # the line of the first byte outside every object that may not be there, or -1
+    end_top_level: int  # the depth over the whole file after the last byte
 
 
-def _scan_depth(data: bytes) -> _DepthScan:
+def _scan_depth(data: bytes, top_before: int = 0, carried: int = 0) -> _DepthScan:
+    """The scan of ``data``, whose first ``carried`` bytes restate the previous block's end
+    state (see :func:`check_json_depth`), with ``top_before`` the depth over the whole file
+    before its first byte after them."""
     a = np.frombuffer(data, dtype=np.uint8)
     n = len(a)
     index = np.arange(n, dtype=np.int64)
@@ -456,8 +474,17 @@ def _scan_depth(data: bytes) -> _DepthScan:
     in_string = (flips & 1).astype(bool)
     step = ((a == 0x5B) | (a == 0x7B)).astype(np.int64) - ((a == 0x5D) | (a == 0x7D))
     step[in_string] = 0
+    step[:carried] = 0  # the carried brackets restate a line's depth, not the file's
+    top_after = top_before + np.cumsum(step)
+    outside = top_after - step <= 0
+    blank = (a == 0x20) | (a == 0x09) | (a == 0x0A) | (a == 0x0D)
+    stray = outside & ~in_string & ~blank & (a != 0x7B)
+    stray[:carried] = False
+    strays = np.flatnonzero(stray)
+    step[:carried] = ((a[:carried] == 0x5B) | (a[:carried] == 0x7B)).astype(np.int64)
     level = np.cumsum(step)
     level -= np.concatenate(([0], level[breaks]))[line_of]
     deepest = int(np.argmax(level))
     return _DepthScan(int(level[deepest]), int(line_of[deepest]), int(level[-1]),
-                      bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2))
+                      bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2),
+                      int(line_of[strays[0]]) if len(strays) else -1, int(top_after[-1]))

@@ -269,6 +269,49 @@ def test_the_depth_guard_matches_a_reference_scanner(tmp_path, block_bytes):
     assert MAX_JSON_DEPTH == 1000
 
 
+@pytest.mark.parametrize("content", ["null", "nullptr", "  null\n", "\n\nnull null",
+                                     json.dumps(ROWS[0]) + "\nnull\n"])
+def test_a_bare_null_record_is_refused_before_the_parser_can_crash(tmp_path, content):
+    """pyarrow 26's JSON reader crashes the process (SIGSEGV) on a block that starts with a
+    bare null; the guard refuses any record that is not an object, naming its line."""
+    source = tmp_path / "in.jsonl"
+    source.write_text(content)
+    child = subprocess.run([sys.executable, "-m", "sessionstore.cli",
+                            *sessionize(source, tmp_path / "o.jsonl")],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert child.returncode == 2, child.stderr
+    line = 1 + content[:content.index("null")].count("\n")
+    assert f"line {line}: a record that is not a JSON object" in child.stderr
+    assert child.stderr.count("\n") == 1
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("block_bytes", [1, 5, 64, 1 << 20])
+def test_records_that_are_not_objects_are_refused_at_their_line(tmp_path, block_bytes):
+    """Objects written over one line or several (nulls, brackets and quotes inside them,
+    in strings too) pass; a bare value between two records is refused at its own line,
+    whatever the block size. Kills a guard that reads lines instead of the file's depth (it
+    would refuse a multi-line object's inner null) and one that loses its state between
+    blocks."""
+    rng = np.random.default_rng(block_bytes)
+    values = [None, 1, "x null [ { \\\" ", [None, [None]], {"n": None, "s": "}\\"}, True]
+    strays = ["null", "1", '"s"', "true", "[1]", "]", "}"]
+    for _ in range(25):
+        records = [json.dumps({"user": "a", "ts": 1, "v": values[int(rng.integers(len(values)))]},
+                              indent=None if rng.random() < 0.5 else int(rng.integers(0, 3)))
+                   for _ in range(int(rng.integers(1, 5)))]
+        path = tmp_path / "x.jsonl"
+        path.write_text("\n".join(records) + "\n")
+        check_json_depth(path, block_bytes=block_bytes)
+        at = int(rng.integers(0, len(records) + 1))
+        stray = strays[int(rng.integers(len(strays)))]
+        text = "\n".join([*records[:at], " " + stray, *records[at:]]) + "\n"
+        path.write_text(text)
+        line = 1 + sum(r.count("\n") + 1 for r in records[:at])
+        with pytest.raises(IoInputError, match=f"line {line}: a record that is not a JSON obj"):
+            check_json_depth(path, block_bytes=block_bytes)
+
+
 @pytest.mark.parametrize(("unit", "per_ms"), [("us", 1_000), ("ns", 1_000_000)])
 def test_sub_millisecond_timestamps_are_floored_and_counted(tmp_path, capsys, unit, per_ms):
     # -1 tick is before 1970: flooring puts it in millisecond -1, truncation would say 0
