@@ -134,3 +134,39 @@ def adversarial_bucket_cases(draw: st.DrawFn, max_events: int = 40) -> dict[str,
             "partitions": draw(st.sampled_from([1, 5])),
             "keys": draw(st.sampled_from([["k"], ["k", "day"], ["lit", "k"]])),
             "rows": draw(st.permutations(rows))}
+
+
+#: String key values that a lossy key encoding would merge: trailing spaces, case, NUL bytes,
+#: composed and decomposed accents, an empty string and long strings that differ at their end.
+NEAR_STRINGS = ["", " ", "a", "a ", "A", "a\x00", "a\x00b", "\u00e9", "e\u0301",
+                "x" * 3000, "x" * 2999 + "y"]
+NEAR_BYTES = [b"", b"\x00", b"\x00\x00", b"a", b"a ", b"\xff" * 2000, b"\xff" * 1999 + b"\xfe"]
+
+
+@st.composite
+def mixed_key_cases(draw: st.DrawFn, max_events: int = 40) -> dict[str, object]:
+    """A static input for the bucketed path keyed by a string, an int, a binary, a date and a
+    boolean column: rows ``(s, i, b, day, flag, time_us, v)`` with key values from
+    :data:`NEAR_STRINGS` and :data:`NEAR_BYTES`, int32's extremes and days both sides of the
+    epoch, a gap of 10 s, times before and after 1970 off whole milliseconds with steps of
+    just under, exactly and over a gap, some times null (and, when ``ghost``, one key whose
+    rows all lack a time, some with a null key column too); with how many rows a task's Arrow
+    batches hold and how many shuffle partitions there are."""
+    gap_us = 10_000_000
+    rows: list[tuple[object, ...]] = []
+    clock = draw(st.sampled_from([-7 * gap_us - 13, -1, 0, 3 * gap_us + 999]))
+    for _ in range(draw(st.integers(1, max_events))):
+        clock += draw(st.sampled_from([0, 1, gap_us - 1, gap_us, gap_us + 1, 2 * gap_us + 7]))
+        time = None if draw(st.integers(0, 9)) == 0 else clock
+        rows.append((draw(st.sampled_from(NEAR_STRINGS)), draw(st.sampled_from([0, -1, 2**31 - 1,
+                                                                                -(2**31)])),
+                     draw(st.sampled_from(NEAR_BYTES)), draw(st.integers(0, 2)),
+                     draw(st.booleans()), time,
+                     draw(st.one_of(st.none(), st.integers(-(2**62), 2**62)))))
+    ghost = draw(st.booleans())
+    if ghost:  # a key with no time at all; a row with a null key column and no time
+        rows += [("ghost", 1, b"g", 0, True, None, 5), ("ghost", 1, b"g", 0, True, None, None),
+                 (None, 1, b"g", 1, False, None, 7)]
+    return {"rows": draw(st.permutations(rows)),
+            "batch_rows": draw(st.sampled_from([1, 3, 10_000])),
+            "partitions": draw(st.sampled_from([1, 3]))}
