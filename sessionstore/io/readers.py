@@ -434,12 +434,21 @@ def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int =
                                  f"parsing")
             if scan.stray_line >= 0:
                 raise InputError(f"input {str(path)!r} line {lines_before + scan.stray_line + 1}:"
-                                 f" a record that is not a JSON object (JSON Lines holds one "
-                                 f"object per record); refused before parsing")
+                                 f" {_stray_kind(scan.stray_byte)}, not an object (JSON Lines "
+                                 f"holds one object per record); refused before parsing")
             lines_before += block.count(b"\n")
             top_level = scan.end_top_level
             prefix = (b"[" * max(scan.end_level, 0) + (b'"' if scan.end_in_string else b"")
                       + (b"\\" if scan.end_escaping else b""))
+
+
+def _stray_kind(byte: int) -> str:
+    """What a JSON value that starts (or, for a string, ends) with ``byte`` is, in the words of
+    :func:`_json_kind`."""
+    kinds = {ord("["): "array", ord('"'): "string", ord("t"): "boolean", ord("f"): "boolean",
+             ord("n"): "null", ord("-"): "number", **{c: "number" for c in b"0123456789"}}
+    kind = kinds.get(byte)
+    return f"a JSON {kind}" if kind is not None else f"a stray {chr(byte)!r}"
 
 
 @dataclass
@@ -450,6 +459,7 @@ class _DepthScan:
     end_in_string: bool
     end_escaping: bool
     stray_line: int  # the line of the first byte outside every object that may not be there, or -1
+    stray_byte: int  # that byte (0 when there is none)
     end_top_level: int  # the depth over the whole file after the last byte
 
 
@@ -487,4 +497,5 @@ def _scan_depth(data: bytes, top_before: int = 0, carried: int = 0) -> _DepthSca
     deepest = int(np.argmax(level))
     return _DepthScan(int(level[deepest]), int(line_of[deepest]), int(level[-1]),
                       bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2),
-                      int(line_of[strays[0]]) if len(strays) else -1, int(top_after[-1]))
+                      int(line_of[strays[0]]) if len(strays) else -1,
+                      int(a[strays[0]]) if len(strays) else 0, int(top_after[-1]))
