@@ -443,9 +443,12 @@ def bucketed_partition(config: SessionizeConfig,
         if isinstance(data_type, T.StringType | T.BinaryType):
             # the bounded path takes a small integer key as its own code, where it would sort
             # a dictionary of the strings; the sessions' keys are looked up in it below
-            encoded = key.combine_chunks().dictionary_encode()
-            dictionaries[name] = encoded.dictionary
-            key = encoded.indices
+            # (encoded chunk by chunk with one shared dictionary: no copy of the key bytes
+            # into one array, whose 32-bit offsets a partition over 2 GiB of keys would pass)
+            encoded = key.dictionary_encode()
+            dictionaries[name] = encoded.chunk(encoded.num_chunks - 1).dictionary
+            key = pa.chunked_array([chunk.indices for chunk in encoded.chunks],
+                                   encoded.type.index_type)
         arrays[name] = key
     first = table.column(_FIRST).cast(pa.int64())
     arrays[_TIME] = first
