@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
+
+from .json_guard import (
+    COMPILED_FROM_BYTES,
+    DEEP,
+    OFFENCE,
+    guard_block,
+    guard_kernel,
+    new_state,
+)
 
 if TYPE_CHECKING:  # importing pyarrow.dataset costs about a second (it loads pandas)
     import pyarrow.dataset as ds
@@ -254,8 +264,9 @@ def open_input(spec: str, *, key_columns: Sequence[str], key_type: str | None = 
             convert_options=pacsv.ConvertOptions(
                 column_types={k: key_arrow for k in key_columns}, null_values=CSV_NULLS))
     else:
+        compiled = _compiled_guard(sum(f.stat().st_size for f in files))
         for f in files:
-            check_json_depth(f)
+            check_json_depth(f, compiled=compiled)
         # newlines_in_values: without it, pyarrow's dataset reader reads a file holding one
         # record and no final newline as one row of nulls (pyarrow 26); measured at no cost
         file_format_obj = ds.JsonFileFormat(
@@ -405,41 +416,63 @@ def _cast_keys(batch: pa.RecordBatch, key_columns: Sequence[str], to: pa.DataTyp
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
-def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int = 1 << 20) -> None:
+def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int = 1 << 20, *,
+                     compiled: bool | None = None) -> None:
     """Refuse a JSON Lines file with a value nested deeper than ``limit``, or with a record that
     is not a JSON object, before parsing.
 
-    The scan is vectorised: quotes not escaped by an odd run of backslashes toggle "inside a
-    string", brackets outside strings move the depth, and each line starts afresh. The file is
-    read in blocks; the state at a block's end is carried into the next one. Outside every
-    object (the depth over the whole file, so a record may span lines), only whitespace and the
-    ``{`` that opens the next record may appear: a bare ``null``, number, string, ``true``,
-    ``false`` or array there is refused. pyarrow's JSON reader refuses most of those itself, but
-    a block that starts with a bare ``null`` crashes the process (pyarrow 26), so none reaches
-    it.
+    One pass over the file, in blocks of ``block_bytes`` whose state carries into the next (see
+    :mod:`sessionstore.io.json_guard` for the rule). The depth is counted over the whole file,
+    so a record may span lines and is as deep as its nesting however it is written. Outside
+    every object, only whitespace and the ``{`` that opens the next record may appear: a bare
+    ``null``, number, string, ``true``, ``false`` or array there is refused. pyarrow's JSON
+    reader refuses most of those itself, but a block that starts with a bare ``null`` crashes
+    the process (pyarrow 26), so none reaches it.
+
+    Args:
+        compiled: scan with the compiled kernel (True) or with array operations (False), with
+            the same answer; None takes the kernel for a file of ``COMPILED_FROM_BYTES`` or more,
+            or once numba is loaded.
 
     Raises:
-        InputError: naming the file, the line and the limit, or the line of the first value
-            that is not an object.
+        InputError: naming the file and the line of the first offence: where the nesting first
+            goes deeper than ``limit``, or the first value outside every object.
+        ValueError: a negative ``limit`` or a ``block_bytes`` below 1.
     """
-    prefix = b""
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+    if compiled is None:
+        compiled = _compiled_guard(path.stat().st_size)
+    if compiled:
+        from ..jit import compiled as compile_kernel
+
+        scan = compile_kernel(guard_kernel)
+    else:
+        scan = guard_block
+    state = new_state()
+    buffer = bytearray(block_bytes)
+    data = np.frombuffer(buffer, dtype=np.uint8)
     lines_before = 0
-    top_level = 0  # the depth over the whole file before the block, below zero after a stray
     with open(path, "rb") as handle:
-        while block := handle.read(block_bytes):
-            scan = _scan_depth(prefix + block, top_level, len(prefix))
-            if scan.deepest > limit:
-                raise InputError(f"input {str(path)!r} line {lines_before + scan.line + 1}: "
-                                 f"JSON nested deeper than {limit} levels; refused before "
-                                 f"parsing")
-            if scan.stray_line >= 0:
-                raise InputError(f"input {str(path)!r} line {lines_before + scan.stray_line + 1}:"
-                                 f" {_stray_kind(scan.stray_byte)}, not an object (JSON Lines "
-                                 f"holds one object per record); refused before parsing")
-            lines_before += block.count(b"\n")
-            top_level = scan.end_top_level
-            prefix = (b"[" * max(scan.end_level, 0) + (b'"' if scan.end_in_string else b"")
-                      + (b"\\" if scan.end_escaping else b""))
+        while stop := handle.readinto(buffer):
+            at = scan(data, stop, state, limit)
+            if at >= 0:
+                line = lines_before + buffer.count(b"\n", 0, at) + 1
+                if state[OFFENCE] == DEEP:
+                    raise InputError(f"input {str(path)!r} line {line}: JSON nested deeper than "
+                                     f"{limit} levels; refused before parsing")
+                raise InputError(f"input {str(path)!r} line {line}: {_stray_kind(buffer[at])}, "
+                                 f"not an object (JSON Lines holds one object per record); "
+                                 f"refused before parsing")
+            lines_before += buffer.count(b"\n", 0, stop)
+
+
+def _compiled_guard(input_bytes: int) -> bool:
+    """Whether to scan ``input_bytes`` of JSON Lines with the compiled guard: numba's import
+    costs more than the array form takes below :data:`COMPILED_FROM_BYTES`."""
+    return input_bytes >= COMPILED_FROM_BYTES or "numba" in sys.modules
 
 
 def _stray_kind(byte: int) -> str:
@@ -449,53 +482,3 @@ def _stray_kind(byte: int) -> str:
              ord("n"): "null", ord("-"): "number", **{c: "number" for c in b"0123456789"}}
     kind = kinds.get(byte)
     return f"a JSON {kind}" if kind is not None else f"a stray {chr(byte)!r}"
-
-
-@dataclass
-class _DepthScan:
-    deepest: int  # the deepest nesting of any line
-    line: int  # the line it is on, counted from the start of the scanned bytes
-    end_level: int  # the state after the last byte, for the next block
-    end_in_string: bool
-    end_escaping: bool
-    stray_line: int  # the line of the first byte outside every object that may not be there, or -1
-    stray_byte: int  # that byte (0 when there is none)
-    end_top_level: int  # the depth over the whole file after the last byte
-
-
-def _scan_depth(data: bytes, top_before: int = 0, carried: int = 0) -> _DepthScan:
-    """The scan of ``data``, whose first ``carried`` bytes restate the previous block's end
-    state (see :func:`check_json_depth`), with ``top_before`` the depth over the whole file
-    before its first byte after them."""
-    a = np.frombuffer(data, dtype=np.uint8)
-    n = len(a)
-    index = np.arange(n, dtype=np.int64)
-    last_plain = np.maximum.accumulate(np.where(a == 0x5C, -1, index))
-    quotes = np.flatnonzero(a == 0x22)
-    before = quotes - 1
-    run = np.where(before >= 0, before - last_plain[np.maximum(before, 0)], 0)
-    toggles = np.zeros(n, dtype=np.int64)
-    toggles[quotes[run % 2 == 0]] = 1
-    newline = a == 0x0A
-    line_of = np.cumsum(newline)
-    breaks = np.flatnonzero(newline)  # a line's counts start after the newline before it
-    flips = np.cumsum(toggles)
-    flips -= np.concatenate(([0], flips[breaks]))[line_of]
-    in_string = (flips & 1).astype(bool)
-    step = ((a == 0x5B) | (a == 0x7B)).astype(np.int64) - ((a == 0x5D) | (a == 0x7D))
-    step[in_string] = 0
-    step[:carried] = 0  # the carried brackets restate a line's depth, not the file's
-    top_after = top_before + np.cumsum(step)
-    outside = top_after - step <= 0
-    blank = (a == 0x20) | (a == 0x09) | (a == 0x0A) | (a == 0x0D)
-    stray = outside & ~in_string & ~blank & (a != 0x7B)
-    stray[:carried] = False
-    strays = np.flatnonzero(stray)
-    step[:carried] = ((a[:carried] == 0x5B) | (a[:carried] == 0x7B)).astype(np.int64)
-    level = np.cumsum(step)
-    level -= np.concatenate(([0], level[breaks]))[line_of]
-    deepest = int(np.argmax(level))
-    return _DepthScan(int(level[deepest]), int(line_of[deepest]), int(level[-1]),
-                      bool(in_string[-1]), bool((n - 1 - last_plain[-1]) % 2),
-                      int(line_of[strays[0]]) if len(strays) else -1,
-                      int(a[strays[0]]) if len(strays) else 0, int(top_after[-1]))
