@@ -349,8 +349,9 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
         time: the event-time column: timestamps (any unit, with or without a time zone, kept
             at full precision), dates, or integers (counts of ``time_unit``, or with
             ``time_unit`` None of the column's own unit, which an integer ``gap`` shares).
-        gap: a duration: an int in the time column's units, a ``timedelta``, or a string such
-            as ``"30m"`` or ``"10 minutes"``; or the name of a column with each event's own gap
+        gap: a duration: an int in the time column's units, a ``timedelta`` (or a pandas
+            ``Timedelta`` or numpy ``timedelta64``), or a string such as ``"30m"`` or
+            ``"10 minutes"``; or the name of a column with each event's own gap
             (integers in the time column's units, or Arrow durations), used when the string is
             not a duration. A null or non-positive own gap drops the event (counted in
             :class:`Stats` and logged), as Spark drops such rows.
