@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import sessionstore
 from sessionstore import SessionWindows
+from sessionstore.bounded import run
 
 # -- the oracle ---------------------------------------------------------------------------------
 
@@ -328,3 +329,21 @@ def test_the_engine_refuses_a_numpy_duration_finer_than_a_millisecond(value) -> 
     for gap in (value, pd.Timedelta(value)):
         with pytest.raises(ValueError, match="gap_ms is not a whole number of milliseconds"):
             SessionWindows(gap_ms=gap)
+
+
+# -- per-row gaps that are durations ----------------------------------------------------------
+
+
+def test_a_negative_duration_gap_finer_than_the_time_unit_drops_its_row() -> None:
+    """Kills: the whole-tick check run over gaps that are dropped anyway, so that a negative
+    gap of -1.5 ms on millisecond times failed the call instead of dropping the row, as a null
+    or non-positive gap does (and as the CLI does)."""
+    table = pa.table({"k": ["a"] * 4, "t": pa.array([0, 5, 9, 30], pa.timestamp("ms")),
+                      "g": pa.array([10_000_000, -1_500_000, None, -500], pa.duration("ns"))})
+    sessions, stats = run(table, key="k", time="t", gap="g", aggregations="n=count")
+    assert _bounds(sessions) == [(0, 10, 1)]
+    assert stats.invalid_gap_dropped == 3
+    with pytest.raises(ValueError, match=r"gap column 'g' holds 1500000 ns at row 0, not a "
+                                         r"whole number of ms"):
+        run(table.set_column(2, "g", pa.array([1_500_000, 1, 1, 1], pa.duration("ns"))),
+            key="k", time="t", gap="g", aggregations="n=count")
