@@ -163,16 +163,19 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
                              f"minutes') nor a column of the input (columns: {names})")
         if gap in keys or gap == time:
             raise ValueError(f"gap column {gap!r} is also the key or time column")
+        if kind.dates and pa.types.is_integer(schema.field(gap).type):
+            raise ValueError(f"gap column {gap!r} holds integers, but the time column {time!r} "
+                             f"holds dates, which are read as {kind.unit}, not days: give the "
+                             f"gaps as Arrow durations")
         gap_column = gap
     else:
-        gap_ticks = duration_ticks(gap, "gap", kind.unit, time)
+        gap_ticks = duration_ticks(gap, "gap", kind, time)
         if max_gap is not None:
             raise ValueError("max_gap applies to a gap column only (a fixed gap is its own "
                              "maximum)")
-    max_gap_ticks = None if max_gap is None else duration_ticks(max_gap, "max_gap", kind.unit,
-                                                                time)
+    max_gap_ticks = None if max_gap is None else duration_ticks(max_gap, "max_gap", kind, time)
     max_duration_ticks = None if max_duration is None else duration_ticks(
-        max_duration, "max_duration", kind.unit, time)
+        max_duration, "max_duration", kind, time)
     specs = parse_aggregations(aggregations)
     clash = [s.name for s in specs if s.name in keys or s.name in SESSION_COLUMNS]
     if clash:
@@ -347,7 +350,8 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
             in batches, only the columns needed), or a pandas or polars DataFrame.
         key: the key column, or a list of them.
         time: the event-time column: timestamps (any unit, with or without a time zone, kept
-            at full precision), dates, or integers (counts of ``time_unit``, or with
+            at full precision), dates (durations then say their unit: an int gap is
+            refused), or integers (counts of ``time_unit``, or with
             ``time_unit`` None of the column's own unit, which an integer ``gap`` shares).
         gap: a duration: an int in the time column's units, a ``timedelta`` (or a pandas
             ``Timedelta`` or numpy ``timedelta64``), or a string such as ``"30m"`` or

@@ -347,3 +347,47 @@ def test_a_negative_duration_gap_finer_than_the_time_unit_drops_its_row() -> Non
                                          r"whole number of ms"):
         run(table.set_column(2, "g", pa.array([1_500_000, 1, 1, 1], pa.duration("ns"))),
             key="k", time="t", gap="g", aggregations="n=count")
+
+
+# -- dates: an int is no duration -------------------------------------------------------------
+
+
+def _dates() -> pa.Table:
+    return pa.table({"k": ["a"] * 3, "d": pa.array([dt.date(2024, 1, 1), dt.date(2024, 1, 2),
+                                                    dt.date(2024, 1, 5)], pa.date32()),
+                     "g": pa.array([1, 1, 1], pa.int64())})
+
+
+@pytest.mark.parametrize(("argument", "extra"), [
+    ("gap", {"gap": 1}), ("max_duration", {"gap": "1d", "max_duration": 2}),
+    ("max_gap", {"gap": "g", "max_gap": 3})])
+def test_an_int_duration_for_a_date_column_is_refused_naming_it(argument, extra) -> None:
+    """Kills: an int gap on a date column read as seconds (the ticks a date32 is read in), so
+    that ``gap=1``, one day to anyone reading the column, cut every date into its own session;
+    the same for ``max_duration`` and ``max_gap``."""
+    table = _dates()
+    if argument == "max_gap":
+        table = table.set_column(2, "g", pa.array([86_400] * 3, pa.duration("s")))
+    with pytest.raises(ValueError, match=rf"{argument} 1?\d is an int, but the time column 'd' "
+                                         rf"holds dates, which are read as s, not days"):
+        sessionstore.sessionize(table, key="k", time="d", aggregations="n=count", **extra)
+
+
+def test_a_gap_column_of_ints_for_a_date_column_is_refused_before_any_row_is_read() -> None:
+    batches = iter([_dates().to_batches()[0]])
+    reader = pa.RecordBatchReader.from_batches(_dates().schema, batches)
+    with pytest.raises(ValueError, match="gap column 'g' holds integers, but the time column "
+                                         "'d' holds dates, which are read as s, not days"):
+        sessionstore.sessionize(reader, key="k", time="d", gap="g", aggregations="n=count")
+    assert next(batches, None) is not None  # nothing was read
+
+
+def test_durations_that_say_their_unit_sessionize_dates() -> None:
+    table = _dates()
+    want = [(1_704_067_200, 1_704_240_000, 2), (1_704_412_800, 1_704_499_200, 1)]
+    for gap in ("1d", dt.timedelta(days=1), np.timedelta64(1, "D")):
+        got = sessionstore.sessionize(table, key="k", time="d", gap=gap, aggregations="n=count")
+        assert _bounds(got) == want
+    by_column = table.set_column(2, "g", pa.array([86_400_000] * 3, pa.duration("ms")))
+    got = sessionstore.sessionize(by_column, key="k", time="d", gap="g", aggregations="n=count")
+    assert _bounds(got) == want
