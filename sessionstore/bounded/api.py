@@ -111,14 +111,19 @@ def _source(data: Any, keys: Sequence[str]
 
 def _without_views(schema: pa.Schema, keys: Sequence[str]) -> pa.Schema | None:
     """``schema`` with string and binary views as large strings and binaries (which Arrow's
-    sort and take kernels handle), and dictionary columns other than ``keys`` (pandas'
-    categoricals) as their values, which the aggregations take; None when nothing changes."""
+    sort and take kernels handle; a key's dictionary of views too), and dictionary columns
+    other than ``keys`` (pandas' categoricals) as their values, which the aggregations take;
+    None when nothing changes."""
     views = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
 
     def plain(field: pa.Field) -> pa.DataType:
-        if pa.types.is_dictionary(field.type) and field.name not in keys:
-            return plain(field.with_type(field.type.value_type))
-        return views.get(str(field.type), field.type)
+        data_type = field.type
+        if pa.types.is_dictionary(data_type):
+            if field.name not in keys:
+                return plain(field.with_type(data_type.value_type))
+            values = views.get(str(data_type.value_type))
+            return data_type if values is None else pa.dictionary(data_type.index_type, values)
+        return views.get(str(data_type), data_type)
 
     if all(plain(f) == f.type for f in schema):
         return None
