@@ -1,7 +1,8 @@
 """An adversarial run against ``sessionstore sessionize`` without ``--state`` (the bounded path):
 the same events written with every time representation the readers take must give the same
 sessions, equal to an oracle written here (seconds are never read as milliseconds); an input of
-no events still writes an output with its columns.
+no events still writes an output with its columns; misuse exits 2 naming the flag and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -150,3 +151,23 @@ def test_an_input_of_no_events_writes_a_parquet_output_with_its_columns(tmp_path
     assert table.schema.names == (names + ["total"] if source == "blank.jsonl" else names)
     assert table.schema.field("session_start_ms").type == pa.int64()
     assert sorted(p.name for p in out.iterdir()) == ["part-000000.parquet"]
+
+
+@pytest.mark.parametrize(("flag", "argv_tail"), [
+    ("--key", ["--key", "user,nope", "--time", "ts"]),
+    ("--time", ["--key", "user", "--time", "nope"]),
+])
+def test_a_missing_key_or_time_column_exits_2_naming_the_flag_and_writes_nothing(
+        tmp_path, capsys, flag, argv_tail) -> None:
+    source = tmp_path / "in.csv"
+    source.write_text("user,ts\na,0\n")
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous\n")
+    status = main(["sessionize", str(source), *argv_tail, "--gap", "30m", "--out", str(out),
+                   "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert f"{flag}: input has no column 'nope'" in err
+    assert len(err.strip().splitlines()) == 1
+    assert out.read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out.jsonl"]
