@@ -11,6 +11,7 @@ import csv
 import datetime as dt
 import json
 import random
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,21 @@ def test_a_missing_key_or_time_column_exits_2_naming_the_flag_and_writes_nothing
     assert len(err.strip().splitlines()) == 1
     assert out.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out.jsonl"]
+
+
+def test_the_summary_of_no_sessions_prints_no_warning(tmp_path, capsys) -> None:
+    """Kills: the histogram of no sessions set on a log scale, which matplotlib answers with a
+    UserWarning ('Data has no positive values'), printed on stderr in a run that went right."""
+    pytest.importorskip("matplotlib")
+    source = tmp_path / "in.csv"
+    source.write_text("user,ts\n")
+    png = tmp_path / "lengths.png"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = main(["sessionize", str(source), "--key", "user", "--time", "ts", "--gap",
+                       "30m", "--out", str(tmp_path / "out.jsonl"), "--summary",
+                       "--summary-png", str(png), "--no-progress"])
+    assert status == 0
+    assert "no sessions" in capsys.readouterr().err
+    assert [str(w.message) for w in caught] == []
+    assert png.stat().st_size > 0
