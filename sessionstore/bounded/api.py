@@ -186,7 +186,10 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
     if clash:
         raise ValueError(f"aggregations: output name {clash[0]!r} is also a key or session "
                          f"column; rename it")
-    planned = aggspec.plan(specs, schema, exclude=[*keys, time])
+    # a dictionary key stays one as a key; aggregated, it is its values (see Sorted.column)
+    values = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                        for f in schema])
+    planned = aggspec.plan(specs, values, exclude=[*keys, time])
     return Options(keys, time, kind, gap_ticks, gap_column, max_gap_ticks, max_duration_ticks,
                    inclusive_gap, specs, planned, memory_limit_bytes(memory_limit))
 

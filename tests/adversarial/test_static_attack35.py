@@ -425,3 +425,36 @@ def test_a_pandas_frame_filtered_to_no_rows_has_no_sessions() -> None:
     with pytest.raises(ValueError, match="key column 'k' is null at row 0"):
         sessionstore.sessionize(pa.table({"k": pa.nulls(2), "t": [1, 2]}), key="k", time="t",
                                 gap=1, aggregations="n=count")
+
+
+# -- a dictionary key aggregated --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["table", "spilling reader", "pandas categorical"])
+def test_a_dictionary_key_is_aggregated_as_its_values(form) -> None:
+    """Kills: a dictionary (categorical) key column refused as 'not atomic' by an aggregation
+    that names it, though a dictionary column is documented as aggregated as its values (and
+    the CLI aggregates a categorical Parquet key)."""
+    rnd = random.Random(35)
+    users = [rnd.choice(["b", "a", "c"]) for _ in range(40)]
+    times = [rnd.randrange(60) for _ in range(40)]
+    table = pa.table({"k": pa.array(users).dictionary_encode(), "t": times,
+                      "v": [1] * 40, "w": users})
+    kwargs: dict[str, Any] = {}
+    data: Any = table
+    if form == "spilling reader":
+        data = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=3))
+        kwargs["memory_limit"] = 300
+    elif form == "pandas categorical":
+        data = table.to_pandas()
+        assert str(data["k"].dtype) == "category"
+    got = sessionstore.sessionize(data, key="k", time="t", gap=4, aggregations=[
+        "n=count", "s=sum:v", "ws=collect:k", "fw=first:k", "lo=min:k", "hi=max:k"], **kwargs)
+    assert pa.types.is_dictionary(got.schema.field("k").type)  # as a key it stays as it is
+    assert got.schema.field("fw").type == pa.string()
+    events = [{"k": u, "t": t, "g": None, "v": 1, "w": u}
+              for u, t in zip(users, times, strict=True)]
+    want = oracle(events, 4, None, True)
+    assert answer(got) == want
+    assert got.column("lo").to_pylist() == got.column("hi").to_pylist() == \
+        [key for key, *_ in want]
