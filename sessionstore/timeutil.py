@@ -96,10 +96,11 @@ def duration_ms(value: Any, name: str) -> int:
     """Convert a duration to integer milliseconds, exactly.
 
     Accepts an int (milliseconds, any sign: callers check the range they need), a
-    ``timedelta`` or numpy ``timedelta64`` (see :func:`duration_fraction`), or a string of one or more non-negative terms such as ``"10 minutes"``,
-    ``"30m"``, ``"1 hour 30 minutes"``, ``"1.001s"``, ``"250 ms"``, ``"7d"`` or ``"2w"``
-    (optionally prefixed with ``interval``). Years and months are refused: they have no fixed
-    length. Strings are parsed with integer arithmetic, never floats.
+    ``timedelta`` or numpy ``timedelta64`` (see :func:`duration_fraction`), or a string of one
+    or more non-negative terms such as ``"10 minutes"``, ``"30m"``, ``"1 hour 30 minutes"``,
+    ``"1.001s"``, ``"250 ms"``, ``"7d"`` or ``"2w"`` (optionally prefixed with ``interval``).
+    Years and months are refused: they have no fixed length. Strings are parsed with integer
+    arithmetic, never floats.
 
     Raises:
         TypeError: ``value`` has an unsupported type (floats included).
