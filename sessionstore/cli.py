@@ -292,9 +292,10 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
                        f"{args.max_dropped_share}")
     source = open_input(args.input, key_columns=keys, key_type=args.key_type,
                         delimiter=args.delimiter)
-    for name in [*keys, args.time]:
+    for flag, name in [*(("--key", k) for k in keys), ("--time", args.time)]:
         if name not in source.schema.names:
-            raise InputError(f"input has no column {name!r} (columns: {source.schema.names})")
+            raise InputError(f"{flag}: input has no column {name!r} (columns: "
+                             f"{source.schema.names})")
     if args.gap_column is not None:
         check_gap_column(source.schema, args.gap_column, [*keys, args.time])
     try:

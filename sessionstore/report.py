@@ -153,8 +153,9 @@ class SessionSummary:
                                          .round()), color="#dd8452")
         right.set_xscale("log")
         right.set_xlabel("events per session")
-        for axis in (left, right):
-            axis.set_yscale("log")
+        if rows:  # a log scale of nothing makes matplotlib warn on stderr
+            for axis in (left, right):
+                axis.set_yscale("log")
         figure.suptitle(f"{len(rows):,} sessions")
         # fixed margins: tight_layout measures every tick label first, a third of the drawing
         figure.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.9, wspace=0.2)

@@ -47,6 +47,10 @@ _CALENDAR_UNITS = {
     "y": "a year", "yr": "a year", "yrs": "a year", "year": "a year", "years": "a year",
     "mo": "a month", "mon": "a month", "month": "a month", "months": "a month",
 }
+#: A numpy ``timedelta64`` unit as an exact fraction of a second, ``(seconds, per_second)``.
+_NUMPY_UNIT_SECONDS = {"W": (604_800, 1), "D": (86_400, 1), "h": (3_600, 1), "m": (60, 1),
+                       "s": (1, 1), "ms": (1, 10**3), "us": (1, 10**6), "ns": (1, 10**9),
+                       "ps": (1, 10**12), "fs": (1, 10**15), "as": (1, 10**18)}
 # Terms are ASCII digits (not str.isdigit's Unicode digits), an optional fraction, a unit.
 _PART = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-z]+)\s*", re.ASCII)
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -92,28 +96,67 @@ def duration_ms(value: Any, name: str) -> int:
     """Convert a duration to integer milliseconds, exactly.
 
     Accepts an int (milliseconds, any sign: callers check the range they need), a
-    ``timedelta``, or a string of one or more non-negative terms such as ``"10 minutes"``,
-    ``"30m"``, ``"1 hour 30 minutes"``, ``"1.001s"``, ``"250 ms"``, ``"7d"`` or ``"2w"``
-    (optionally prefixed with ``interval``). Years and months are refused: they have no fixed
-    length. Strings are parsed with integer arithmetic, never floats.
+    ``timedelta`` or numpy ``timedelta64`` (see :func:`duration_fraction`), or a string of one
+    or more non-negative terms such as ``"10 minutes"``, ``"30m"``, ``"1 hour 30 minutes"``,
+    ``"1.001s"``, ``"250 ms"``, ``"7d"`` or ``"2w"`` (optionally prefixed with ``interval``).
+    Years and months are refused: they have no fixed length. Strings are parsed with integer
+    arithmetic, never floats.
 
     Raises:
         TypeError: ``value`` has an unsupported type (floats included).
         ValueError: naming ``name``: the string cannot be parsed, has a negative term, a year
             or a month, or is not a whole number of milliseconds (``"1.0005s"``, a
-            ``timedelta`` with spare microseconds); the result is outside int64.
+            ``timedelta`` with spare microseconds); the result is outside int64; a ``NaT``.
     """
-    if isinstance(value, _dt.timedelta):
-        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
-        if micros % 1000:
+    exact = duration_fraction(value, name)
+    if exact is not None:
+        amount, per_second = exact
+        millis, rest = divmod(amount * 1000, per_second)
+        if rest:
             raise ValueError(f"{name} is not a whole number of milliseconds: {value!r}")
-        return check_int64(micros // 1000, name)
+        return check_int64(millis, name)
     if isinstance(value, str):
         return check_int64(_parse_duration(value, name), name)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be milliseconds (int), a timedelta or a duration string "
                         f"like '10 minutes', got {value!r} ({type(value).__name__})")
     return check_int64(value, name)
+
+
+def duration_fraction(value: Any, name: str) -> tuple[int, int] | None:
+    """A duration object as an exact fraction of a second, ``(amount, per_second)`` with
+    ``value == amount / per_second`` seconds; None when ``value`` is not a duration object.
+
+    Duration objects are a ``timedelta`` (a pandas ``Timedelta`` to its nanosecond) and a
+    numpy ``timedelta64`` in any fixed unit. numpy makes ``timedelta64`` an integer type, so
+    this must be asked before a value is taken as a bare count: ``timedelta64(5, "s")`` is five
+    seconds, never five of the caller's units.
+
+    Raises:
+        ValueError: naming ``name``: a ``NaT``, a year or month unit (no fixed length), or a
+            ``timedelta64`` without a unit.
+    """
+    to_numpy = getattr(value, "to_timedelta64", None)
+    if isinstance(value, _dt.timedelta) and to_numpy is not None:  # pandas: keeps its ns
+        value = to_numpy()
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "kind", None) == "m" and getattr(value, "ndim", None) == 0:
+        import numpy as np  # loaded already: the value is a numpy one
+
+        unit, count = np.datetime_data(value.dtype)
+        if np.isnat(value):
+            raise ValueError(f"{name} is {value!r}, not a duration")
+        if unit in ("Y", "M"):
+            raise ValueError(f"{name} {value!r}: {'a year' if unit == 'Y' else 'a month'} has "
+                             f"no fixed length, so it is not a duration; use days or weeks")
+        if unit not in _NUMPY_UNIT_SECONDS:
+            raise ValueError(f"{name} {value!r} has no time unit: give it one, e.g. "
+                             f"numpy.timedelta64(30, 'm'), or pass an int")
+        seconds, per_second = _NUMPY_UNIT_SECONDS[unit]
+        return int(value.astype(np.int64)) * int(count) * seconds, per_second
+    if isinstance(value, _dt.timedelta):
+        return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds, 1_000_000
+    return None
 
 
 def _parse_duration(text: str, name: str) -> int:

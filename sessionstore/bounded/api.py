@@ -111,14 +111,19 @@ def _source(data: Any, keys: Sequence[str]
 
 def _without_views(schema: pa.Schema, keys: Sequence[str]) -> pa.Schema | None:
     """``schema`` with string and binary views as large strings and binaries (which Arrow's
-    sort and take kernels handle), and dictionary columns other than ``keys`` (pandas'
-    categoricals) as their values, which the aggregations take; None when nothing changes."""
+    sort and take kernels handle; a key's dictionary of views too), and dictionary columns
+    other than ``keys`` (pandas' categoricals) as their values, which the aggregations take;
+    None when nothing changes."""
     views = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
 
     def plain(field: pa.Field) -> pa.DataType:
-        if pa.types.is_dictionary(field.type) and field.name not in keys:
-            return plain(field.with_type(field.type.value_type))
-        return views.get(str(field.type), field.type)
+        data_type = field.type
+        if pa.types.is_dictionary(data_type):
+            if field.name not in keys:
+                return plain(field.with_type(data_type.value_type))
+            values = views.get(str(data_type.value_type))
+            return data_type if values is None else pa.dictionary(data_type.index_type, values)
+        return views.get(str(data_type), data_type)
 
     if all(plain(f) == f.type for f in schema):
         return None
@@ -163,22 +168,28 @@ def _options(schema: pa.Schema, *, key: Any, time: Any, gap: Any, aggregations: 
                              f"minutes') nor a column of the input (columns: {names})")
         if gap in keys or gap == time:
             raise ValueError(f"gap column {gap!r} is also the key or time column")
+        if kind.dates and pa.types.is_integer(schema.field(gap).type):
+            raise ValueError(f"gap column {gap!r} holds integers, but the time column {time!r} "
+                             f"holds dates, which are read as {kind.unit}, not days: give the "
+                             f"gaps as Arrow durations")
         gap_column = gap
     else:
-        gap_ticks = duration_ticks(gap, "gap", kind.unit, time)
+        gap_ticks = duration_ticks(gap, "gap", kind, time)
         if max_gap is not None:
             raise ValueError("max_gap applies to a gap column only (a fixed gap is its own "
                              "maximum)")
-    max_gap_ticks = None if max_gap is None else duration_ticks(max_gap, "max_gap", kind.unit,
-                                                                time)
+    max_gap_ticks = None if max_gap is None else duration_ticks(max_gap, "max_gap", kind, time)
     max_duration_ticks = None if max_duration is None else duration_ticks(
-        max_duration, "max_duration", kind.unit, time)
+        max_duration, "max_duration", kind, time)
     specs = parse_aggregations(aggregations)
     clash = [s.name for s in specs if s.name in keys or s.name in SESSION_COLUMNS]
     if clash:
         raise ValueError(f"aggregations: output name {clash[0]!r} is also a key or session "
                          f"column; rename it")
-    planned = aggspec.plan(specs, schema, exclude=[*keys, time])
+    # a dictionary key stays one as a key; aggregated, it is its values (see Sorted.column)
+    values = pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                        for f in schema])
+    planned = aggspec.plan(specs, values, exclude=[*keys, time])
     return Options(keys, time, kind, gap_ticks, gap_column, max_gap_ticks, max_duration_ticks,
                    inclusive_gap, specs, planned, memory_limit_bytes(memory_limit))
 
@@ -347,10 +358,12 @@ def sessionize(data: Any, *, key: str | Sequence[str], time: str, gap: Any,
             in batches, only the columns needed), or a pandas or polars DataFrame.
         key: the key column, or a list of them.
         time: the event-time column: timestamps (any unit, with or without a time zone, kept
-            at full precision), dates, or integers (counts of ``time_unit``, or with
+            at full precision), dates (durations then say their unit: an int gap is
+            refused), or integers (counts of ``time_unit``, or with
             ``time_unit`` None of the column's own unit, which an integer ``gap`` shares).
-        gap: a duration: an int in the time column's units, a ``timedelta``, or a string such
-            as ``"30m"`` or ``"10 minutes"``; or the name of a column with each event's own gap
+        gap: a duration: an int in the time column's units, a ``timedelta`` (or a pandas
+            ``Timedelta`` or numpy ``timedelta64``), or a string such as ``"30m"`` or
+            ``"10 minutes"``; or the name of a column with each event's own gap
             (integers in the time column's units, or Arrow durations), used when the string is
             not a duration. A null or non-positive own gap drops the event (counted in
             :class:`Stats` and logged), as Spark drops such rows.

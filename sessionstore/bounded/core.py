@@ -75,8 +75,10 @@ def gaps_ticks(column: pa.ChunkedArray | pa.Array, options: Options,
             # a negative gap drops its row: 0 keeps it dropped rather than wrapped
             return cast(Int64Array, np.maximum(raw, np.int64(0)) * np.int64(factor))
         ticks, rest = np.divmod(raw, np.int64(have // want))
-        if rest.any():
-            row = int(np.argmax(rest != 0))
+        # a non-positive gap drops its row whatever its unit: only a kept gap must be whole
+        uneven = (rest != 0) & (raw > 0)
+        if uneven.any():
+            row = int(np.argmax(uneven))
             raise ValueError(f"gap column {name!r} holds {raw[row]} {data_type.unit} at row "
                              f"{shown(row)}, not a whole number of {unit} (the time column's "
                              f"unit)")

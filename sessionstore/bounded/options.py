@@ -8,7 +8,6 @@ then an integer in the same unit).
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from .. import aggspec
-from ..timeutil import duration_ms
+from ..timeutil import duration_fraction, duration_ms
 from .frame import as_numpy
 
 Int64Array = npt.NDArray[np.int64]
@@ -76,10 +75,13 @@ class TimeKind:
         unit: "s", "ms", "us" or "ns" (the ticks' unit), or None for integers without
             ``time_unit`` (ticks are whatever the column counts).
         out_type: the type of ``session_start``/``session_end``.
+        dates: the column holds dates, whose ticks (seconds or milliseconds) are not the unit
+            a reader of the column counts in, a day: a duration must then say its unit.
     """
 
     unit: str | None
     out_type: pa.DataType
+    dates: bool = False
 
 
 def time_kind(data_type: pa.DataType, name: str, time_unit: str | None) -> TimeKind:
@@ -103,7 +105,7 @@ def time_kind(data_type: pa.DataType, name: str, time_unit: str | None) -> TimeK
         if time_unit is not None:
             raise ValueError(f"time_unit {time_unit!r} does not apply to the time column "
                              f"{name!r}, a {data_type} (leave time_unit out for dates)")
-        return TimeKind(unit, pa.timestamp(unit))
+        return TimeKind(unit, pa.timestamp(unit), dates=True)
     if t.is_integer(data_type):
         return TimeKind(time_unit, pa.int64())
     raise TypeError(f"time column {name!r} has type {data_type}: it must hold timestamps, "
@@ -148,28 +150,38 @@ def _checked_int64(values: Any, name: str, first_row: int) -> Int64Array:
     return cast(Int64Array, values.astype(np.int64, copy=False))
 
 
-def duration_ticks(value: Any, name: str, unit: str | None, time_name: str) -> int:
-    """A duration argument (``gap``, ``max_gap``, ``max_duration``) in ticks, > 0.
+def duration_ticks(value: Any, name: str, kind: TimeKind, time_name: str) -> int:
+    """A duration argument (``gap``, ``max_gap``, ``max_duration``) in ticks of a time column
+    of ``kind``, > 0.
 
-    An int is taken in ticks; a ``timedelta`` or a duration string ("30m", "10 minutes") is
-    converted to ``unit`` exactly.
+    An int is taken in ticks (refused for dates: see :attr:`TimeKind.dates`); a ``timedelta``
+    (pandas' included), a numpy ``timedelta64`` or a duration string ("30m", "10 minutes") is
+    converted to the ticks' unit exactly.
 
     Raises:
-        ValueError: naming ``name``: not > 0, not a whole number of ticks, or a timedelta/string
-            for an integer time column without ``time_unit``. TypeError: another type.
+        ValueError: naming ``name``: not > 0, not a whole number of ticks, a timedelta/string
+            for an integer time column without ``time_unit``, or an int for a date column.
+        TypeError: another type.
     """
-    if isinstance(value, (bool, float)):
+    unit = kind.unit
+    # before the int check: numpy makes timedelta64 an integer type
+    exact = duration_fraction(value, name)
+    if exact is None and isinstance(value, (bool, float)):
         raise TypeError(f"{name} must be an int (in the time column's units), a timedelta or "
                         f"a duration string such as '30m', got {value!r}")
-    if isinstance(value, (int, np.integer)):
+    if exact is None and isinstance(value, (int, np.integer)):
+        if kind.dates:
+            raise ValueError(f"{name} {value!r} is an int, but the time column {time_name!r} "
+                             f"holds dates, which are read as {unit}, not days: give a "
+                             f"duration such as '1d' or timedelta(days=1)")
         ticks = int(value)
-    elif isinstance(value, (_dt.timedelta, str)):
+    elif exact is not None or isinstance(value, str):
         if unit is None:
             raise ValueError(f"{name} {value!r} is a duration, but the time column "
                              f"{time_name!r} holds plain integers: give time_unit ('s', 'ms', "
                              f"'us' or 'ns'), or give {name} as an integer in the column's units")
-        if isinstance(value, _dt.timedelta):
-            amount, per_second = value // _dt.timedelta(microseconds=1), 1_000_000
+        if exact is not None:
+            amount, per_second = exact
         else:
             amount, per_second = duration_ms(value, name), 1_000  # (ms here)
         wanted = TICKS_PER_SECOND[unit]

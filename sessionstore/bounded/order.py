@@ -27,9 +27,9 @@ def _column_codes(column: Any, data_type: pa.DataType, name: str) -> tuple[Int64
     Integers whose range is small are their own codes (minus the smallest); other columns are
     dictionary-encoded (a hash pass) and the dictionary sorted.
     """
+    if len(column) == 0:  # also an untyped (null) column of no rows: an empty frame's
+        return np.zeros(0, dtype=np.int64), 0  # object column, which has no key to refuse
     if isinstance(column, np.ndarray):
-        if len(column) == 0:
-            return np.zeros(0, dtype=np.int64), 0
         if column.dtype.kind in "iu":
             low = column.min()
             span = int(column.max()) - int(low)

@@ -39,15 +39,24 @@ class Sorted:
         self._cache: dict[str, Any] = {}
 
     def column(self, name: str) -> Any:
+        """The column in session order; a dictionary column (a key: other columns come
+        decoded) as its values, which the aggregations take."""
         found = self._cache.get(name)
         if found is None:
             found = self.frame.take(name, self.perm)
+            data_type = self.frame.types[name]
+            if pa.types.is_dictionary(data_type):
+                found = found.cast(data_type.value_type)
             self._cache[name] = found
         return found
 
     def arrow(self, name: str) -> pa.Array:
-        """The column in session order as an Arrow array of its input type."""
-        return to_arrow(self.column(name), self.frame.types[name])
+        """The column in session order as an Arrow array (of its input type, a dictionary's
+        values for a dictionary)."""
+        data_type = self.frame.types[name]
+        if pa.types.is_dictionary(data_type):
+            data_type = data_type.value_type
+        return to_arrow(self.column(name), data_type)
 
 
 def _present(values: Any, bounds: Int64Array) -> tuple[Any, Int64Array]:

@@ -177,11 +177,12 @@ class SessionWriter:
 
     def write_table(self, table: pa.Table | None) -> None:
         """Append output rows (from :meth:`table` or :meth:`engine_table`), durably, as
-        :meth:`write` does."""
+        :meth:`write` does. A table of no rows is written to a Parquet output that has no part
+        yet, so that an output of no sessions still has its schema (a reader of an empty
+        directory finds no columns); ``None`` writes nothing."""
         rows = 0 if table is None else table.num_rows
         if self.format == "parquet":
-            if rows:
-                assert table is not None
+            if table is not None and (rows or self.parts == 0):
                 name = f"part-{self.parts:06d}.parquet"
                 temporary = self.path / f".{name}.inprogress"
                 import pyarrow.parquet as pq
