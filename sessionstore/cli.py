@@ -82,11 +82,19 @@ class CliError(ValueError):
     """A problem with the command line or its inputs, shown as one line."""
 
 
-def _duration(text: str, name: str) -> int:
+def _duration(text: str, name: str, time_unit: str | None) -> int:
+    """A duration flag in ms. A bare number is milliseconds, as integer times are without
+    ``--time-unit``; beside another ``--time-unit`` it could mean either, so it is refused
+    (0 excepted)."""
     try:
-        return duration_ms(text, name)
+        millis = duration_ms(text, name)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
+    if millis and time_unit not in (None, "ms") and text.strip().isdigit():
+        raise CliError(f"{name} {text.strip()} has no unit, and --time-unit {time_unit} says "
+                       f"the times are not milliseconds: write it with its unit, e.g. "
+                       f"{text.strip()}s or {text.strip()}ms")
+    return millis
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -242,11 +250,11 @@ def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
     if args.gap_column is None and args.gap_unit is not None:
         raise CliError("--gap-unit applies to --gap-column only (a fixed --gap says its unit, "
                        "e.g. 30m)")
-    grace = _duration(args.grace, "--grace")
-    gap = None if args.gap is None else _duration(args.gap, "--gap")
-    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap")
-    max_duration = None if args.max_duration is None else _duration(args.max_duration,
-                                                                     "--max-duration")
+    grace = _duration(args.grace, "--grace", args.time_unit)
+    gap = None if args.gap is None else _duration(args.gap, "--gap", args.time_unit)
+    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap", args.time_unit)
+    max_duration = None if args.max_duration is None else _duration(
+        args.max_duration, "--max-duration", args.time_unit)
     try:
         windows = SessionWindows(gap, grace, max_gap_ms=max_gap, max_duration_ms=max_duration)
     except ValueError as exc:
@@ -260,7 +268,7 @@ def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
 
 def cmd_sessionize(args: argparse.Namespace) -> int:
     windows, described_windows = _windows(args)
-    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
+    lateness = _duration(args.max_out_of_order, "--max-out-of-order", args.time_unit)
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
     if windows.retention_ms + lateness > INT64_MAX:

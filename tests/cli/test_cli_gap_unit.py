@@ -219,3 +219,29 @@ def test_a_state_is_not_resumed_with_its_integer_gaps_in_another_unit(tmp_path,
     assert "written with other options" in err
     # the same options resume (nothing new to read)
     cli(capsys, source, out, "--time-unit", "s", state=True)
+
+
+@pytest.mark.parametrize("flag", ["--gap", "--grace", "--max-out-of-order", "--max-duration"])
+def test_a_bare_number_beside_a_time_unit_other_than_ms_is_refused(tmp_path, capsys,
+                                                                   flag) -> None:
+    """Killed bug: ``--time-unit s --gap 1800`` was a gap of 1.8 s, silently: a bare number
+    is milliseconds, which the times are not."""
+    source = write(tmp_path / "in.parquet", events(5, 30))
+    base = ["--key", "user", "--time", "ts", "--time-unit", "s", "--no-progress"]
+    gap = ["--gap", "30m"] if flag != "--gap" else []
+    for unit in ("s", "us"):
+        base[5] = unit
+        argv = ["sessionize", str(source), *base, *gap, flag, "1800", "--out",
+                str(tmp_path / "o.jsonl")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} 1800 has no unit, and --time-unit {unit} says the times are not " \
+               f"milliseconds" in err, err
+    # with its unit, or 0, or beside milliseconds, a number goes through
+    out = tmp_path / "ok.jsonl"
+    zero = [("0", "s")] if flag in ("--grace", "--max-out-of-order") else []
+    for value, unit in (("1800s", "s"), ("1800", "ms"), *zero):
+        base[5] = unit
+        assert main(["sessionize", str(source), *base, *gap, flag, value, "--out", str(out)
+                     ]) == 0, capsys.readouterr().err
+    capsys.readouterr()
