@@ -101,10 +101,10 @@ def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> DynamicGap | None:
     """``None`` for a fixed gap, else the input with the hidden per-row gap column.
 
     A fixed gap is an int (ms), a ``timedelta`` or numpy ``timedelta64`` (exact: native refuses
-    a day-time interval as a gap, so it has no calendar meaning) or a duration string that native reads as an exact
-    length. Anything else that gives a duration string or an interval per row (a ``Column``,
-    or a SQL expression string that is not a duration) is dynamic, with the meaning of native
-    ``session_window(ts, gapExpr)`` (SPARK-36465): the row's window is
+    a day-time interval as a gap, so it has no calendar meaning) or a duration string that
+    native reads as an exact length. Anything else that gives a duration string or an interval
+    per row (a ``Column``, or a SQL expression string that is not a duration) is dynamic, with
+    the meaning of native ``session_window(ts, gapExpr)`` (SPARK-36465): the row's window is
     ``[ts, ts + CAST(gap AS INTERVAL))``, added in the session time zone as Spark adds it
     (months and days are calendar units), and its gap is that window's length in
     microseconds: null when the expression is null or no interval, <= 0 when the interval is
