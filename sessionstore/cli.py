@@ -82,11 +82,19 @@ class CliError(ValueError):
     """A problem with the command line or its inputs, shown as one line."""
 
 
-def _duration(text: str, name: str) -> int:
+def _duration(text: str, name: str, time_unit: str | None) -> int:
+    """A duration flag in ms. A bare number is milliseconds, as integer times are without
+    ``--time-unit``; beside another ``--time-unit`` it could mean either, so it is refused
+    (0 excepted)."""
     try:
-        return duration_ms(text, name)
+        millis = duration_ms(text, name)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
+    if millis and time_unit not in (None, "ms") and text.strip().isdigit():
+        raise CliError(f"{name} {text.strip()} has no unit, and --time-unit {time_unit} says "
+                       f"the times are not milliseconds: write it with its unit, e.g. "
+                       f"{text.strip()}s or {text.strip()}ms")
+    return millis
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -188,6 +196,10 @@ def _options_fingerprint(args: argparse.Namespace, keys: list[str], specs: list[
     described += [[flag, value] for flag, value in (("--time-unit", args.time_unit),
                                                     ("--delimiter", args.delimiter))
                   if value is not None]
+    # the unit of an integer gap column, unless it is the milliseconds every state before it
+    # was written with: a state whose gaps were read as ms is not resumed in another unit
+    if args.gap_column is not None and args.gap_unit not in (None, "ms"):
+        described.append(["--gap-unit", args.gap_unit])
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:32]
 
 
@@ -235,11 +247,14 @@ def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
     if args.gap_column is None and args.max_gap is not None:
         raise CliError("--max-gap applies to --gap-column only (a fixed --gap is its own "
                        "maximum)")
-    grace = _duration(args.grace, "--grace")
-    gap = None if args.gap is None else _duration(args.gap, "--gap")
-    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap")
-    max_duration = None if args.max_duration is None else _duration(args.max_duration,
-                                                                     "--max-duration")
+    if args.gap_column is None and args.gap_unit is not None:
+        raise CliError("--gap-unit applies to --gap-column only (a fixed --gap says its unit, "
+                       "e.g. 30m)")
+    grace = _duration(args.grace, "--grace", args.time_unit)
+    gap = None if args.gap is None else _duration(args.gap, "--gap", args.time_unit)
+    max_gap = None if args.max_gap is None else _duration(args.max_gap, "--max-gap", args.time_unit)
+    max_duration = None if args.max_duration is None else _duration(
+        args.max_duration, "--max-duration", args.time_unit)
     try:
         windows = SessionWindows(gap, grace, max_gap_ms=max_gap, max_duration_ms=max_duration)
     except ValueError as exc:
@@ -253,7 +268,7 @@ def _windows(args: argparse.Namespace) -> tuple[SessionWindows, list[Any]]:
 
 def cmd_sessionize(args: argparse.Namespace) -> int:
     windows, described_windows = _windows(args)
-    lateness = _duration(args.max_out_of_order, "--max-out-of-order")
+    lateness = _duration(args.max_out_of_order, "--max-out-of-order", args.time_unit)
     if lateness < 0:
         raise CliError(f"--max-out-of-order must be >= 0, got {lateness} ms")
     if windows.retention_ms + lateness > INT64_MAX:
@@ -297,7 +312,9 @@ def cmd_sessionize(args: argparse.Namespace) -> int:
             raise InputError(f"{flag}: input has no column {name!r} (columns: "
                              f"{source.schema.names})")
     if args.gap_column is not None:
-        check_gap_column(source.schema, args.gap_column, [*keys, args.time])
+        # from here on, the unit the gap column's integers are read in (None: durations)
+        args.gap_unit = check_gap_column(source.schema, args.gap_column, keys, args.time,
+                                         args.time_unit, args.gap_unit)
     try:
         planned = aggspec.plan(specs, source.schema, scalar_single_column=True)
     except ValueError as exc:
@@ -562,7 +579,7 @@ class _Run:
                                                                            latest)
         gap = self.args.gap_column
         gaps = None if gap is None else gap_column_ms(batch, gap, self.engine.windows.max_gap_ms,
-                                                      self.seen)
+                                                      self.seen, self.args.gap_unit)
         prepared = engine_batch(batch, self.keys, self.args.time, times.millis, self.plan, gaps)
         if prepared.columnar:
             out = self.engine.process_table(prepared.table, key=self.keys, time=self.args.time,
@@ -770,10 +787,15 @@ def build_parser() -> argparse.ArgumentParser:
                                  "months have no fixed length and are refused) (or "
                                  "--gap-column)")
     s.add_argument("--gap-column", metavar="NAME",
-                   help="a gap per event, from the column NAME: integer milliseconds or an "
-                        "Arrow duration; a null or non-positive gap drops the event (counted in "
-                        "dropped-invalid-gap-records, as Spark filters such rows); needs "
+                   help="a gap per event, from the column NAME: Arrow durations, or integers "
+                        "in the unit of an integer --time column (--time-unit, ms without it) "
+                        "or of --gap-unit; a null or non-positive gap drops the event (counted "
+                        "in dropped-invalid-gap-records, as Spark filters such rows); needs "
                         "--max-gap")
+    s.add_argument("--gap-unit", choices=list(TIME_UNITS),
+                   help="the unit of an integer --gap-column: s, ms, us or ns. Without it the "
+                        "gaps are in the unit of the integer --time column; beside timestamps, "
+                        "dates or ISO-8601 strings, integer gaps need it")
     s.add_argument("--max-gap", metavar="DURATION",
                    help="with --gap-column: the largest gap an event may have (a larger one is "
                         "an error); the state is kept that long")

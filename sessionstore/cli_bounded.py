@@ -86,7 +86,8 @@ class _Reader:
             arrays = {c: batch.column(batch.schema.get_field_index(c)) for c in self.kept}
             arrays[self.time_name] = times.millis
             if args.gap_column is not None:
-                gaps = gap_column_ms(batch, args.gap_column, self.windows.max_gap_ms, first_row)
+                gaps = gap_column_ms(batch, args.gap_column, self.windows.max_gap_ms, first_row,
+                                     args.gap_unit)
                 arrays[args.gap_column] = gaps
                 valid = pc.fill_null(pc.greater(gaps, 0), False)
                 kept = pc.sum(pc.cast(valid, pa.int64())).as_py() or 0

@@ -8,7 +8,6 @@ microsecond quantity reaches the engine's arguments through :func:`engine_argume
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import re
@@ -24,7 +23,7 @@ from sessionstore import AccumulationMode, AfterWatermark, EmitStrategy, Session
 from sessionstore.aggregations import Aggregation
 from sessionstore.engine import Emit
 from sessionstore.engine.config import required_retention_ms
-from sessionstore.timeutil import INT64_MAX, check_int64, duration_ms
+from sessionstore.timeutil import INT64_MAX, check_int64, duration_fraction, duration_ms
 
 from . import columns
 
@@ -46,14 +45,23 @@ _MICROS = re.compile(r"^\s*(\d+)\s*(us|micro|micros|microsecond|microseconds)\s*
 
 
 def duration_us(value: Any, name: str) -> int:
-    """A duration in microseconds: a ``timedelta`` (exact), ``"250 microseconds"``, a Spark-style
-    string such as ``"10 minutes"``, or an int of milliseconds.
+    """A duration in microseconds: a ``timedelta``, a pandas ``Timedelta`` or a numpy
+    ``timedelta64`` (exactly: see :func:`~sessionstore.timeutil.duration_fraction`),
+    ``"250 microseconds"``, a Spark-style string such as ``"10 minutes"``, or an int of
+    milliseconds.
 
     Raises:
-        TypeError / ValueError: naming ``name`` (also for a value outside int64).
+        TypeError / ValueError: naming ``name``: also a value outside int64, and a duration
+            that is not a whole number of microseconds (Spark's unit), never truncated.
     """
-    if isinstance(value, dt.timedelta):
-        return check_int64(value // dt.timedelta(microseconds=1), name)
+    exact = duration_fraction(value, name)  # before the int: a timedelta64 is a numpy integer
+    if exact is not None:
+        amount, per_second = exact
+        micros, rest = divmod(amount * 1_000_000, per_second)
+        if rest:
+            raise ValueError(f"{name} is not a whole number of microseconds, the finest time "
+                             f"Spark keeps: {value!r}")
+        return check_int64(micros, name)
     if isinstance(value, str):
         match = _MICROS.match(value)
         if match:

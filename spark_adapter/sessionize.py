@@ -24,7 +24,7 @@ from sessionstore import (
     aggspec,
 )
 from sessionstore.aggregations import Aggregation
-from sessionstore.timeutil import INT64_MAX, duration_ms
+from sessionstore.timeutil import INT64_MAX, duration_fraction, duration_ms
 
 from . import arrow, columns, static_columnar
 from .config import (
@@ -100,11 +100,11 @@ def _interval_fields(spark: SparkSession, text: str) -> tuple[int, int, int] | N
 def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> DynamicGap | None:
     """``None`` for a fixed gap, else the input with the hidden per-row gap column.
 
-    A fixed gap is an int (ms), a ``timedelta`` (exact: native refuses a day-time interval as a
-    gap, so it has no calendar meaning) or a duration string that native reads as an exact
-    length. Anything else that gives a duration string or an interval per row (a ``Column``,
-    or a SQL expression string that is not a duration) is dynamic, with the meaning of native
-    ``session_window(ts, gapExpr)`` (SPARK-36465): the row's window is
+    A fixed gap is an int (ms), a ``timedelta`` or numpy ``timedelta64`` (exact: native refuses
+    a day-time interval as a gap, so it has no calendar meaning) or a duration string that
+    native reads as an exact length. Anything else that gives a duration string or an interval
+    per row (a ``Column``, or a SQL expression string that is not a duration) is dynamic, with
+    the meaning of native ``session_window(ts, gapExpr)`` (SPARK-36465): the row's window is
     ``[ts, ts + CAST(gap AS INTERVAL))``, added in the session time zone as Spark adds it
     (months and days are calendar units), and its gap is that window's length in
     microseconds: null when the expression is null or no interval, <= 0 when the interval is
@@ -148,7 +148,8 @@ def _dynamic_gap(df: DataFrame, gap: Any, timestamp: str) -> DynamicGap | None:
                 raise ValueError(
                     f"gap {gap!r} is neither a duration ({not_duration}) nor a SQL expression "
                     f"of this DataFrame ({_first_line(exc)})") from None
-    elif isinstance(gap, dt.timedelta | int) and not isinstance(gap, bool):
+    elif (isinstance(gap, dt.timedelta | int) and not isinstance(gap, bool)) \
+            or duration_fraction(gap, "gap") is not None:  # a numpy timedelta64
         return None
     else:
         raise TypeError(f"gap must be milliseconds (int), a timedelta, a duration string, a "
@@ -256,12 +257,13 @@ def sessionize(
             timestamp session bounds). Rows whose time is null are dropped (as Spark's
             ``session_window`` does) and counted.
         gap: the inactivity gap: ``"10 minutes"``, ``"250 microseconds"``, a ``timedelta``
-            (exact, microseconds kept) or an int of milliseconds. A string means what native
-            ``session_window(ts, gap)`` makes of it: days and months (``"1 day"``,
-            ``"1 month"``) are calendar units added in the session time zone, so a day is 23
-            or 25 hours across a daylight-saving change (exactly 24 on a timestamp_ntz or in a
-            fixed-offset zone), and each row gets its own window length, bounded without
-            ``max_gap``. Or a per-row gap, as native
+            (a pandas ``Timedelta`` or numpy ``timedelta64`` too; exact: one that is not a
+            whole number of microseconds is refused) or an int of milliseconds. A string
+            means what native ``session_window(ts, gap)`` makes of it: days and months
+            (``"1 day"``, ``"1 month"``) are calendar units added in the session time zone, so
+            a day is 23 or 25 hours across a daylight-saving change (exactly 24 on a
+            timestamp_ntz or in a fixed-offset zone), and each row gets its own window length,
+            bounded without ``max_gap``. Or a per-row gap, as native
             ``session_window(ts, gapExpr)`` takes it: a ``Column`` or a SQL expression string
             (one that is not a duration) giving a duration string or a calendar interval, e.g.
             ``F.col("duration")`` or ``F.when(F.col("kind") == "a", "5 seconds")

@@ -26,7 +26,7 @@ class TimeColumn:
     floored: int
 
 
-#: The units ``--time-unit`` names for an integer time column.
+#: The units ``--time-unit`` names for an integer time column (and ``--gap-unit`` for gaps).
 TIME_UNITS = tuple(_TIME_UNIT_PER_MS)
 #: Integer times with no declared unit are milliseconds, unless every one of a batch lies in a
 #: band where milliseconds are implausible and another unit is not: epoch seconds from 1973 to
@@ -212,74 +212,113 @@ def engine_batch(batch: pa.RecordBatch, keys: Sequence[str], time_name: str,
     return EngineBatch(pa.table(arrays), columnar, list(keys), time_name, lists, gap_name)
 
 
-def check_gap_column(schema: pa.Schema, name: str, taken: Sequence[str]) -> None:
+def check_gap_column(schema: pa.Schema, name: str, keys: Sequence[str], time: str,
+                     time_unit: str | None = None, gap_unit: str | None = None) -> str | None:
     """Refuse a ``--gap-column`` the input lacks, that is a key or the time column, or whose
-    type is not integer milliseconds or a duration.
+    type is neither integer nor a duration; return the unit its integers are in.
+
+    An integer gap is in the unit of the integer time column it goes with: ``time_unit``
+    (``--time-unit``), or milliseconds, the unit of integer times without it; ``gap_unit``
+    (``--gap-unit``) says otherwise. Beside a time column of timestamps, dates or strings,
+    integers have no unit to share, and one is never guessed: ``gap_unit`` is then required.
+
+    Returns:
+        The unit (``s``, ``ms``, ``us`` or ``ns``) of an integer gap column, for
+        :func:`gap_column_ms`; None for a column of durations (or of nulls only).
 
     Raises:
-        InputError: naming the flag, the column and its type.
+        InputError: naming the flag, the column and its type: also an integer gap column
+            beside a time column that is not integer, without ``gap_unit``, and a
+            ``gap_unit`` for a column of durations, whose unit is known.
     """
     if name not in schema.names:
         raise InputError(f"--gap-column {name!r}: the input has no such column (columns: "
                          f"{schema.names})")
-    if name in taken:
+    if name in keys or name == time:
         raise InputError(f"--gap-column {name!r} is a key or the time column; the gap needs its "
                          f"own column")
     kind = schema.field(name).type
-    if not (pa.types.is_integer(kind) or pa.types.is_duration(kind) or pa.types.is_null(kind)):
-        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
-                         f"not {kind}")
+    if pa.types.is_null(kind):
+        return gap_unit
+    if pa.types.is_duration(kind):
+        if gap_unit is not None:
+            raise InputError(f"--gap-unit {gap_unit} applies to integer gap columns; "
+                             f"--gap-column {name!r} holds {kind}, whose unit is known")
+        return None
+    if not pa.types.is_integer(kind):
+        raise InputError(f"--gap-column {name!r} must hold integers or durations, not {kind}")
+    if gap_unit is not None:
+        return gap_unit
+    time_kind = schema.field(time).type
+    if not pa.types.is_integer(time_kind):
+        raise InputError(f"--gap-column {name!r} holds integers, but the time column {time!r} "
+                         f"holds {time_kind}, which gives them no unit: give --gap-unit "
+                         f"({', '.join(TIME_UNITS)}), or the gaps as durations")
+    return time_unit or "ms"
 
 
-def gap_column_ms(batch: pa.RecordBatch, name: str, max_gap_ms: int, first_row: int
-                  ) -> pa.Array:
+def gap_column_ms(batch: pa.RecordBatch, name: str, max_gap_ms: int, first_row: int,
+                  unit: str | None = None) -> pa.Array:
     """Each event's gap as int64 milliseconds, nulls kept (the engine drops and counts null and
     non-positive gaps).
 
     Args:
-        name: the ``--gap-column``: integers are milliseconds; durations are converted.
+        name: the ``--gap-column``: integers are in ``unit``; durations in their own.
         max_gap_ms: ``--max-gap``: a larger gap is refused.
         first_row: the input row of the batch's first row, for messages.
+        unit: the unit of integer gaps, as :func:`check_gap_column` returns it.
 
     Raises:
-        InputError: a gap above ``max_gap_ms``, or a duration finer than a millisecond that is
-            not a whole number of them; naming the flag, the input row and the values.
+        InputError: a gap above ``max_gap_ms``, or one finer than a millisecond that is not a
+            whole number of them; naming the flag, the input row and the values.
     """
     values = batch.column(batch.schema.get_field_index(name))
     kind = values.type
     if pa.types.is_null(kind):
-        gaps = pa.nulls(len(values), pa.int64())
-    elif pa.types.is_integer(kind):
-        if pa.types.is_unsigned_integer(kind) and len(values) \
-                and (pc.max(values).as_py() or 0) > INT64_MAX_VALUE:
-            row = _first(pc.greater(values, INT64_MAX_VALUE))
-            raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
-                             f"{values[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
-        gaps = pc.cast(values, pa.int64())
-    elif pa.types.is_duration(kind):
-        ticks = pc.cast(values, pa.int64())
-        per_ms = _TIME_UNIT_PER_MS[kind.unit]
-        if per_ms is None:
-            gaps = pc.multiply_checked(ticks, 1000)
-        elif per_ms == 1:
-            gaps = ticks
-        else:
-            # a non-positive gap is dropped whatever its unit; a positive one must be whole ms
-            rest = pc.and_(pc.greater(ticks, 0), pc.not_equal(
-                pc.subtract(ticks, pc.multiply(pc.divide(ticks, per_ms), per_ms)), 0))
-            if pc.any(rest).as_py():
-                row = _first(rest)
-                raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
-                                 f"{values[row]} is not a whole number of milliseconds")
-            gaps = pc.divide(ticks, per_ms)
+        return pa.nulls(len(values), pa.int64())
+    if pa.types.is_duration(kind):
+        unit = kind.unit
+    elif not pa.types.is_integer(kind):
+        raise InputError(f"--gap-column {name!r} must hold integers or durations, not {kind}")
+    elif unit is None:
+        raise InputError(f"--gap-column {name!r} holds integers of no known unit: give "
+                         f"--gap-unit ({', '.join(TIME_UNITS)})")
+
+    def exceeds(row: int, shown: str) -> InputError:
+        return InputError(f"--gap-column {name!r}: input row {first_row + row}: gap {shown} "
+                          f"exceeds --max-gap {max_gap_ms} ms")
+
+    if pa.types.is_unsigned_integer(kind) and len(values) \
+            and (pc.max(values).as_py() or 0) > INT64_MAX_VALUE:
+        row = _first(pc.greater(values, INT64_MAX_VALUE))
+        raise exceeds(row, f"{values[row].as_py()} {unit}")
+    ticks = pc.cast(values, pa.int64())
+    per_ms = _TIME_UNIT_PER_MS[unit]
+    if per_ms is None:
+        # refused before the product, which a large gap would overflow; a very negative gap
+        # only has to stay negative (a non-positive gap is dropped whatever its size)
+        over = pc.greater(ticks, max_gap_ms // 1000)
+        if pc.any(over).as_py():
+            row = _first(over)
+            raise exceeds(row, f"{ticks[row].as_py()} s")
+        gaps = pc.multiply(pc.max_element_wise(ticks, -(INT64_MAX_VALUE // 1000),
+                                               skip_nulls=False), 1000)
+    elif per_ms == 1:
+        gaps = ticks
     else:
-        raise InputError(f"--gap-column {name!r} must hold integer milliseconds or durations, "
-                         f"not {kind}")
+        # a non-positive gap is dropped whatever its unit; a positive one must be whole ms
+        rest = pc.and_(pc.greater(ticks, 0), pc.not_equal(
+            pc.subtract(ticks, pc.multiply(pc.divide(ticks, per_ms), per_ms)), 0))
+        if pc.any(rest).as_py():
+            row = _first(rest)
+            raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
+                             f"{ticks[row].as_py()} {unit} is not a whole number of "
+                             f"milliseconds")
+        gaps = pc.divide(ticks, per_ms)
     over = pc.greater(gaps, max_gap_ms)
     if pc.any(over).as_py():
         row = _first(over)
-        raise InputError(f"--gap-column {name!r}: input row {first_row + row}: gap "
-                         f"{gaps[row].as_py()} ms exceeds --max-gap {max_gap_ms} ms")
+        raise exceeds(row, f"{gaps[row].as_py()} ms")
     return gaps
 
 

@@ -147,7 +147,7 @@ def test_misuse_is_refused_naming_the_flag(tmp_path, capsys):
     strings = write(tmp_path, [{"user": "a", "ts": 0, "g": "1m"}], "strings",
                     pa.schema([("user", pa.string()), ("ts", pa.int64()), ("g", pa.string())]))
     refused(capsys, ["sessionize", str(strings), *base[2:], "--gap-column", "g", "--max-gap",
-                     "2m"], "--gap-column 'g' must hold integer milliseconds or durations",
+                     "2m"], "--gap-column 'g' must hold integers or durations",
             "string")
     assert not (tmp_path / "o.jsonl").exists()
 

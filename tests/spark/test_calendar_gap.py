@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
@@ -102,6 +104,11 @@ def test_exact_gaps_stay_exact(spark, new_york):
         "10 min")] == [(0, 1, 30 * hour), (14, 0, 0), (0, 7, -1_500_000), (0, 0, 250), None]
     by_timedelta = ours(df, dt.timedelta(days=1))  # type: ignore[arg-type]
     assert by_timedelta == native(df, "24 hours") != native(df, "1 day")
+    # a numpy timedelta64 is the same exact duration (it was refused as a gap); a pandas
+    # Timedelta a nanosecond over is no whole number of microseconds: refused, not truncated
+    assert ours(df, np.timedelta64(24, "h")) == by_timedelta  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gap is not a whole number of microseconds"):
+        ours(df, pd.Timedelta(days=1, nanoseconds=1))  # type: ignore[arg-type]
 
 
 # -- streaming --------------------------------------------------------------------------------

@@ -8,13 +8,15 @@ import ast
 import datetime as dt
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
 from sessionstore import aggregations
 from spark_adapter import arrow
-from spark_adapter.config import US_PER_MS, SessionizeConfig, engine_arguments
+from spark_adapter.config import US_PER_MS, SessionizeConfig, duration_us, engine_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000_000  # us
@@ -94,3 +96,35 @@ def test_a_stream_keeps_state_for_the_delay_in_microseconds():
     short, long = _config(delay_ms=0), _config(delay_ms=1_500)
     assert long.retention_us - short.retention_us == 1_500 * US_PER_MS
     assert long.windows().retention_ms == long.retention_us > 10_000_000 + 1_500 * US_PER_MS
+
+
+@pytest.mark.parametrize(("value", "micros"), [
+    (np.timedelta64(1_500, "us"), 1_500),
+    (np.timedelta64(3_000, "ns"), 3),
+    (np.timedelta64(2, "s"), 2_000_000),
+    (np.timedelta64(1, "W"), 604_800_000_000),
+    (pd.Timedelta(microseconds=1_500), 1_500),
+    (pd.Timedelta(nanoseconds=7_000), 7),
+    (dt.timedelta(microseconds=7), 7),
+    ("250 microseconds", 250),
+    (5, 5_000),  # an int is milliseconds
+])
+def test_durations_are_microseconds_exactly(value, micros):
+    """Killed bugs: a numpy timedelta64 finer than a millisecond was refused as "not a whole
+    number of milliseconds", though Spark keeps microseconds."""
+    assert duration_us(value, "gap") == micros
+
+
+@pytest.mark.parametrize("value", [pd.Timedelta(nanoseconds=1_500), np.timedelta64(1, "ns"),
+                                   pd.Timedelta(microseconds=2, nanoseconds=1)])
+def test_a_duration_finer_than_a_microsecond_is_refused_not_truncated(value):
+    """Killed bug: a pandas Timedelta lost its nanoseconds (1500 ns became 1 us), silently."""
+    with pytest.raises(ValueError, match="max_gap is not a whole number of microseconds"):
+        duration_us(value, "max_gap")
+
+
+def test_a_calendar_or_missing_numpy_duration_is_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="max_duration .*a month has no fixed length"):
+        duration_us(np.timedelta64(1, "M"), "max_duration")
+    with pytest.raises(ValueError, match="max_duration is .*NaT.*, not a duration"):
+        duration_us(np.timedelta64("NaT", "ns"), "max_duration")
