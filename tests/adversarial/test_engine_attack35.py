@@ -26,6 +26,7 @@ the rules of the design's section 2 written out directly.
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -335,3 +336,35 @@ def test_an_event_after_a_batch_closes_the_batch_sessions(make_store: Any, first
                   + [("k0", 0, 15, [0, "late-comer"]), ("x", 100, 110, ["new"])])
     assert got == want
 
+
+@pytest.mark.parametrize("other", [b"a", 0, ("a", 1)])
+def test_process_table_never_relabels_a_key_of_another_type(other: Any) -> None:
+    """A session of a key that ``process_batch`` gave (bytes, an int, a tuple) that closes
+    during ``process_table`` with a string key column cannot be a row of that column. It used
+    to be written there anyway, Arrow turning ``b"a"`` into ``"a"`` and ``0`` into ``"0"``: a
+    row naming another key. It is refused, naming the column and the key."""
+    windows = SessionWindows(1, 0)
+    engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                               windows, aggregations.collect(),
+                               emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="event_time")
+    engine.process_batch([other], [1], [0])
+    table = pa.table({"k": ["a"], "t": pa.array([5], pa.int64()), "v": pa.array([2], pa.int64())})
+    with pytest.raises(TypeError, match=r"key column 'k' is string.* key " + re.escape(repr(other))):
+        engine.process_table(table, key="k", time="t", value="v")
+
+
+def test_process_table_casts_keys_of_the_same_kind() -> None:
+    """Keys of the column's kind still come out in the column's own type (here large_string
+    and int32 columns, while the engine holds them as Arrow strings and int64)."""
+    for column, keys in [(pa.array(["a", "b"], pa.large_string()), ["a", "b"]),
+                         (pa.array([7, 8], pa.int32()), [7, 8])]:
+        windows = SessionWindows(1, 0)
+        engine = SessionAggregator(InMemorySessionStore(retention_ms=windows.retention_ms),
+                                   windows, aggregations.count(),
+                                   emit=EmitStrategy.ON_WINDOW_CLOSE, watermark="event_time")
+        engine.process_batch(keys[:1], [1], [0])
+        out = engine.process_table(pa.table({"k": column, "t": pa.array([5, 6], pa.int64())}),
+                                   key="k", time="t")
+        out = pa.concat_tables([out, engine.advance_watermark_table(100)])
+        assert out.schema.field("k").type == column.type
+        assert sorted(out.column("k").to_pylist()) == [keys[0], keys[0], keys[1]]
