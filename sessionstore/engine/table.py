@@ -328,7 +328,10 @@ class OpenSessions:
         return np.flatnonzero(self.kid[:self.top] >= 0)
 
     def live_ends(self) -> Int64Array:
-        ends: Int64Array = self.ends_ms[self.live_slots()]
+        # the slots first: placing the last insert may grow the row block, and with it the
+        # column views, so a view taken before live_slots() settles would be the old block's
+        slots = self.live_slots()
+        ends: Int64Array = self.ends_ms[slots]
         return ends
 
     # -- changing ------------------------------------------------------------------------

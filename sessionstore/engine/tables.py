@@ -298,23 +298,57 @@ def _output_types(engine: EngineHost, table: pa.Table, value: str | None
     return types
 
 
+def _key_kind(data_type: Any) -> type | None:
+    """The Python type an Arrow key column holds (``str``, ``bytes`` or ``int``), or None."""
+    if pa.types.is_dictionary(data_type):
+        data_type = data_type.value_type
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        return str
+    if (pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type)
+            or pa.types.is_fixed_size_binary(data_type)):
+        return bytes
+    if pa.types.is_integer(data_type):
+        return int
+    return None
+
+
 def _block_key_arrays(block: SessionRows, names: list[str], table: pa.Table) -> list[pa.Array]:
-    """The key columns of a block's rows, in the input table's types: Arrow keys are cast
-    (no Python object per row); other keys, or a cast Arrow refuses, go through Python."""
+    """The key columns of a block's rows, in the input table's types: Arrow keys of the same
+    kind are cast (no Python object per row); other keys, or a cast Arrow refuses, go through
+    Python. Arrow would also cast ints or bytes to strings: a key is never changed that way."""
     if len(names) == 1 and isinstance(block.keys, pa.Array):
         wanted = table.column(names[0]).type
         if block.keys.type == wanted:
             return [block.keys]
-        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return [block.keys.cast(wanted)]
+        if _key_kind(block.keys.type) is _key_kind(wanted):
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return [block.keys.cast(wanted)]
     return _key_arrays(block.key_list(), names, table)
+
+
+def _key_column(keys: Sequence[Any], name: str, data_type: Any) -> pa.Array:
+    """One key column of emitted keys, in ``data_type``.
+
+    Raises:
+        TypeError: a key that is not of the column's kind (an engine fed keys of another type
+            through ``process``/``process_batch``): Arrow would turn bytes into text and text
+            into bytes, and the row would name another key.
+    """
+    kind = _key_kind(data_type)
+    if kind is not None and set(map(type, keys)) - {kind}:  # (map and set: no Python loop)
+        key = next(k for k in keys if type(k) is not kind)
+        raise TypeError(
+            f"key column {name!r} is {data_type}, but the engine emits a session of key "
+            f"{key!r} ({type(key).__name__}); give process_table the key types the engine "
+            f"holds, or use process_batch")
+    return pa.array(list(keys), type=data_type)
 
 
 def _key_arrays(keys: list[Any], names: list[str], table: pa.Table) -> list[pa.Array]:
     if len(names) == 1:
-        return [pa.array(keys, type=table.column(names[0]).type)]
+        return [_key_column(keys, names[0], table.column(names[0]).type)]
     split = list(zip(*keys, strict=True)) if keys else [() for _ in names]
-    return [pa.array(list(part), type=table.column(name).type)
+    return [_key_column(part, name, table.column(name).type)
             for part, name in zip(split, names, strict=True)]
 
 

@@ -18,7 +18,8 @@ from tests.conformance.player import (
 )
 
 ENGINE_FILES = ["blog_sessions.yaml", "engine_sessions.yaml", "blog_triggers.yaml",
-                "beam_sessions.yaml", "dynamic_gap_sessions.yaml", "max_duration_sessions.yaml"]
+                "beam_sessions.yaml", "dynamic_gap_sessions.yaml", "max_duration_sessions.yaml",
+                "peer_sessions.yaml"]
 SCENARIOS = [
     pytest.param(scenario, id=f"{name.split('.')[0]}:{scenario['name']}")
     for name in ENGINE_FILES
