@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 # pip runs only when pyproject.toml is newer than this stamp, quietly; its log is shown on failure
 STAMP := $(VENV)/.installed
+# pip keeps no cache: the only thing it cached was the wheel it builds from pyspark's source
+# release (about 450 MB for 4.x), which no other install here reuses (the 3.5 environment
+# builds its own); `make PIP_CACHE= test` keeps pip's cache for repeated fresh set-ups
+PIP_CACHE ?= --no-cache-dir
 
 .PHONY: test run install lint typecheck bench bench-peers spark-floors spark-run test-spark35 soak \
 	cluster-test clean
@@ -13,8 +17,8 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	@echo "installing sessionstore[dev] into $(VENV) (once; pip's output is shown only if it fails)"
-	@$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
-	@$(PY) -m pip install -q -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip install -q $(PIP_CACHE) --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip install -q $(PIP_CACHE) -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	@touch $@
 
 install: $(STAMP)
@@ -68,9 +72,9 @@ $(SPARK35)/bin/python:
 
 $(SPARK35_STAMP): pyproject.toml Makefile | $(SPARK35)/bin/python
 	@echo "installing sessionstore with Spark 3.5 into $(SPARK35) (once; pip's output is shown only if it fails)"
-	@$(SPARK35)/bin/python -m pip install -q --upgrade pip > $(SPARK35)/pip.log 2>&1 \
+	@$(SPARK35)/bin/python -m pip install -q $(PIP_CACHE) --upgrade pip > $(SPARK35)/pip.log 2>&1 \
 		|| { cat $(SPARK35)/pip.log; exit 1; }
-	@$(SPARK35)/bin/python -m pip install -q -e . $(SPARK35_PINS) >> $(SPARK35)/pip.log 2>&1 \
+	@$(SPARK35)/bin/python -m pip install -q $(PIP_CACHE) -e . $(SPARK35_PINS) >> $(SPARK35)/pip.log 2>&1 \
 		|| { cat $(SPARK35)/pip.log; exit 1; }
 	@touch $@
 

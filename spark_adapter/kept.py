@@ -32,7 +32,9 @@ Nothing here is needed for correctness; every path ends in the same committed st
 A worker that ran the engine holds far more objects than one that did not (pyarrow, numba and
 its compiled kernels, the kept partitions), and PySpark's worker collects garbage after every
 task over all of them; :func:`freeze_heap`, called as each ``mapInArrow`` task of ``sessionize``
-starts (``arrow.task_entry``), takes what the worker held before the task out of that collection.
+starts (``arrow.task_entry``), and as each task of the processor engine unpickles its processor
+(``processor.task_processor``), takes what the worker held before the task out of that
+collection.
 """
 
 from __future__ import annotations
@@ -218,7 +220,8 @@ def freeze_heap() -> bool:
     """Take every object this process holds now out of the cyclic garbage collector's sight
     (:func:`gc.freeze`), unless the process runs a micro-batch now (a relayed one); called as
     each ``mapInArrow`` task of ``sessionize`` starts, static or streaming
-    (``arrow.task_entry``). Returns whether it froze.
+    (``arrow.task_entry``), and as each task of the processor engine unpickles its processor
+    (``processor.task_processor``). Returns whether it froze.
 
     PySpark's worker runs a full collection after every task (``gc.collect()`` in its daemon's
     loop), which visits every object the collector tracks. A worker that has run the engine

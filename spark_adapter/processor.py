@@ -42,7 +42,7 @@ from sessionstore import InMemorySessionStore, SessionAggregator
 from sessionstore.engine import Emit
 from sessionstore.timeutil import INT64_MAX
 
-from . import arrow, columns
+from . import arrow, columns, kept
 from .config import (
     STATIC_RETENTION_US,
     US_PER_MS,
@@ -104,6 +104,12 @@ class SessionizeProcessor(StatefulProcessor):
         self.engine: SessionAggregator | None = None
         self.batch = -1
         self.counts: dict[str, int] = {}
+
+    def __reduce__(self) -> tuple[Callable[..., SessionizeProcessor],
+                                  tuple[SessionizeConfig, list[str] | None]]:
+        """Each task unpickles its own processor, before it reads a row: see
+        :func:`task_processor`. Nothing but the arguments crosses (the rest is per task)."""
+        return task_processor, (self.config, self.names)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -192,6 +198,24 @@ class SessionizeProcessor(StatefulProcessor):
         finally:
             self.provider.close()
             self.engine = None
+
+
+def task_processor(config: SessionizeConfig,
+                   names: list[str] | None = None) -> SessionizeProcessor:
+    """The processor a task of the processor engine unpickles, the task's first step of ours.
+
+    PySpark reuses its Python workers, and collects garbage after every task over all they
+    hold, so in a task this first freezes what the worker already holds, as every
+    ``mapInArrow`` task of ``sessionize`` does (:func:`spark_adapter.kept.freeze_heap`, through
+    ``arrow.task_entry``). Not in :meth:`SessionizeProcessor.init`, which runs once per task
+    too: by then PySpark has read the task's first rows, as named tuples of a class it makes
+    for each Arrow batch, and a class is a reference cycle, which frozen would outlive its batch
+    (about 30 objects a task, never collected). Elsewhere (the driver, its schema-only init)
+    there is no task: nothing is frozen.
+    """
+    if TaskContext.get() is not None:
+        kept.freeze_heap()
+    return SessionizeProcessor(config, names)
 
 
 def static_frames(config: SessionizeConfig,

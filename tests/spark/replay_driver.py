@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.spark.streams import jvm_temp_option
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -39,6 +41,7 @@ def main() -> int:
              .config("spark.ui.enabled", "false")
              .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
              .config("spark.python.worker.faulthandler.enabled", "true")
+             .config("spark.driver.extraJavaOptions", jvm_temp_option())
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     stream = spark.readStream.schema("user string, ts timestamp, amount long") \

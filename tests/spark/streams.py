@@ -9,6 +9,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,10 +139,24 @@ def wipe(path: Path) -> Callable[[], None]:
 # -- driver processes: each run its own driver, killed and restarted by the test ---------------
 
 
+def jvm_temp_option(directory: str | None = None) -> str:
+    """The driver JVM option that puts its temporary files (``spark.local.dir``'s default:
+    block manager and ``spark-*`` directories, extracted native libraries) in ``directory``
+    (default: this process's temporary directory, which ``$TMPDIR`` sets; Java's own default
+    is /tmp, whatever ``$TMPDIR`` says)."""
+    return f"-Djava.io.tmpdir={directory or tempfile.gettempdir()}"
+
+
 def run_driver(module: str, root: Path, *args: str,
                timeout_s: int = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m <module> <root> <args>`` with this project importable; its result."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    """Run ``python -m <module> <root> <args>`` with this project importable; its result.
+
+    The driver's temporary files, and its JVMs' (see :func:`jvm_temp_option`), go in
+    ``<root>.tmp`` beside ``root``, in the test's own directory: a driver or executor the test
+    kills cannot remove its own."""
+    temp = root.with_name(f"{root.name}.tmp")
+    temp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.pathsep.join(
         [str(PROJECT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run([sys.executable, "-m", module, str(root), *args], cwd=PROJECT,
                           env=env, capture_output=True, text=True, timeout=timeout_s)

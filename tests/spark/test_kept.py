@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
 import multiprocessing
 import random
 import time
@@ -29,7 +30,7 @@ from pyspark import TaskContext
 
 from sessionstore import SessionAggregator, aggregations
 from sessionstore.windows import SessionWindows
-from spark_adapter import arrow, kept
+from spark_adapter import arrow, kept, sessionize
 from spark_adapter import provider as provider_module
 from spark_adapter.config import SessionizeConfig
 from spark_adapter.provider import (
@@ -232,6 +233,77 @@ def test_nothing_is_frozen_while_a_micro_batch_runs_in_the_process():
     assert _collected(held)
     assert kept.freeze_heap()
     assert not _collected(held)
+
+
+def test_a_processor_task_freezes_what_its_worker_held_too(spark, tmp_path):
+    # a task of the processor engine starts by unpickling its processor (its init comes later,
+    # after PySpark read its first rows): in a task that freezes, anywhere else it does not
+    from pyspark import cloudpickle
+
+    from spark_adapter.processor import SessionizeProcessor
+
+    pickled = cloudpickle.dumps(SessionizeProcessor(stream_config(spark, tmp_path, AGGS, 5_000)))
+    gc.unfreeze()
+    held: list[list[int]] = [[]]
+    assert isinstance(cloudpickle.loads(pickled), SessionizeProcessor)
+    assert _collected(held)
+    TaskContext._setTaskContext(TaskContext._getOrCreate())
+    try:
+        assert isinstance(cloudpickle.loads(pickled), SessionizeProcessor)
+    finally:
+        TaskContext._setTaskContext(None)  # type: ignore[arg-type]
+    assert not _collected(held)
+
+
+_PROBES: dict[int, list[int]] = {}
+
+
+def _probe_the_freeze(key: Any, row: Any, before: Any) -> list[int]:
+    """An aggregator for a Python worker of the processor engine: at its first call in a task,
+    [how many objects the worker holds frozen, how many of them are cyclic garbage, how many
+    tasks this worker probed before]; its later calls in that task repeat that. It collects
+    the task's own garbage first, then unfreezes and collects again: what that second pass
+    finds, the freeze hid."""
+    context = TaskContext.get()
+    assert context is not None
+    task = context.taskAttemptId()
+    if task not in _PROBES:
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        gc.unfreeze()
+        _PROBES[task] = [frozen, gc.collect(), len(_PROBES)]
+    return _PROBES[task]
+
+
+def _later(key: Any, a: Any, b: Any) -> Any:
+    return b
+
+
+def test_the_processor_engine_freezes_its_python_workers_heap(spark, tmp_path):
+    # the processor engine's tasks (transformWithStateInPandas) run in reused Python workers
+    # too, which PySpark collects garbage over after every task, but not in the workers of
+    # mapInArrow tasks: an aggregation reads the freeze in the processor's own workers. Every
+    # task froze its worker's heap before aggregating, and froze no cyclic garbage with it
+    # (frozen once its first rows were read, a class PySpark makes per Arrow batch would be)
+    from tests.spark.streams import StreamRun, make_files
+
+    probe = aggregations.aggregate(lambda: None, _probe_the_freeze, _later)
+    run = StreamRun(spark, tmp_path, lambda stream: sessionize(
+        stream, key="user", timestamp="ts", gap="10 seconds", aggregations={"probe": probe},
+        watermark_delay="0 seconds", state_location=str(tmp_path / "state"),
+        local_dir=str(tmp_path / "local"), engine="processor", n_buckets=2, state_version="1"))
+    run.start()
+    try:
+        for index, rows in enumerate(make_files(4, 10)):
+            run.feed(index, rows)
+    finally:
+        run.stop()
+    probes = {tuple(json.loads(row[-1])) for row in run.rows()}
+    assert probes and min(frozen for frozen, _, _ in probes) > 0, probes
+    # a worker's first task imports the engine's modules as it unpickles its processor, and
+    # freezes what of that import is not collected yet: once per worker. After it, nothing
+    later = {garbage for _, garbage, earlier in probes if earlier}
+    assert later == {0}, probes
 
 
 @pytest.mark.parametrize("aggs", [AGGS, {"n": "count", "first_i": ("first", "i")}],

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.spark.streams import jvm_temp_option
+
 ROOT = Path(__file__).resolve().parents[2]
 GAP, DELAY = "10 seconds", "5 seconds"
 
@@ -130,6 +132,8 @@ def main() -> int:
              .config("spark.executorEnv.PYTHONPATH", pythonpath)
              .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
              .config("spark.pyspark.python", sys.executable)
+             .config("spark.driver.extraJavaOptions", jvm_temp_option())
+             .config("spark.executor.extraJavaOptions", jvm_temp_option())
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     for run in plan:
