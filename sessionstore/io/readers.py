@@ -45,6 +45,9 @@ TSV_SUFFIXES = (".tsv", ".tab")
 #: crashes the process (a value 20,000 deep segfaults it). 1,000 is Jackson's default
 #: ``maxNestingDepth``, which Spark's JSON reader inherits.
 MAX_JSON_DEPTH = 1000
+#: The UTF-8 byte order mark some tools write at the start of a text file. pyarrow's CSV
+#: reader skips it; its JSON dataset reader fails on it with a parse error that names neither.
+UTF8_BOM = b"\xef\xbb\xbf"
 #: The key types ``--key-type`` may declare; without it, CSV and partition keys are strings.
 KEY_TYPES = {"string": pa.string(), "int64": pa.int64(), "binary": pa.binary()}
 _BLOCK = 1 << 22
@@ -436,7 +439,8 @@ def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int =
 
     Raises:
         InputError: naming the file and the line of the first offence: where the nesting first
-            goes deeper than ``limit``, or the first value outside every object.
+            goes deeper than ``limit``, or the first value outside every object; or a file that
+            starts with a UTF-8 byte order mark.
         ValueError: a negative ``limit`` or a ``block_bytes`` below 1.
     """
     if limit < 0:
@@ -456,6 +460,11 @@ def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH, block_bytes: int =
     data = np.frombuffer(buffer, dtype=np.uint8)
     lines_before = 0
     with open(path, "rb") as handle:
+        if handle.read(len(UTF8_BOM)) == UTF8_BOM:
+            raise InputError(f"input {str(path)!r} line 1: starts with a UTF-8 byte order mark, "
+                             f"which pyarrow's JSON Lines reader does not take; save the file "
+                             f"without it (refused before parsing)")
+        handle.seek(0)
         while stop := handle.readinto(buffer):
             at = scan(data, stop, state, limit)
             if at >= 0:

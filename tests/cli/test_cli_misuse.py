@@ -286,6 +286,28 @@ def test_a_bare_null_record_is_refused_before_the_parser_can_crash(tmp_path, con
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_a_json_lines_file_opening_with_a_byte_order_mark_is_refused_by_name(tmp_path, capsys):
+    """pyarrow's JSON dataset reader fails on a UTF-8 byte order mark with a parse error that
+    names neither the mark nor the line; the guard names it, and nothing is written. The same
+    records without the mark run (the control), as does a CSV file with one (pyarrow's CSV
+    reader skips it)."""
+    text = '{"user": "a", "ts": 1}\n{"user": "a", "ts": 2}\n'
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    refused(capsys, sessionize(marked, tmp_path / "o.jsonl"), f"input {str(marked)!r} line 1",
+            "byte order mark")
+    assert not (tmp_path / "o.jsonl").exists()
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(text)
+    assert main(sessionize(plain, tmp_path / "p.jsonl")) == 0
+    csv = tmp_path / "marked.csv"
+    csv.write_bytes(b"\xef\xbb\xbfuser,ts\na,1\na,2\n")
+    assert main(sessionize(csv, tmp_path / "c.jsonl")) == 0
+    expected = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()] == expected
+    assert [(r["user"], r["events"]) for r in expected] == [("a", 2)]
+
+
 @pytest.mark.parametrize("block_bytes", [1, 5, 64, 1 << 20])
 def test_records_that_are_not_objects_are_refused_at_their_line(tmp_path, block_bytes):
     """Objects written over one line or several (nulls, brackets and quotes inside them,
